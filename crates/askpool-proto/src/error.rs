@@ -1,0 +1,267 @@
+//! The one error taxonomy (DESIGN section 6), shared by every language.
+//!
+//! Each code has a class: Transient errors are retried by the caller inside the
+//! deadline, Permanent errors are returned at once, Poison errors go to the
+//! dead-letter queue.
+
+use std::fmt;
+
+/// Whether retrying can change the result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// May succeed later: retry with backoff inside the deadline.
+    Transient,
+    /// Retrying cannot change the result.
+    Permanent,
+    /// The message itself is bad: dead-letter it for a human.
+    Poison,
+}
+
+/// The code of an [`AskError`], without its details. Used for classification,
+/// retryable-code sets and metric labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorCode {
+    Unavailable,
+    DeadlineExceeded,
+    AskTimeout,
+    BufferFull,
+    NoRoute,
+    InvalidArgument,
+    ValidationError,
+    PayloadMismatch,
+    PermissionDenied,
+    OversizePayload,
+    FailedPrecondition,
+    DecodeFailure,
+    Internal,
+    AskCancelled,
+    HandlerFailed,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 15] = [
+        ErrorCode::Unavailable,
+        ErrorCode::DeadlineExceeded,
+        ErrorCode::AskTimeout,
+        ErrorCode::BufferFull,
+        ErrorCode::NoRoute,
+        ErrorCode::InvalidArgument,
+        ErrorCode::ValidationError,
+        ErrorCode::PayloadMismatch,
+        ErrorCode::PermissionDenied,
+        ErrorCode::OversizePayload,
+        ErrorCode::FailedPrecondition,
+        ErrorCode::DecodeFailure,
+        ErrorCode::Internal,
+        ErrorCode::AskCancelled,
+        ErrorCode::HandlerFailed,
+    ];
+
+    pub const fn class(self) -> ErrorClass {
+        use ErrorCode::*;
+        match self {
+            Unavailable | DeadlineExceeded | AskTimeout | BufferFull => ErrorClass::Transient,
+            DecodeFailure => ErrorClass::Poison,
+            NoRoute | InvalidArgument | ValidationError | PayloadMismatch | PermissionDenied
+            | OversizePayload | FailedPrecondition | Internal | AskCancelled | HandlerFailed => {
+                ErrorClass::Permanent
+            }
+        }
+    }
+
+    /// The stable SCREAMING_SNAKE name used by every binding (`.code` in Node,
+    /// metric labels, the CLI).
+    pub const fn as_str(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            Unavailable => "UNAVAILABLE",
+            DeadlineExceeded => "DEADLINE_EXCEEDED",
+            AskTimeout => "ASK_TIMEOUT",
+            BufferFull => "BUFFER_FULL",
+            NoRoute => "NO_ROUTE",
+            InvalidArgument => "INVALID_ARGUMENT",
+            ValidationError => "VALIDATION_ERROR",
+            PayloadMismatch => "PAYLOAD_MISMATCH",
+            PermissionDenied => "PERMISSION_DENIED",
+            OversizePayload => "OVERSIZE_PAYLOAD",
+            FailedPrecondition => "FAILED_PRECONDITION",
+            DecodeFailure => "DECODE_FAILURE",
+            Internal => "INTERNAL",
+            AskCancelled => "ASK_CANCELLED",
+            HandlerFailed => "HANDLER_FAILED",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who cancelled an ask, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CancelReason {
+    /// The caller cancelled (dropped the future, called `cancel()`, ...).
+    Caller,
+    /// The caller's deadline passed; the cancel is best-effort cleanup.
+    CallerTimeout,
+    /// The worker side cancelled the request (handler or operator).
+    Worker,
+    /// The worker's processing timeout expired.
+    ProcessingTimeout,
+    /// The node that held the request shut down.
+    Shutdown,
+}
+
+impl fmt::Display for CancelReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CancelReason::Caller => "cancelled by the caller",
+            CancelReason::CallerTimeout => "the caller's deadline passed",
+            CancelReason::Worker => "cancelled by the worker",
+            CancelReason::ProcessingTimeout => "the processing timeout expired",
+            CancelReason::Shutdown => "the node shut down",
+        })
+    }
+}
+
+/// An ask's failure. Cloneable: error outcomes are cached and replayed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    #[error("unavailable: {reason}")]
+    Unavailable { reason: String },
+    #[error("deadline exceeded")]
+    DeadlineExceeded,
+    #[error("ask timed out after {elapsed_ms} ms")]
+    AskTimeout { elapsed_ms: u64 },
+    #[error("pool {pool:?} is full ({limit} requests in flight)")]
+    BufferFull { pool: String, limit: usize },
+    #[error("no route to pool {pool:?}")]
+    NoRoute { pool: String },
+    #[error("invalid argument: {message}")]
+    InvalidArgument { message: String },
+    #[error("validation failed: {message}")]
+    ValidationError { message: String },
+    #[error("request id reused with a different payload")]
+    PayloadMismatch,
+    #[error("permission denied: {message}")]
+    PermissionDenied { message: String },
+    #[error("payload of {size} bytes exceeds the limit of {limit}")]
+    OversizePayload { size: usize, limit: usize },
+    #[error("failed precondition: {message}")]
+    FailedPrecondition { message: String },
+    #[error("cannot decode message: {message}")]
+    DecodeFailure { message: String },
+    #[error("internal error: {message}")]
+    Internal { message: String },
+    #[error("ask cancelled: {reason}")]
+    AskCancelled { reason: CancelReason },
+    #[error("handler failed with {type_name}: {message}")]
+    HandlerFailed { type_name: String, message: String },
+}
+
+impl AskError {
+    pub fn code(&self) -> ErrorCode {
+        use AskError::*;
+        match self {
+            Unavailable { .. } => ErrorCode::Unavailable,
+            DeadlineExceeded => ErrorCode::DeadlineExceeded,
+            AskTimeout { .. } => ErrorCode::AskTimeout,
+            BufferFull { .. } => ErrorCode::BufferFull,
+            NoRoute { .. } => ErrorCode::NoRoute,
+            InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            ValidationError { .. } => ErrorCode::ValidationError,
+            PayloadMismatch => ErrorCode::PayloadMismatch,
+            PermissionDenied { .. } => ErrorCode::PermissionDenied,
+            OversizePayload { .. } => ErrorCode::OversizePayload,
+            FailedPrecondition { .. } => ErrorCode::FailedPrecondition,
+            DecodeFailure { .. } => ErrorCode::DecodeFailure,
+            Internal { .. } => ErrorCode::Internal,
+            AskCancelled { .. } => ErrorCode::AskCancelled,
+            HandlerFailed { .. } => ErrorCode::HandlerFailed,
+        }
+    }
+
+    pub fn class(&self) -> ErrorClass {
+        self.code().class()
+    }
+
+    pub fn is_transient(&self) -> bool {
+        self.class() == ErrorClass::Transient
+    }
+
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        AskError::Unavailable {
+            reason: reason.into(),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        AskError::Internal {
+            message: message.into(),
+        }
+    }
+
+    pub fn handler_failed(type_name: impl Into<String>, message: impl Into<String>) -> Self {
+        AskError::HandlerFailed {
+            type_name: type_name.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The error a caller sees for a node that has shut down.
+    pub fn node_closed() -> Self {
+        Self::unavailable("node closed")
+    }
+}
+
+/// What a handler produced: the reply, or the error that is the reply.
+pub type Outcome<R> = Result<R, AskError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_the_class_of_the_design() {
+        use ErrorClass::*;
+        let expected = |c: ErrorCode| match c {
+            ErrorCode::Unavailable
+            | ErrorCode::DeadlineExceeded
+            | ErrorCode::AskTimeout
+            | ErrorCode::BufferFull => Transient,
+            ErrorCode::DecodeFailure => Poison,
+            _ => Permanent,
+        };
+        for code in ErrorCode::ALL {
+            assert_eq!(code.class(), expected(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn error_codes_round_trip_through_errors() {
+        let samples = [
+            AskError::unavailable("x"),
+            AskError::DeadlineExceeded,
+            AskError::AskTimeout { elapsed_ms: 1 },
+            AskError::BufferFull { pool: "p".into(), limit: 1 },
+            AskError::NoRoute { pool: "p".into() },
+            AskError::InvalidArgument { message: "m".into() },
+            AskError::ValidationError { message: "m".into() },
+            AskError::PayloadMismatch,
+            AskError::PermissionDenied { message: "m".into() },
+            AskError::OversizePayload { size: 2, limit: 1 },
+            AskError::FailedPrecondition { message: "m".into() },
+            AskError::DecodeFailure { message: "m".into() },
+            AskError::internal("m"),
+            AskError::AskCancelled { reason: CancelReason::Caller },
+            AskError::handler_failed("ValueError", "bad"),
+        ];
+        let codes: Vec<ErrorCode> = samples.iter().map(AskError::code).collect();
+        assert_eq!(codes, ErrorCode::ALL.to_vec());
+        let names: std::collections::HashSet<&str> =
+            ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names.len(), ErrorCode::ALL.len());
+    }
+}

@@ -1,0 +1,141 @@
+//! The frames of the worker-pool ask protocol (DESIGN section 3).
+//!
+//! In process they pass as objects, generic over the payload `M` and the reply
+//! `R`; nothing here serializes. A cross-process transport encodes them.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{CancelReason, Outcome};
+use crate::fingerprint::PayloadFingerprint;
+use crate::ids::AskIds;
+use crate::time::Timestamp;
+
+macro_rules! name {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Arc<str>);
+
+        impl $name {
+            pub fn new(name: impl AsRef<str>) -> Self {
+                Self(Arc::from(name.as_ref()))
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self::new(s)
+            }
+        }
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self(Arc::from(s))
+            }
+        }
+        impl From<&$name> for $name {
+            fn from(s: &$name) -> Self {
+                s.clone()
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{:?}", &*self.0)
+            }
+        }
+    };
+}
+
+name!(
+    /// Name of a worker pool (a process group).
+    PoolName
+);
+name!(
+    /// Name of one worker inside a pool.
+    WorkerId
+);
+
+/// Everything a request carries besides its payload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestMeta {
+    pub ids: AskIds,
+    pub pool: PoolName,
+    pub preferred_worker: Option<WorkerId>,
+    /// Absolute deadline on the caller's clock. In process there is one clock;
+    /// a cross-process codec sends the remaining budget instead.
+    pub deadline: Timestamp,
+    /// 1 for the first send, 2 for the first retry, ...
+    pub attempt: u32,
+    pub fingerprint: Option<PayloadFingerprint>,
+    /// `false` for a tell: the worker runs and dedups it but sends nothing back.
+    pub expects_reply: bool,
+}
+
+/// `AskRequest`: meta plus the payload object.
+#[derive(Clone, Debug)]
+pub struct Envelope<M> {
+    pub meta: RequestMeta,
+    pub payload: M,
+}
+
+/// Frames that travel from a caller to a pool.
+#[derive(Clone, Debug)]
+pub enum ToWorker<M> {
+    Request(Envelope<M>),
+    Cancel {
+        ids: AskIds,
+        pool: PoolName,
+        reason: CancelReason,
+    },
+}
+
+impl<M> ToWorker<M> {
+    pub fn ids(&self) -> &AskIds {
+        match self {
+            ToWorker::Request(env) => &env.meta.ids,
+            ToWorker::Cancel { ids, .. } => ids,
+        }
+    }
+    pub fn pool(&self) -> &PoolName {
+        match self {
+            ToWorker::Request(env) => &env.meta.pool,
+            ToWorker::Cancel { pool, .. } => pool,
+        }
+    }
+}
+
+/// Frames that travel from a pool back to the caller. Every one carries the
+/// request's ids unchanged.
+#[derive(Clone, Debug)]
+pub enum ToCaller<R> {
+    /// `AskAck`: the pool accepted the request (RECEIVED). Stops retries.
+    Ack { ids: AskIds },
+    /// `AskReply`: the terminal outcome, live or replayed from the cache.
+    Reply { ids: AskIds, outcome: Outcome<R> },
+    /// `AskCancelled`: the request was cancelled at the worker.
+    Cancelled { ids: AskIds, reason: CancelReason },
+    /// `AskProgress`: a partial ack.
+    Progress {
+        ids: AskIds,
+        fraction: f32,
+        note: String,
+    },
+}
+
+impl<R> ToCaller<R> {
+    pub fn ids(&self) -> &AskIds {
+        match self {
+            ToCaller::Ack { ids }
+            | ToCaller::Reply { ids, .. }
+            | ToCaller::Cancelled { ids, .. }
+            | ToCaller::Progress { ids, .. } => ids,
+        }
+    }
+}
