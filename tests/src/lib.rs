@@ -1,1 +1,219 @@
+//! Test support shared by the workspace-level scenarios and the demo: a
+//! transport wrapper that records every frame and decides each one's fate
+//! (deliver, drop, duplicate, delay).
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use askpool::{
+    AskError, AskIds, CallerEndpoint, CallerId, PoolEndpoint, PoolName, ToCaller, ToWorker,
+    WorkerTransport,
+};
+use parking_lot::Mutex;
+
+/// The kind of a frame, without its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    Request,
+    Cancel,
+    Ack,
+    Reply,
+    Cancelled,
+    Progress,
+}
+
+/// What the tap saw of one frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameInfo {
+    pub kind: FrameKind,
+    pub ids: AskIds,
+    /// The attempt number of a request frame.
+    pub attempt: Option<u32>,
+    /// For replies: whether the outcome is an error, and its code.
+    pub error: Option<askpool::ErrorCode>,
+}
+
+/// What happens to a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    Deliver,
+    Drop,
+    Duplicate,
+    Delay(Duration),
+}
+
+type Rule = dyn Fn(&FrameInfo) -> Fate + Send + Sync;
+
+/// A frame's record: what it was and what was done with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub frame: FrameInfo,
+    pub fate: Fate,
+}
+
+/// Wraps a transport; records every frame and applies a rule to it.
+pub struct Tap<M, R> {
+    inner: Arc<dyn WorkerTransport<M, R>>,
+    rule: Mutex<Arc<Rule>>,
+    log: Mutex<Vec<Record>>,
+}
+
+impl<M, R> Tap<M, R>
+where
+    M: Clone + Send + 'static,
+    R: Clone + Send + 'static,
+{
+    pub fn new(inner: Arc<dyn WorkerTransport<M, R>>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            rule: Mutex::new(Arc::new(|_: &FrameInfo| Fate::Deliver)),
+            log: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A tap over a fresh in-process transport.
+    pub fn in_process() -> Arc<Self> {
+        Self::new(Arc::new(askpool::InProcessTransport::new()))
+    }
+
+    pub fn set_rule(&self, rule: impl Fn(&FrameInfo) -> Fate + Send + Sync + 'static) {
+        *self.rule.lock() = Arc::new(rule);
+    }
+
+    pub fn records(&self) -> Vec<Record> {
+        self.log.lock().clone()
+    }
+
+    /// Frames of `kind` that were delivered (duplicates count twice).
+    pub fn delivered(&self, kind: FrameKind) -> Vec<FrameInfo> {
+        let mut out = Vec::new();
+        for r in self.log.lock().iter().filter(|r| r.frame.kind == kind) {
+            match r.fate {
+                Fate::Deliver | Fate::Delay(_) => out.push(r.frame.clone()),
+                Fate::Duplicate => {
+                    out.push(r.frame.clone());
+                    out.push(r.frame.clone());
+                }
+                Fate::Drop => {}
+            }
+        }
+        out
+    }
+
+    /// Frames of `kind` that were sent, whatever their fate.
+    pub fn sent(&self, kind: FrameKind) -> Vec<FrameInfo> {
+        self.log
+            .lock()
+            .iter()
+            .filter(|r| r.frame.kind == kind)
+            .map(|r| r.frame.clone())
+            .collect()
+    }
+
+    pub fn clear(&self) {
+        self.log.lock().clear();
+    }
+
+    fn decide(&self, info: FrameInfo) -> Fate {
+        let rule = Arc::clone(&self.rule.lock());
+        let fate = rule(&info);
+        self.log.lock().push(Record { frame: info, fate });
+        fate
+    }
+}
+
+fn worker_info<M>(frame: &ToWorker<M>) -> FrameInfo {
+    match frame {
+        ToWorker::Request(env) => FrameInfo {
+            kind: FrameKind::Request,
+            ids: env.meta.ids,
+            attempt: Some(env.meta.attempt),
+            error: None,
+        },
+        ToWorker::Cancel { ids, .. } => FrameInfo {
+            kind: FrameKind::Cancel,
+            ids: *ids,
+            attempt: None,
+            error: None,
+        },
+    }
+}
+
+fn caller_info<R>(frame: &ToCaller<R>) -> FrameInfo {
+    let (kind, error) = match frame {
+        ToCaller::Ack { .. } => (FrameKind::Ack, None),
+        ToCaller::Reply { outcome, .. } => {
+            (FrameKind::Reply, outcome.as_ref().err().map(|e| e.code()))
+        }
+        ToCaller::Cancelled { .. } => (FrameKind::Cancelled, None),
+        ToCaller::Progress { .. } => (FrameKind::Progress, None),
+    };
+    FrameInfo {
+        kind,
+        ids: *frame.ids(),
+        attempt: None,
+        error,
+    }
+}
+
+impl<M, R> WorkerTransport<M, R> for Tap<M, R>
+where
+    M: Clone + Send + 'static,
+    R: Clone + Send + 'static,
+{
+    fn register_pool(
+        &self,
+        pool: PoolName,
+        endpoint: Arc<dyn PoolEndpoint<M>>,
+    ) -> Result<(), AskError> {
+        self.inner.register_pool(pool, endpoint)
+    }
+    fn deregister_pool(&self, pool: &PoolName) {
+        self.inner.deregister_pool(pool)
+    }
+    fn register_caller(&self, caller: CallerId, endpoint: Arc<dyn CallerEndpoint<R>>) {
+        self.inner.register_caller(caller, endpoint)
+    }
+    fn deregister_caller(&self, caller: CallerId) {
+        self.inner.deregister_caller(caller)
+    }
+
+    fn send_to_pool(&self, frame: ToWorker<M>) -> Result<(), AskError> {
+        match self.decide(worker_info(&frame)) {
+            Fate::Deliver => self.inner.send_to_pool(frame),
+            // A dropped frame looks sent to its sender: that is the fault.
+            Fate::Drop => Ok(()),
+            Fate::Duplicate => {
+                self.inner.send_to_pool(frame.clone())?;
+                self.inner.send_to_pool(frame)
+            }
+            Fate::Delay(d) => {
+                let inner = Arc::clone(&self.inner);
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let _ = inner.send_to_pool(frame);
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError> {
+        match self.decide(caller_info(&frame)) {
+            Fate::Deliver => self.inner.send_to_caller(frame),
+            Fate::Drop => Ok(()),
+            Fate::Duplicate => {
+                self.inner.send_to_caller(frame.clone())?;
+                self.inner.send_to_caller(frame)
+            }
+            Fate::Delay(d) => {
+                let inner = Arc::clone(&self.inner);
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let _ = inner.send_to_caller(frame);
+                });
+                Ok(())
+            }
+        }
+    }
+}

@@ -245,17 +245,32 @@ mod tests {
             AskError::unavailable("x"),
             AskError::DeadlineExceeded,
             AskError::AskTimeout { elapsed_ms: 1 },
-            AskError::BufferFull { pool: "p".into(), limit: 1 },
+            AskError::BufferFull {
+                pool: "p".into(),
+                limit: 1,
+            },
             AskError::NoRoute { pool: "p".into() },
-            AskError::InvalidArgument { message: "m".into() },
-            AskError::ValidationError { message: "m".into() },
+            AskError::InvalidArgument {
+                message: "m".into(),
+            },
+            AskError::ValidationError {
+                message: "m".into(),
+            },
             AskError::PayloadMismatch,
-            AskError::PermissionDenied { message: "m".into() },
+            AskError::PermissionDenied {
+                message: "m".into(),
+            },
             AskError::OversizePayload { size: 2, limit: 1 },
-            AskError::FailedPrecondition { message: "m".into() },
-            AskError::DecodeFailure { message: "m".into() },
+            AskError::FailedPrecondition {
+                message: "m".into(),
+            },
+            AskError::DecodeFailure {
+                message: "m".into(),
+            },
             AskError::internal("m"),
-            AskError::AskCancelled { reason: CancelReason::Caller },
+            AskError::AskCancelled {
+                reason: CancelReason::Caller,
+            },
             AskError::handler_failed("ValueError", "bad"),
         ];
         let codes: Vec<ErrorCode> = samples.iter().map(AskError::code).collect();

@@ -18,7 +18,9 @@ pub struct ParseIdError {
 }
 
 fn parse_hex128(s: &str) -> Result<u128, ParseIdError> {
-    let err = || ParseIdError { input: s.to_owned() };
+    let err = || ParseIdError {
+        input: s.to_owned(),
+    };
     if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(err());
     }
@@ -200,7 +202,12 @@ mod tests {
 
     #[test]
     fn parse_rejects_bad_text() {
-        for bad in ["", "xyz", "+102030405060708a0b0c0d0e0f00011", "0102030405060708a0b0c0d0e0f0001"] {
+        for bad in [
+            "",
+            "xyz",
+            "+102030405060708a0b0c0d0e0f00011",
+            "0102030405060708a0b0c0d0e0f0001",
+        ] {
             assert!(bad.parse::<RequestId>().is_err(), "{bad:?} parsed");
         }
     }

@@ -186,7 +186,9 @@ pub fn step<R: Clone>(
         (Some(S::Replied { outcome, .. }), InboundEvent::Request { .. }) => {
             InboundTransition::stay(A::Replay(outcome.clone()))
         }
-        (Some(S::Replied { .. }), InboundEvent::Cancel { .. }) => InboundTransition::stay(A::Ignore),
+        (Some(S::Replied { .. }), InboundEvent::Cancel { .. }) => {
+            InboundTransition::stay(A::Ignore)
+        }
         (Some(S::Replied { .. }), InboundEvent::HandlerFinished { .. }) => {
             InboundTransition::stay(A::Ignore)
         }

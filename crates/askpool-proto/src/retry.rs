@@ -121,11 +121,23 @@ mod tests {
         let ok = RetryPolicy::default();
         assert!(ok.validate().is_ok());
         for bad in [
-            RetryPolicy { max_attempts: 0, ..ok },
-            RetryPolicy { multiplier: 0.5, ..ok },
+            RetryPolicy {
+                max_attempts: 0,
+                ..ok
+            },
+            RetryPolicy {
+                multiplier: 0.5,
+                ..ok
+            },
             RetryPolicy { jitter: 1.5, ..ok },
-            RetryPolicy { jitter: f64::NAN, ..ok },
-            RetryPolicy { max_delay: Duration::ZERO, ..ok },
+            RetryPolicy {
+                jitter: f64::NAN,
+                ..ok
+            },
+            RetryPolicy {
+                max_delay: Duration::ZERO,
+                ..ok
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }

@@ -1,1 +1,47 @@
+//! askpool: a reliable ask (request/reply) between callers and worker pools.
+//!
+//! This crate drives the sans-IO machines of [`askpool_proto`] with tokio:
+//! a [`Node`] sends asks through a [`WorkerTransport`] and hosts
+//! [`WorkerPool`]s whose inbound state lives in an `askpool-dedup` table.
+//!
+//! ```
+//! use std::time::Duration;
+//! use askpool::{Node, AskError};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), AskError> {
+//! let node: Node<String, usize> = Node::new();
+//! node.pool("lengths")
+//!     .concurrency(2)
+//!     .handler(|msg: String, _ctx| async move { Ok(msg.len()) })?;
+//!
+//! let len = node.ask("lengths", "hello".to_string())
+//!     .timeout(Duration::from_secs(5))
+//!     .await?;
+//! assert_eq!(len, 5);
+//! # Ok(())
+//! # }
+//! ```
 
+mod ask;
+mod clock;
+mod config;
+mod node;
+mod pending;
+mod pool;
+mod stats;
+mod transport;
+mod worker;
+
+pub use ask::{AskBuilder, AskHandle};
+pub use config::{NodeConfig, PoolConfig};
+pub use node::{Node, PoolBuilder, WorkerPool};
+pub use stats::{NodeStats, PoolStats};
+pub use transport::{CallerEndpoint, InProcessTransport, PoolEndpoint, WorkerTransport};
+pub use worker::{Request, RequestContext, Responder, Worker};
+
+pub use askpool_dedup::{DedupConfig, DedupStats};
+pub use askpool_proto::{
+    AskError, AskIds, CallerId, CancelReason, CausationId, CorrelationId, ErrorClass, ErrorCode,
+    Outcome, PayloadFingerprint, PoolName, RequestId, RetryPolicy, ToCaller, ToWorker, WorkerId,
+};

@@ -1,0 +1,380 @@
+//! The caller's side of one ask: [`AskBuilder`] and the [`AskHandle`] future
+//! that drives askpool-proto's caller state machine.
+//!
+//! The handle owns the machine, the payload (for re-sends) and one timer set
+//! to the machine's next wake-up. Each poll feeds what arrived in the ask's
+//! slot to the machine first, then fires the timer if it is due, then performs
+//! the sends the machine asked for. Dropping an unfinished handle cancels the
+//! ask: a best-effort `AskCancel` goes out and its pending entry is removed.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use askpool_proto::{
+    AskError, AskIds, CallerAsk, CallerSend, CallerStep, CausationId, CorrelationId, Envelope,
+    PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution, RetryPolicy, Timestamp,
+    ToWorker, WorkerId,
+};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use tokio::time::Sleep;
+
+use crate::node::{Node, NodeShared};
+use crate::pending::{AskSlot, SlotEvent};
+
+/// Options of one ask; `send()` (or `.await`) sends it.
+#[must_use = "an ask is sent by .send() or .await"]
+pub struct AskBuilder<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> {
+    node: &'a Node<M, R>,
+    pool: PoolName,
+    payload: M,
+    timeout: Option<Duration>,
+    preferred_worker: Option<WorkerId>,
+    request_id: Option<RequestId>,
+    correlation_id: Option<CorrelationId>,
+    causation_id: Option<CausationId>,
+    retry: Option<RetryPolicy>,
+    fingerprint: Option<PayloadFingerprint>,
+}
+
+impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M, R> {
+    pub(crate) fn new(node: &'a Node<M, R>, pool: PoolName, payload: M) -> Self {
+        Self {
+            node,
+            pool,
+            payload,
+            timeout: None,
+            preferred_worker: None,
+            request_id: None,
+            correlation_id: None,
+            causation_id: None,
+            retry: None,
+            fingerprint: None,
+        }
+    }
+
+    /// Fails the ask with `AskTimeout` after `timeout` (default: the node's).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+    /// Routes to this worker while it is alive, else to any worker of the pool.
+    pub fn preferred_worker(mut self, worker: impl Into<WorkerId>) -> Self {
+        self.preferred_worker = Some(worker.into());
+        self
+    }
+    /// Uses this request id instead of a fresh one: the way to retry an ask
+    /// across a caller restart and still be deduplicated.
+    pub fn request_id(mut self, id: RequestId) -> Self {
+        self.request_id = Some(id);
+        self
+    }
+    pub fn correlation_id(mut self, id: CorrelationId) -> Self {
+        self.correlation_id = Some(id);
+        self
+    }
+    pub fn causation_id(mut self, id: CausationId) -> Self {
+        self.causation_id = Some(id);
+        self
+    }
+    /// Overrides the node's retry policy for this ask.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+    /// Guards the request id against reuse with another payload.
+    pub fn fingerprint(mut self, fingerprint: PayloadFingerprint) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// Sends the request now and returns the handle that awaits its outcome.
+    pub fn send(self) -> AskHandle<M, R> {
+        AskHandle::start(self)
+    }
+}
+
+impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> IntoFuture for AskBuilder<'a, M, R> {
+    type Output = Result<R, AskError>;
+    type IntoFuture = AskHandle<M, R>;
+    fn into_future(self) -> AskHandle<M, R> {
+        self.send()
+    }
+}
+
+/// One ask in flight. A `Future` of the reply; dropping it cancels the ask.
+///
+/// The first attempt goes out when the handle is created. Like every Rust
+/// future, the handle does its later work (re-sends, the timeout) while it is
+/// polled: await it, or `tokio::spawn` it to let it run in the background.
+#[must_use = "dropping an AskHandle cancels the ask"]
+pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
+    node: Arc<NodeShared<M, R>>,
+    slot: Arc<AskSlot<R>>,
+    machine: CallerAsk,
+    meta: RequestMeta,
+    payload: Option<M>,
+    rng: SmallRng,
+    timer: Option<(Timestamp, Pin<Box<Sleep>>)>,
+    /// An outcome decided outside `poll` (refused at start, `cancel()`).
+    early: Option<Result<R, AskError>>,
+    /// Whether the slot is in the pending map.
+    registered: bool,
+    finished: bool,
+}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
+    fn start(b: AskBuilder<'_, M, R>) -> Self {
+        let node = Arc::clone(&b.node.shared);
+        let now = node.clock.now();
+        let request_id = b
+            .request_id
+            .unwrap_or_else(|| node.ids.request_id(node.clock.wall_micros(now)));
+        let mut ids = AskIds::new(request_id, node.caller_id);
+        if let Some(c) = b.correlation_id {
+            ids.correlation_id = c;
+        }
+        ids.causation_id = b.causation_id;
+        let timeout = b.timeout.unwrap_or(node.config.default_timeout);
+        let policy = b.retry.unwrap_or(node.config.retry);
+        let mut handle = Self {
+            machine: CallerAsk::new(policy, now, timeout),
+            meta: RequestMeta {
+                ids,
+                pool: b.pool,
+                preferred_worker: b.preferred_worker,
+                deadline: now + timeout,
+                attempt: 0,
+                fingerprint: b.fingerprint,
+                expects_reply: true,
+            },
+            rng: SmallRng::seed_from_u64(request_id.nonce()),
+            slot: Arc::new(AskSlot::new()),
+            payload: Some(b.payload),
+            timer: None,
+            early: None,
+            registered: false,
+            finished: false,
+            node,
+        };
+        if let Err(e) = handle.admit(policy) {
+            handle.early = Some(Err(e));
+            handle.payload = None;
+            return handle;
+        }
+        let step = handle.machine.start(now, &mut handle.rng);
+        if let Some(result) = handle.perform(step, now) {
+            handle.early = Some(result);
+            handle.release();
+        }
+        handle
+    }
+
+    /// Checks that the ask may start and enters it in the pending map.
+    fn admit(&mut self, policy: RetryPolicy) -> Result<(), AskError> {
+        policy.validate()?;
+        if self.node.is_closed() {
+            return Err(AskError::node_closed());
+        }
+        let id = self.meta.ids.request_id;
+        match self.node.caller.pending.entry(id) {
+            dashmap::mapref::entry::Entry::Occupied(_) => Err(AskError::InvalidArgument {
+                message: format!("request id {id} is already pending on this node"),
+            }),
+            dashmap::mapref::entry::Entry::Vacant(v) => {
+                v.insert(Arc::clone(&self.slot));
+                self.registered = true;
+                Ok(())
+            }
+        }
+    }
+
+    pub fn request_id(&self) -> RequestId {
+        self.meta.ids.request_id
+    }
+
+    pub fn ids(&self) -> &AskIds {
+        &self.meta.ids
+    }
+
+    /// Cancels the ask: it resolves to `AskCancelled` and a best-effort
+    /// `AskCancel` goes to the pool. Does nothing once the ask has ended.
+    pub fn cancel(&mut self) {
+        if self.finished || self.early.is_some() {
+            return;
+        }
+        let now = self.node.clock.now();
+        let step = self.machine.cancel();
+        if let Some(result) = self.perform(step, now) {
+            self.early = Some(result);
+        }
+        self.release();
+    }
+
+    /// Performs the machine's send; returns the ask's result if the step
+    /// (or a failed send) resolved it.
+    fn perform(&mut self, step: CallerStep, now: Timestamp) -> Option<Result<R, AskError>> {
+        let CallerStep { send, resolution } = step;
+        match send {
+            Some(CallerSend::Request { attempt }) => {
+                if attempt > 1 {
+                    self.node.caller.retries.fetch_add(1, Ordering::Relaxed);
+                }
+                self.meta.attempt = attempt;
+                let payload = self
+                    .payload
+                    .clone()
+                    .expect("payload kept until the ask ends");
+                let frame = ToWorker::Request(Envelope {
+                    meta: self.meta.clone(),
+                    payload,
+                });
+                match self.node.transport.send_to_pool(frame) {
+                    Ok(()) => self.machine.on_sent(),
+                    Err(error) => {
+                        let step = self.machine.on_send_failed(now, error, &mut self.rng);
+                        return self.perform(step, now);
+                    }
+                }
+            }
+            Some(CallerSend::Cancel { reason }) => {
+                // Best effort: a pool that is gone has nothing to cancel.
+                let _ = self.node.transport.send_to_pool(ToWorker::Cancel {
+                    ids: self.meta.ids,
+                    pool: self.meta.pool.clone(),
+                    reason,
+                });
+            }
+            None => {}
+        }
+        match resolution {
+            Some(Resolution::Failed(error)) => Some(Err(error)),
+            Some(Resolution::Replied) => unreachable!("only a reply frame resolves as Replied"),
+            None => None,
+        }
+    }
+
+    /// Removes everything the ask holds: pending entry, timer, payload.
+    fn release(&mut self) {
+        if self.registered {
+            self.node.caller.pending.remove(&self.meta.ids.request_id);
+            self.registered = false;
+        }
+        if self.timer.take().is_some() {
+            self.node
+                .caller
+                .armed_timers
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+        self.payload = None;
+    }
+
+    fn finish(&mut self, result: Result<R, AskError>) -> Poll<Result<R, AskError>> {
+        self.release();
+        self.finished = true;
+        Poll::Ready(result)
+    }
+
+    /// Points the timer at `at` and polls it.
+    fn poll_timer(&mut self, at: Timestamp, cx: &mut Context<'_>) -> Poll<()> {
+        let deadline = self.node.clock.instant(at);
+        match &mut self.timer {
+            Some((armed_at, sleep)) => {
+                if *armed_at != at {
+                    sleep.as_mut().reset(deadline);
+                    *armed_at = at;
+                }
+            }
+            None => {
+                self.node
+                    .caller
+                    .armed_timers
+                    .fetch_add(1, Ordering::Relaxed);
+                self.timer = Some((at, Box::pin(tokio::time::sleep_until(deadline))));
+            }
+        }
+        let (_, sleep) = self.timer.as_mut().expect("armed above");
+        sleep.as_mut().poll(cx)
+    }
+}
+
+// The timer is boxed and no field is ever pinned in place, so moving the
+// handle is fine whatever `M` and `R` are.
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Unpin for AskHandle<M, R> {}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<M, R> {
+    type Output = Result<R, AskError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Some(result) = this.early.take() {
+            return this.finish(result);
+        }
+        if this.finished {
+            return Poll::Ready(Err(AskError::internal("ask polled after it completed")));
+        }
+        // A fired timer guarantees `now` reaches its instant even if the
+        // clocks disagree by rounding.
+        let mut floor = Timestamp::ZERO;
+        loop {
+            let now = this.node.clock.now().max(floor);
+            let (acked, event) = this.slot.take(cx.waker());
+            if acked {
+                this.machine.on_ack();
+            }
+            match event {
+                Some(SlotEvent::Reply(outcome)) => {
+                    let step = this
+                        .machine
+                        .on_reply(now, outcome.as_ref().err(), &mut this.rng);
+                    if step.resolution == Some(Resolution::Replied) {
+                        return this.finish(outcome);
+                    }
+                    continue;
+                }
+                Some(SlotEvent::Cancelled(reason)) => {
+                    if let Some(Resolution::Failed(e)) =
+                        this.machine.on_cancelled(reason).resolution
+                    {
+                        return this.finish(Err(e));
+                    }
+                    continue;
+                }
+                Some(SlotEvent::Aborted(error)) => {
+                    this.machine.abort(error.clone());
+                    return this.finish(Err(error));
+                }
+                None => {}
+            }
+            let Some(at) = this.machine.next_wakeup() else {
+                return this.finish(Err(AskError::internal("ask left without an outcome")));
+            };
+            if at <= now {
+                let step = this.machine.on_timer(now, &mut this.rng);
+                if let Some(result) = this.perform(step, now) {
+                    return this.finish(result);
+                }
+                continue;
+            }
+            match this.poll_timer(at, cx) {
+                Poll::Ready(()) => floor = at,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Drop for AskHandle<M, R> {
+    fn drop(&mut self) {
+        if !self.finished && self.early.is_none() {
+            let now = self.node.clock.now();
+            let step = self.machine.cancel();
+            let _ = self.perform(step, now);
+        }
+        self.release();
+    }
+}

@@ -1,0 +1,71 @@
+//! Configuration of nodes and pools, with the defaults a caller gets when it
+//! says nothing.
+
+use std::time::Duration;
+
+use askpool_dedup::DedupConfig;
+use askpool_proto::{AskError, RetryPolicy};
+
+/// Settings of a [`Node`](crate::Node).
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Retry policy of every ask unless the ask overrides it.
+    pub retry: RetryPolicy,
+    /// Timeout of every ask unless the ask overrides it.
+    pub default_timeout: Duration,
+    /// Seed of request ids and retry jitter. `None` draws one from the OS.
+    /// With a seed and a paused tokio clock, runs are reproducible.
+    pub seed: Option<u64>,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            retry: RetryPolicy::default(),
+            default_timeout: Duration::from_secs(30),
+            seed: None,
+        }
+    }
+}
+
+/// Settings of a [`WorkerPool`](crate::WorkerPool).
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Worker tasks of a handler pool (each runs one request at a time).
+    pub concurrency: usize,
+    /// Requests admitted and not yet finished. A new request over it is
+    /// answered `BufferFull`; nothing is dropped silently.
+    pub max_in_flight: usize,
+    /// Bounds of the terminal-reply cache.
+    pub dedup: DedupConfig,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 1,
+            max_in_flight: 10_000,
+            dedup: DedupConfig::default(),
+        }
+    }
+}
+
+impl PoolConfig {
+    pub(crate) fn validate(&self) -> Result<(), AskError> {
+        let bad = |message: &str| {
+            Err(AskError::InvalidArgument {
+                message: format!("pool config: {message}"),
+            })
+        };
+        if self.concurrency == 0 {
+            return bad("concurrency must be at least 1");
+        }
+        if self.max_in_flight == 0 {
+            return bad("max_in_flight must be at least 1");
+        }
+        if self.dedup.max_terminal == 0 {
+            return bad("dedup.max_terminal must be at least 1");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,363 @@
+//! [`Node`]: one per process (or per test). It is a caller (asks go out
+//! through its transport) and hosts [`WorkerPool`]s (asks come in).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use askpool_dedup::DedupConfig;
+use askpool_proto::{
+    AskError, AskIds, CallerId, Envelope, Outcome, PoolName, RequestId, RequestMeta, ToWorker,
+    WorkerId,
+};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use tokio_util::sync::CancellationToken;
+
+use crate::ask::AskBuilder;
+use crate::clock::{IdSource, NodeClock};
+use crate::config::{NodeConfig, PoolConfig};
+use crate::pending::CallerSide;
+use crate::pool::PoolShared;
+use crate::stats::{NodeStats, PoolStats};
+use crate::transport::{InProcessTransport, WorkerTransport};
+use crate::worker::{next_request, run_handler_loop, Request, RequestContext, Worker};
+
+pub(crate) struct NodeShared<M, R> {
+    pub(crate) config: NodeConfig,
+    pub(crate) caller_id: CallerId,
+    pub(crate) transport: Arc<dyn WorkerTransport<M, R>>,
+    pub(crate) caller: Arc<CallerSide<R>>,
+    pub(crate) clock: Arc<NodeClock>,
+    pub(crate) ids: IdSource,
+    pools: Mutex<FxHashMap<PoolName, Arc<PoolShared<M, R>>>>,
+    closed: AtomicBool,
+}
+
+impl<M, R> NodeShared<M, R> {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> NodeShared<M, R> {
+    fn shutdown(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.transport.deregister_caller(self.caller_id);
+        let pools: Vec<_> = self.pools.lock().drain().map(|(_, p)| p).collect();
+        for pool in pools {
+            pool.close();
+        }
+        self.caller.abort_all(&AskError::node_closed());
+    }
+}
+
+impl<M, R> Drop for NodeShared<M, R> {
+    fn drop(&mut self) {
+        // Pools are registered in the transport, which the pools reference:
+        // leaving it breaks that cycle. Pending asks hold this node alive, so
+        // none can be pending here.
+        self.transport.deregister_caller(self.caller_id);
+        for (_, pool) in self.pools.get_mut().drain() {
+            pool.shutdown.cancel();
+            self.transport.deregister_pool(&pool.name);
+        }
+    }
+}
+
+/// A caller of asks and a host of worker pools. Cheap to clone; the last
+/// clone (and the last ask it started) dropping shuts it down.
+pub struct Node<M, R> {
+    pub(crate) shared: Arc<NodeShared<M, R>>,
+}
+
+impl<M, R> Clone for Node<M, R> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<M, R> Default for Node<M, R>
+where
+    M: Clone + Send + 'static,
+    R: Clone + Send + 'static,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M, R> Node<M, R>
+where
+    M: Clone + Send + 'static,
+    R: Clone + Send + 'static,
+{
+    /// A node on its own in-process transport, with default settings.
+    pub fn new() -> Self {
+        Self::with_config(NodeConfig::default())
+    }
+
+    pub fn with_config(config: NodeConfig) -> Self {
+        Self::with_transport(Arc::new(InProcessTransport::new()), config)
+    }
+
+    /// A node on a shared transport: nodes on one transport ask each other's
+    /// pools.
+    pub fn with_transport(transport: Arc<dyn WorkerTransport<M, R>>, config: NodeConfig) -> Self {
+        let seed = config.seed.unwrap_or_else(rand::random);
+        let ids = IdSource::new(seed);
+        let caller_id = CallerId::from_u64(ids.next_u64());
+        let caller = Arc::new(CallerSide::new());
+        transport.register_caller(caller_id, caller.clone());
+        Self {
+            shared: Arc::new(NodeShared {
+                clock: Arc::new(NodeClock::new(config.seed.is_some())),
+                config,
+                caller_id,
+                transport,
+                caller,
+                ids,
+                pools: Mutex::default(),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub fn caller_id(&self) -> CallerId {
+        self.shared.caller_id
+    }
+
+    pub fn transport(&self) -> Arc<dyn WorkerTransport<M, R>> {
+        Arc::clone(&self.shared.transport)
+    }
+
+    /// Starts an ask of `msg` to `pool`; `.await` it or call `.send()`.
+    pub fn ask(&self, pool: impl Into<PoolName>, msg: M) -> AskBuilder<'_, M, R> {
+        AskBuilder::new(self, pool.into(), msg)
+    }
+
+    /// A one-way message, deduplicated like an ask: a duplicate tell (same
+    /// request id) is not run again. Returns once the pool admitted it or
+    /// refused it; nothing comes back afterwards.
+    pub fn tell(&self, pool: impl Into<PoolName>, msg: M) -> Result<RequestId, AskError> {
+        let now = self.shared.clock.now();
+        let id = self
+            .shared
+            .ids
+            .request_id(self.shared.clock.wall_micros(now));
+        self.tell_with_id(pool, msg, id)
+    }
+
+    /// [`tell`](Self::tell) with a given request id.
+    pub fn tell_with_id(
+        &self,
+        pool: impl Into<PoolName>,
+        msg: M,
+        request_id: RequestId,
+    ) -> Result<RequestId, AskError> {
+        if self.shared.is_closed() {
+            return Err(AskError::node_closed());
+        }
+        let now = self.shared.clock.now();
+        let meta = RequestMeta {
+            ids: AskIds::new(request_id, self.shared.caller_id),
+            pool: pool.into(),
+            preferred_worker: None,
+            deadline: now + self.shared.config.default_timeout,
+            attempt: 1,
+            fingerprint: None,
+            expects_reply: false,
+        };
+        self.shared
+            .transport
+            .send_to_pool(ToWorker::Request(Envelope { meta, payload: msg }))?;
+        Ok(request_id)
+    }
+
+    /// Starts declaring a pool named `name` hosted by this node.
+    pub fn pool(&self, name: impl Into<PoolName>) -> PoolBuilder<'_, M, R> {
+        PoolBuilder {
+            node: self,
+            name: name.into(),
+            config: PoolConfig::default(),
+        }
+    }
+
+    pub fn stats(&self) -> NodeStats {
+        let caller = &self.shared.caller;
+        let mut pools: Vec<PoolStats> = self
+            .shared
+            .pools
+            .lock()
+            .values()
+            .map(|p| p.stats())
+            .collect();
+        pools.sort_by(|a, b| a.name.cmp(&b.name));
+        NodeStats {
+            pending: caller.pending.len(),
+            armed_timers: caller.armed_timers.load(Ordering::Relaxed),
+            retries: caller.retries.load(Ordering::Relaxed),
+            ignored_frames: caller.ignored_frames.load(Ordering::Relaxed),
+            pools,
+        }
+    }
+
+    /// Drops terminal dedup entries whose TTL has passed, in every pool.
+    pub fn evict_expired(&self) {
+        for pool in self.shared.pools.lock().values() {
+            pool.evict_expired();
+        }
+    }
+
+    /// Shuts the node down: every pending ask fails with `Unavailable`
+    /// ("node closed"), pools stop admitting and cancel what is queued, and
+    /// new asks fail at once. Idempotent.
+    pub fn shutdown(&self) {
+        self.shared.shutdown();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_closed()
+    }
+
+    fn add_pool(
+        &self,
+        name: PoolName,
+        config: PoolConfig,
+    ) -> Result<Arc<PoolShared<M, R>>, AskError> {
+        config.validate()?;
+        if self.shared.is_closed() {
+            return Err(AskError::node_closed());
+        }
+        let pool = Arc::new(PoolShared::new(
+            name.clone(),
+            config,
+            Arc::clone(&self.shared.transport),
+            Arc::clone(&self.shared.clock),
+            CancellationToken::new(),
+        ));
+        let mut pools = self.shared.pools.lock();
+        if pools.contains_key(&name) {
+            return Err(AskError::InvalidArgument {
+                message: format!("pool {name:?} already exists on this node"),
+            });
+        }
+        self.shared
+            .transport
+            .register_pool(name.clone(), pool.clone())?;
+        pools.insert(name, Arc::clone(&pool));
+        Ok(pool)
+    }
+
+    fn remove_pool(&self, name: &PoolName) {
+        let pool = self.shared.pools.lock().remove(name);
+        if let Some(pool) = pool {
+            pool.close();
+        }
+    }
+}
+
+/// Options of a pool; finish with [`handler`](Self::handler) (workers run an
+/// async closure) or [`build`](Self::build) (pull requests yourself).
+#[must_use = "a pool is created by .handler() or .build()"]
+pub struct PoolBuilder<'a, M, R> {
+    node: &'a Node<M, R>,
+    name: PoolName,
+    config: PoolConfig,
+}
+
+impl<'a, M, R> PoolBuilder<'a, M, R>
+where
+    M: Clone + Send + 'static,
+    R: Clone + Send + 'static,
+{
+    /// Worker tasks of a handler pool.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.config.concurrency = n;
+        self
+    }
+    /// Admitted, unfinished requests allowed before `BufferFull`.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.config.max_in_flight = n;
+        self
+    }
+    /// Bounds of the pool's reply cache.
+    pub fn dedup(mut self, dedup: DedupConfig) -> Self {
+        self.config.dedup = dedup;
+        self
+    }
+    pub fn config(mut self, config: PoolConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// A pool whose requests you pull with `next_request` / `worker(..)`.
+    pub fn build(self) -> Result<WorkerPool<M, R>, AskError> {
+        let shared = self.node.add_pool(self.name, self.config)?;
+        Ok(WorkerPool {
+            node: self.node.clone(),
+            shared,
+        })
+    }
+
+    /// A pool of `concurrency` workers (named `w0`, `w1`, ...) that run
+    /// `handler`. Needs a tokio runtime.
+    pub fn handler<F, Fut>(self, handler: F) -> Result<WorkerPool<M, R>, AskError>
+    where
+        F: Fn(M, RequestContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Outcome<R>> + Send + 'static,
+    {
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| AskError::FailedPrecondition {
+                message: "a handler pool must be created inside a tokio runtime".into(),
+            })?;
+        let pool = self.build()?;
+        let handler = Arc::new(handler);
+        for i in 0..pool.shared.config.concurrency {
+            let worker = pool.worker(format!("w{i}"))?;
+            runtime.spawn(run_handler_loop(worker, Arc::clone(&handler)));
+        }
+        Ok(pool)
+    }
+}
+
+/// A pool hosted by a node.
+pub struct WorkerPool<M, R> {
+    node: Node<M, R>,
+    shared: Arc<PoolShared<M, R>>,
+}
+
+impl<M, R> WorkerPool<M, R>
+where
+    M: Clone + Send + 'static,
+    R: Clone + Send + 'static,
+{
+    pub fn name(&self) -> &PoolName {
+        &self.shared.name
+    }
+
+    /// The next request from the pool's shared queue; `None` once closed.
+    pub async fn next_request(&self) -> Option<Request<M, R>> {
+        next_request(&self.shared, None).await
+    }
+
+    /// Registers a named worker: asks that prefer it go to it while it lives.
+    pub fn worker(&self, id: impl Into<WorkerId>) -> Result<Worker<M, R>, AskError> {
+        Worker::register(&self.shared, id.into())
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.shared.stats()
+    }
+
+    /// Closes the pool: it leaves the transport (new asks get `NoRoute`),
+    /// its queued requests are cancelled, its workers stop. Its dedup state
+    /// is gone with it, as after a worker-process restart.
+    pub fn close(&self) {
+        self.node.remove_pool(&self.shared.name);
+    }
+}

@@ -1,0 +1,343 @@
+//! The inbound side of a worker pool: admission, dedup, routing to workers.
+//!
+//! Frames arrive through [`PoolEndpoint::deliver`]. Each one is one step of
+//! askpool-proto's inbound table, applied atomically to the key's entry in the
+//! dedup table; this module only performs the resulting action. Admitted
+//! requests wait in a flume queue (the pool's, or the preferred worker's) for
+//! a worker; the queue is bounded by `max_in_flight`, enforced at admission.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use askpool_dedup::{DedupState, DedupTable};
+use askpool_proto::inbound::{self, InboundAction, InboundEvent, InboundState};
+use askpool_proto::{
+    AskError, AskIds, CancelReason, DedupKey, Envelope, Outcome, PoolName, RequestMeta, ToCaller,
+    ToWorker, WorkerId,
+};
+use parking_lot::RwLock;
+use rustc_hash::FxHashMap;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::NodeClock;
+use crate::config::PoolConfig;
+use crate::stats::PoolStats;
+use crate::transport::{PoolEndpoint, WorkerTransport};
+
+/// What the dedup table stores per key: the protocol state, plus the running
+/// handler's cancellation token while it is in progress.
+pub(crate) struct Entry<R> {
+    state: InboundState<R>,
+    token: Option<CancellationToken>,
+}
+
+impl<R> DedupState for Entry<R> {
+    fn is_terminal(&self) -> bool {
+        self.state.is_terminal()
+    }
+}
+
+/// An admitted request on its way to a worker.
+pub(crate) struct WorkItem<M> {
+    pub(crate) meta: RequestMeta,
+    pub(crate) payload: M,
+    pub(crate) token: CancellationToken,
+}
+
+#[derive(Default)]
+pub(crate) struct PoolCounters {
+    pub(crate) admitted: AtomicU64,
+    pub(crate) handler_runs: AtomicU64,
+    pub(crate) duplicate_acks: AtomicU64,
+    pub(crate) replays: AtomicU64,
+    pub(crate) suppressed_replies: AtomicU64,
+    pub(crate) payload_mismatches: AtomicU64,
+    pub(crate) rejected_full: AtomicU64,
+    pub(crate) cancels: AtomicU64,
+    pub(crate) tombstones: AtomicU64,
+}
+
+pub(crate) struct PoolShared<M, R> {
+    pub(crate) name: PoolName,
+    pub(crate) config: PoolConfig,
+    table: DedupTable<Entry<R>>,
+    in_flight: AtomicUsize,
+    pub(crate) queue_tx: flume::Sender<WorkItem<M>>,
+    pub(crate) queue_rx: flume::Receiver<WorkItem<M>>,
+    pub(crate) workers: RwLock<FxHashMap<WorkerId, flume::Sender<WorkItem<M>>>>,
+    transport: Arc<dyn WorkerTransport<M, R>>,
+    clock: Arc<NodeClock>,
+    closed: AtomicBool,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) counters: PoolCounters,
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
+    pub(crate) fn new(
+        name: PoolName,
+        config: PoolConfig,
+        transport: Arc<dyn WorkerTransport<M, R>>,
+        clock: Arc<NodeClock>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let (queue_tx, queue_rx) = flume::unbounded();
+        Self {
+            table: DedupTable::new(config.dedup),
+            name,
+            config,
+            in_flight: AtomicUsize::new(0),
+            queue_tx,
+            queue_rx,
+            workers: RwLock::default(),
+            transport,
+            clock,
+            closed: AtomicBool::new(false),
+            shutdown,
+            counters: PoolCounters::default(),
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// One step of the inbound table for `key`. Keeps the in-flight count in
+    /// step with the entries that are InProgress, and returns the action plus
+    /// the token of the handler the step started or cancelled. `None` means
+    /// a new request was refused because the pool is full.
+    fn step(
+        &self,
+        key: DedupKey,
+        event: InboundEvent<R>,
+    ) -> Option<(InboundAction<R>, Option<CancellationToken>)> {
+        let now = self.clock.now();
+        self.table.apply(key, now, |current| {
+            let is_new = current.is_none() && matches!(event, InboundEvent::Request { .. });
+            if is_new && self.in_flight.load(Ordering::Acquire) >= self.config.max_in_flight {
+                return (None, None);
+            }
+            let transition = inbound::step(current.map(|e| &e.state), event);
+            let mut token = None;
+            let next = transition.next.map(|state| {
+                if state.is_terminal() {
+                    if let Some(running) = current.filter(|e| !e.is_terminal()) {
+                        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                        token = running.token.clone();
+                    }
+                    Entry { state, token: None }
+                } else {
+                    self.in_flight.fetch_add(1, Ordering::AcqRel);
+                    let fresh = CancellationToken::new();
+                    token = Some(fresh.clone());
+                    Entry {
+                        state,
+                        token: Some(fresh),
+                    }
+                }
+            });
+            (next, Some((transition.action, token)))
+        })
+    }
+
+    fn send(&self, frame: ToCaller<R>) {
+        // A caller that is gone has nobody to tell; its asks already ended.
+        let _ = self.transport.send_to_caller(frame);
+    }
+
+    fn admit(&self, env: Envelope<M>) {
+        let Envelope { meta, payload } = env;
+        let ids = meta.ids;
+        let reply = meta.expects_reply;
+        if self.is_closed() {
+            if reply {
+                self.send(ToCaller::Reply {
+                    ids,
+                    outcome: Err(AskError::unavailable(format!(
+                        "pool {} is closed",
+                        self.name
+                    ))),
+                });
+            }
+            return;
+        }
+        let event = InboundEvent::Request {
+            fingerprint: meta.fingerprint,
+        };
+        let Some((action, token)) = self.step(ids.dedup_key(), event) else {
+            self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
+            if reply {
+                self.send(ToCaller::Reply {
+                    ids,
+                    outcome: Err(AskError::BufferFull {
+                        pool: self.name.to_string(),
+                        limit: self.config.max_in_flight,
+                    }),
+                });
+            }
+            return;
+        };
+        let answer = match action {
+            InboundAction::RunHandlerAndAck => {
+                self.counters.admitted.fetch_add(1, Ordering::Relaxed);
+                if reply {
+                    self.send(ToCaller::Ack { ids });
+                }
+                let token = token.expect("a started request has a token");
+                self.enqueue(WorkItem {
+                    meta,
+                    payload,
+                    token,
+                });
+                return;
+            }
+            InboundAction::Ack => {
+                self.counters.duplicate_acks.fetch_add(1, Ordering::Relaxed);
+                ToCaller::Ack { ids }
+            }
+            InboundAction::Replay(outcome) => {
+                self.counters.replays.fetch_add(1, Ordering::Relaxed);
+                ToCaller::Reply { ids, outcome }
+            }
+            InboundAction::SendCancelled(reason) => ToCaller::Cancelled { ids, reason },
+            InboundAction::RejectMismatch => {
+                self.counters
+                    .payload_mismatches
+                    .fetch_add(1, Ordering::Relaxed);
+                ToCaller::Reply {
+                    ids,
+                    outcome: Err(AskError::PayloadMismatch),
+                }
+            }
+            _ => unreachable!("the inbound table answers a request with none of the other actions"),
+        };
+        if reply {
+            self.send(answer);
+        }
+    }
+
+    /// Hands an admitted request to its preferred worker if that worker is
+    /// alive, else to the pool's shared queue.
+    pub(crate) fn enqueue(&self, mut item: WorkItem<M>) {
+        if let Some(worker) = &item.meta.preferred_worker {
+            let sender = self.workers.read().get(worker).cloned();
+            if let Some(sender) = sender {
+                match sender.send(item) {
+                    Ok(()) => return,
+                    Err(flume::SendError(back)) => item = back,
+                }
+            }
+        }
+        if self.is_closed() {
+            self.cancel_item(item, CancelReason::Shutdown);
+            return;
+        }
+        // The pool holds the receiver too, so this send cannot fail.
+        let _ = self.queue_tx.send(item);
+    }
+
+    /// A cancel for `ids`, from the caller or from the worker side.
+    pub(crate) fn cancel(&self, ids: AskIds, reason: CancelReason, reply: bool) {
+        let Some((action, token)) = self.step(ids.dedup_key(), InboundEvent::Cancel { reason })
+        else {
+            return;
+        };
+        match action {
+            InboundAction::SendCancelled(reason) => {
+                self.counters.cancels.fetch_add(1, Ordering::Relaxed);
+                if let Some(token) = token {
+                    token.cancel();
+                }
+                if reply {
+                    self.send(ToCaller::Cancelled { ids, reason });
+                }
+            }
+            InboundAction::RecordTombstone => {
+                self.counters.tombstones.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn cancel_item(&self, item: WorkItem<M>, reason: CancelReason) {
+        self.cancel(item.meta.ids, reason, item.meta.expects_reply);
+    }
+
+    /// The handler of `meta` finished with `outcome`.
+    pub(crate) fn finish(&self, meta: &RequestMeta, outcome: Outcome<R>) {
+        let event = InboundEvent::HandlerFinished { outcome };
+        let Some((action, _)) = self.step(meta.ids.dedup_key(), event) else {
+            return;
+        };
+        match action {
+            InboundAction::SendReply(outcome) => {
+                if meta.expects_reply {
+                    self.send(ToCaller::Reply {
+                        ids: meta.ids,
+                        outcome,
+                    });
+                }
+            }
+            InboundAction::SuppressReply => {
+                self.counters
+                    .suppressed_replies
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn progress(&self, ids: AskIds, fraction: f32, note: String) {
+        self.send(ToCaller::Progress {
+            ids,
+            fraction,
+            note,
+        });
+    }
+
+    /// Stops admitting, cancels what is queued, and leaves the transport.
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.transport.deregister_pool(&self.name);
+        self.shutdown.cancel();
+        while let Ok(item) = self.queue_rx.try_recv() {
+            self.cancel_item(item, CancelReason::Shutdown);
+        }
+    }
+
+    pub(crate) fn stats(&self) -> PoolStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PoolStats {
+            name: self.name.to_string(),
+            in_flight: self.in_flight.load(Ordering::Acquire),
+            queued: self.queue_rx.len()
+                + self.workers.read().values().map(|s| s.len()).sum::<usize>(),
+            dedup: self.table.stats(),
+            admitted: get(&c.admitted),
+            handler_runs: get(&c.handler_runs),
+            duplicate_acks: get(&c.duplicate_acks),
+            replays: get(&c.replays),
+            suppressed_replies: get(&c.suppressed_replies),
+            payload_mismatches: get(&c.payload_mismatches),
+            rejected_full: get(&c.rejected_full),
+            cancels: get(&c.cancels),
+            tombstones: get(&c.tombstones),
+        }
+    }
+
+    /// Removes terminal entries whose TTL has passed.
+    pub(crate) fn evict_expired(&self) {
+        self.table.evict_expired(self.clock.now());
+    }
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> PoolEndpoint<M> for PoolShared<M, R> {
+    fn deliver(&self, frame: ToWorker<M>) {
+        match frame {
+            ToWorker::Request(env) => self.admit(env),
+            ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
+        }
+    }
+}

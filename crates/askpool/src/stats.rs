@@ -1,0 +1,51 @@
+//! Counters and gauges a node exposes, for tests, the demo and operators.
+
+use askpool_dedup::DedupStats;
+
+/// A snapshot of one pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub name: String,
+    /// Requests admitted and not yet finished (InProgress entries).
+    pub in_flight: usize,
+    /// Admitted requests waiting for a worker.
+    pub queued: usize,
+    pub dedup: DedupStats,
+    /// Requests admitted for the first time.
+    pub admitted: u64,
+    /// Handler runs started (at most one per admitted request).
+    pub handler_runs: u64,
+    /// Duplicates of a running request, answered with an Ack.
+    pub duplicate_acks: u64,
+    /// Duplicates of a finished request, answered from the cache.
+    pub replays: u64,
+    /// Replies dropped because the request was cancelled first.
+    pub suppressed_replies: u64,
+    pub payload_mismatches: u64,
+    /// Requests refused with `BufferFull`.
+    pub rejected_full: u64,
+    /// Running or queued requests cancelled.
+    pub cancels: u64,
+    /// Cancels that arrived before their request.
+    pub tombstones: u64,
+}
+
+/// A snapshot of a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Asks in the pending map.
+    pub pending: usize,
+    /// Retry/deadline timers armed by live asks.
+    pub armed_timers: usize,
+    /// Request frames re-sent after the first attempt.
+    pub retries: u64,
+    /// Frames for asks that were no longer pending (duplicates, late replies).
+    pub ignored_frames: u64,
+    pub pools: Vec<PoolStats>,
+}
+
+impl NodeStats {
+    pub fn pool(&self, name: &str) -> Option<&PoolStats> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+}

@@ -1,0 +1,282 @@
+//! What a worker sees: [`Request`]s pulled from a pool, their
+//! [`RequestContext`], and the [`Responder`] that completes them.
+//!
+//! The pull API (`next_request` / `reply` / `fail`) is what bindings build on;
+//! handler pools run the same loop on tokio tasks.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use askpool_proto::{
+    AskError, AskIds, CancelReason, CorrelationId, Outcome, PoolName, RequestId, RequestMeta,
+    WorkerId,
+};
+use futures::FutureExt;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::pool::{PoolShared, WorkItem};
+
+/// What a handler knows about the request it runs.
+#[derive(Clone)]
+pub struct RequestContext {
+    meta: RequestMeta,
+    token: CancellationToken,
+    progress: Arc<dyn ProgressSink>,
+}
+
+/// Where progress reports of a request go (its pool).
+pub(crate) trait ProgressSink: Send + Sync {
+    fn progress(&self, ids: AskIds, fraction: f32, note: String);
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> ProgressSink for PoolShared<M, R> {
+    fn progress(&self, ids: AskIds, fraction: f32, note: String) {
+        PoolShared::progress(self, ids, fraction, note);
+    }
+}
+
+impl RequestContext {
+    pub fn request_id(&self) -> RequestId {
+        self.meta.ids.request_id
+    }
+    pub fn correlation_id(&self) -> CorrelationId {
+        self.meta.ids.correlation_id
+    }
+    pub fn ids(&self) -> &AskIds {
+        &self.meta.ids
+    }
+    pub fn pool(&self) -> &PoolName {
+        &self.meta.pool
+    }
+    /// The attempt whose delivery admitted this request.
+    pub fn attempt(&self) -> u32 {
+        self.meta.attempt
+    }
+    /// Whether the request was cancelled (by its caller, a timeout, or the
+    /// pool). Cancel does not interrupt a handler; it may check and stop early.
+    pub fn is_cancelled(&self) -> bool {
+        self.token.is_cancelled()
+    }
+    /// Completes when the request is cancelled.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+    /// Reports partial progress to the caller (an `AskProgress` frame).
+    pub fn progress(&self, fraction: f32, note: impl Into<String>) {
+        self.progress
+            .progress(self.meta.ids, fraction.clamp(0.0, 1.0), note.into());
+    }
+}
+
+impl std::fmt::Debug for RequestContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestContext")
+            .field("meta", &self.meta)
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
+}
+
+/// Completes one admitted request exactly once. Dropping it unanswered fails
+/// the request (`Internal`), or cancels it if the pool is shutting down, so
+/// nothing stays in flight.
+pub struct Responder<M: Send + 'static, R: Clone + Send + 'static> {
+    pool: Arc<PoolShared<M, R>>,
+    meta: RequestMeta,
+    done: bool,
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> Responder<M, R> {
+    /// Sends the reply (and caches it for duplicates).
+    pub fn reply(self, reply: R) {
+        self.complete(Ok(reply));
+    }
+    /// Fails the request; the error is cached and replayed like a reply.
+    pub fn fail(self, error: AskError) {
+        self.complete(Err(error));
+    }
+    /// Cancels the request from the worker side: the caller gets `AskCancelled`.
+    pub fn cancel(mut self) {
+        self.done = true;
+        self.pool
+            .cancel(self.meta.ids, CancelReason::Worker, self.meta.expects_reply);
+    }
+    pub fn complete(mut self, outcome: Outcome<R>) {
+        self.done = true;
+        self.pool.finish(&self.meta, outcome);
+    }
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Responder<M, R> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.pool.is_closed() {
+            self.pool.cancel(
+                self.meta.ids,
+                CancelReason::Shutdown,
+                self.meta.expects_reply,
+            );
+        } else {
+            self.pool.finish(
+                &self.meta,
+                Err(AskError::internal("request dropped without a reply")),
+            );
+        }
+    }
+}
+
+/// One admitted request, pulled by a worker.
+pub struct Request<M: Send + 'static, R: Clone + Send + 'static> {
+    pub message: M,
+    pub context: RequestContext,
+    pub responder: Responder<M, R>,
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
+    fn new(pool: &Arc<PoolShared<M, R>>, item: WorkItem<M>) -> Self {
+        pool.counters.handler_runs.fetch_add(1, Ordering::Relaxed);
+        Self {
+            message: item.payload,
+            context: RequestContext {
+                meta: item.meta.clone(),
+                token: item.token,
+                progress: Arc::clone(pool) as Arc<dyn ProgressSink>,
+            },
+            responder: Responder {
+                pool: Arc::clone(pool),
+                meta: item.meta,
+                done: false,
+            },
+        }
+    }
+
+    pub fn reply(self, reply: R) {
+        self.responder.reply(reply);
+    }
+    pub fn fail(self, error: AskError) {
+        self.responder.fail(error);
+    }
+}
+
+/// Takes the next request from `own` (this worker's queue) first, then from
+/// the pool's shared queue. Requests cancelled while queued are skipped: their
+/// entry is already terminal, so the handler never starts. `None` once the
+/// pool is closed.
+pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
+    pool: &Arc<PoolShared<M, R>>,
+    own: Option<&flume::Receiver<WorkItem<M>>>,
+) -> Option<Request<M, R>> {
+    loop {
+        if pool.is_closed() {
+            return None;
+        }
+        let item = match own.and_then(|rx| rx.try_recv().ok()) {
+            Some(item) => item,
+            None => {
+                let own_next = async {
+                    match own {
+                        Some(rx) => rx.recv_async().await.ok(),
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    _ = pool.shutdown.cancelled() => return None,
+                    Some(item) = own_next => item,
+                    Ok(item) = pool.queue_rx.recv_async() => item,
+                }
+            }
+        };
+        if item.token.is_cancelled() {
+            continue;
+        }
+        return Some(Request::new(pool, item));
+    }
+}
+
+/// A named worker of a pool: asks that prefer it are routed to it while it
+/// is alive. Dropping it hands its queued requests back to the pool.
+pub struct Worker<M: Send + 'static, R: Clone + Send + 'static> {
+    pool: Arc<PoolShared<M, R>>,
+    id: WorkerId,
+    rx: flume::Receiver<WorkItem<M>>,
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
+    pub(crate) fn register(pool: &Arc<PoolShared<M, R>>, id: WorkerId) -> Result<Self, AskError> {
+        let (tx, rx) = flume::unbounded();
+        let mut workers = pool.workers.write();
+        if workers.contains_key(&id) {
+            return Err(AskError::InvalidArgument {
+                message: format!("worker {id:?} already exists in pool {}", pool.name),
+            });
+        }
+        workers.insert(id.clone(), tx);
+        Ok(Self {
+            pool: Arc::clone(pool),
+            id,
+            rx,
+        })
+    }
+
+    pub fn id(&self) -> &WorkerId {
+        &self.id
+    }
+
+    /// The next request for this worker; `None` once the pool is closed.
+    pub async fn next_request(&self) -> Option<Request<M, R>> {
+        next_request(&self.pool, Some(&self.rx)).await
+    }
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Worker<M, R> {
+    fn drop(&mut self) {
+        self.pool.workers.write().remove(&self.id);
+        while let Ok(item) = self.rx.try_recv() {
+            self.pool.enqueue(WorkItem {
+                meta: RequestMeta {
+                    preferred_worker: None,
+                    ..item.meta
+                },
+                payload: item.payload,
+                token: item.token,
+            });
+        }
+    }
+}
+
+/// Runs one worker's loop: pull, run the handler, complete. A panicking
+/// handler fails its request with `HandlerFailed { type_name: "panic" }`.
+pub(crate) async fn run_handler_loop<M, R, F, Fut>(worker: Worker<M, R>, handler: Arc<F>)
+where
+    M: Send + 'static,
+    R: Clone + Send + 'static,
+    F: Fn(M, RequestContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome<R>> + Send + 'static,
+{
+    while let Some(request) = worker.next_request().await {
+        let Request {
+            message,
+            context,
+            responder,
+        } = request;
+        let outcome = AssertUnwindSafe(handler(message, context))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(panic_error(panic.as_ref())));
+        responder.complete(outcome);
+    }
+}
+
+pub(crate) fn panic_error(panic: &(dyn std::any::Any + Send)) -> AskError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "handler panicked".to_owned());
+    AskError::handler_failed("panic", message)
+}

@@ -1,0 +1,579 @@
+//! The runtime against the protocol, on a paused tokio clock: every timer
+//! fires at its exact instant and a run is reproducible.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use askpool::{
+    AskError, CancelReason, CausationId, CorrelationId, ErrorCode, Node, NodeConfig,
+    PayloadFingerprint, RequestId, RetryPolicy, WorkerTransport,
+};
+use askpool_tests::{Fate, FrameKind, Tap};
+use tokio::sync::Notify;
+
+type TestNode = Node<u64, String>;
+
+fn policy() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 5,
+        initial_delay: Duration::from_millis(100),
+        multiplier: 2.0,
+        max_delay: Duration::from_secs(1),
+        jitter: 0.0,
+    }
+}
+
+fn node_on(tap: &Arc<Tap<u64, String>>) -> TestNode {
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    Node::with_transport(
+        transport,
+        NodeConfig {
+            retry: policy(),
+            default_timeout: Duration::from_secs(10),
+            seed: Some(7),
+        },
+    )
+}
+
+/// A handler pool that counts its runs and answers after `delay`.
+fn echo_pool(node: &TestNode, name: &str, delay: Duration) -> Arc<AtomicUsize> {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    node.pool(name)
+        .concurrency(4)
+        .handler(move |msg: u64, _ctx| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(delay).await;
+                Ok(format!("echo {msg}"))
+            }
+        })
+        .unwrap();
+    runs
+}
+
+#[tokio::test(start_paused = true)]
+async fn reply_reaches_the_caller_with_its_ids() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let runs = echo_pool(&node, "p", Duration::from_millis(5));
+    let reply = node.ask("p", 3).await.unwrap();
+    assert_eq!(reply, "echo 3");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let replies = tap.delivered(FrameKind::Reply);
+    assert_eq!(replies.len(), 1);
+    let request = &tap.delivered(FrameKind::Request)[0];
+    assert_eq!(
+        replies[0].ids, request.ids,
+        "ids unchanged on the live reply"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_stop_after_the_ack() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let runs = echo_pool(&node, "p", Duration::from_secs(3));
+    // The first request and its ack are lost; the second attempt is acked.
+    let seen = Arc::new(AtomicUsize::new(0));
+    let seen2 = seen.clone();
+    tap.set_rule(move |f| match f.kind {
+        FrameKind::Request if seen2.fetch_add(1, Ordering::SeqCst) == 0 => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let reply = node.ask("p", 1).await.unwrap();
+    assert_eq!(reply, "echo 1");
+    let requests = tap.sent(FrameKind::Request);
+    // Attempt 1 dropped at t=0, attempt 2 at t=100ms acked; the handler
+    // then runs 3 s with no further attempt although 3 more were allowed.
+    assert_eq!(
+        requests
+            .iter()
+            .map(|f| f.attempt.unwrap())
+            .collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    assert!(requests.iter().all(|f| f.ids == requests[0].ids));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unacked_requests_are_resent_with_backoff_and_the_same_id() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let _runs = echo_pool(&node, "p", Duration::ZERO);
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Request => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let start = tokio::time::Instant::now();
+    let err = node
+        .ask("p", 1)
+        .timeout(Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::AskTimeout);
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    let attempts: Vec<u32> = tap
+        .sent(FrameKind::Request)
+        .iter()
+        .map(|f| f.attempt.unwrap())
+        .collect();
+    // Sends at 0, 100, 300, 700, 1500 ms: max_attempts = 5, all before 2 s.
+    assert_eq!(attempts, vec![1, 2, 3, 4, 5]);
+    assert_eq!(node.stats().retries, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeout_fails_the_ask_and_sends_a_cancel_with_the_same_ids() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let runs = echo_pool(&node, "p", Duration::from_secs(60));
+    let correlation = CorrelationId::from_u128(0xc0ffee);
+    let causation = CausationId::from_u128(0xcafe);
+    let err = node
+        .ask("p", 9)
+        .timeout(Duration::from_secs(1))
+        .correlation_id(correlation)
+        .causation_id(causation)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AskError::AskTimeout { elapsed_ms: 1000 }),
+        "{err:?}"
+    );
+    let request = tap.sent(FrameKind::Request)[0].clone();
+    let cancels = tap.sent(FrameKind::Cancel);
+    assert_eq!(cancels.len(), 1);
+    assert_eq!(cancels[0].ids, request.ids);
+    assert_eq!(cancels[0].ids.correlation_id, correlation);
+    assert_eq!(cancels[0].ids.causation_id, Some(causation));
+    // The worker recorded the cancel; its late reply is suppressed.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(
+        tap.sent(FrameKind::Reply).is_empty(),
+        "no reply after cancel"
+    );
+    let pool = node.stats().pool("p").cloned().unwrap();
+    assert_eq!(pool.suppressed_replies, 1);
+    assert_eq!(pool.in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn duplicate_replies_are_ignored_after_the_first() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    echo_pool(&node, "p", Duration::from_millis(1));
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Reply => Fate::Duplicate,
+        _ => Fate::Deliver,
+    });
+    assert_eq!(node.ask("p", 5).await.unwrap(), "echo 5");
+    assert_eq!(tap.delivered(FrameKind::Reply).len(), 2);
+    assert_eq!(node.stats().ignored_frames, 1);
+    assert_eq!(node.stats().pending, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn duplicate_request_in_progress_gets_an_ack_and_runs_once() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let runs = echo_pool(&node, "p", Duration::from_millis(500));
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Request => Fate::Duplicate,
+        _ => Fate::Deliver,
+    });
+    assert_eq!(node.ask("p", 2).await.unwrap(), "echo 2");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(tap.delivered(FrameKind::Ack).len(), 2);
+    let pool = node.stats().pool("p").cloned().unwrap();
+    assert_eq!((pool.handler_runs, pool.duplicate_acks), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn duplicate_after_reply_replays_the_identical_reply() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let runs = echo_pool(&node, "p", Duration::ZERO);
+    let id = RequestId::from_parts(1, 42);
+    let first = node.ask("p", 8).request_id(id).await.unwrap();
+    // The caller restarts its ask with the same id (say, after a crash).
+    let second = node.ask("p", 8).request_id(id).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let replies = tap.sent(FrameKind::Reply);
+    assert_eq!(replies.len(), 2);
+    assert_eq!(replies[0], replies[1], "replay carries the same ids");
+    assert_eq!(node.stats().pool("p").unwrap().replays, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn error_outcomes_are_cached_and_replayed() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    node.pool("p")
+        .handler(move |_msg: u64, _ctx| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Err(AskError::handler_failed("ValueError", "bad input")) }
+        })
+        .unwrap();
+    let id = RequestId::from_parts(1, 43);
+    let first = node.ask("p", 1).request_id(id).await.unwrap_err();
+    let second = node.ask("p", 1).request_id(id).await.unwrap_err();
+    assert_eq!(first, AskError::handler_failed("ValueError", "bad input"));
+    assert_eq!(first, second);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_then_late_reply_sends_no_reply() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let started = Arc::new(Notify::new());
+    let observed_cancel = Arc::new(AtomicUsize::new(0));
+    let (s, o) = (started.clone(), observed_cancel.clone());
+    node.pool("p")
+        .handler(move |msg: u64, ctx| {
+            let (s, o) = (s.clone(), o.clone());
+            async move {
+                s.notify_one();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if ctx.is_cancelled() {
+                    o.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(format!("late {msg}"))
+            }
+        })
+        .unwrap();
+    let mut handle = node.ask("p", 4).send();
+    let ids = *handle.ids();
+    tokio::select! {
+        _ = started.notified() => {}
+        _ = &mut handle => panic!("finished before the handler started"),
+    }
+    handle.cancel();
+    let err = handle.await.unwrap_err();
+    assert_eq!(
+        err,
+        AskError::AskCancelled {
+            reason: CancelReason::Caller
+        }
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        observed_cancel.load(Ordering::SeqCst),
+        1,
+        "handler saw the cancel"
+    );
+    assert!(
+        tap.sent(FrameKind::Reply).is_empty(),
+        "late reply suppressed"
+    );
+    let cancelled = tap.sent(FrameKind::Cancelled);
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!(cancelled[0].ids, ids);
+    // A duplicate of the cancelled request is answered AskCancelled, not run.
+    let again = node
+        .ask("p", 4)
+        .request_id(ids.request_id)
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), ErrorCode::AskCancelled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_handle_cancels_the_ask() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    echo_pool(&node, "p", Duration::from_secs(5));
+    let handle = node.ask("p", 1).send();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    drop(handle);
+    assert_eq!(tap.sent(FrameKind::Cancel).len(), 1);
+    let stats = node.stats();
+    assert_eq!((stats.pending, stats.armed_timers), (0, 0));
+    assert_eq!(stats.pool("p").unwrap().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_before_request_leaves_a_tombstone() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let runs = echo_pool(&node, "p", Duration::ZERO);
+    // The request is delayed past its own timeout's cancel.
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Request => Fate::Delay(Duration::from_secs(2)),
+        _ => Fate::Deliver,
+    });
+    let err = node
+        .ask("p", 1)
+        .timeout(Duration::from_secs(1))
+        .retry(RetryPolicy::no_retry())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::AskTimeout);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "a tombstoned request never runs"
+    );
+    let pool = node.stats().pool("p").cloned().unwrap();
+    assert_eq!(pool.tombstones, 1);
+    assert_eq!(tap.sent(FrameKind::Cancelled).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn worker_cancel_fails_the_ask_with_ask_cancelled() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let ask = tokio::spawn({
+        let node = node.clone();
+        async move { node.ask("p", 1).await }
+    });
+    let request = pool.next_request().await.unwrap();
+    request.responder.cancel();
+    let err = ask.await.unwrap().unwrap_err();
+    assert_eq!(
+        err,
+        AskError::AskCancelled {
+            reason: CancelReason::Worker
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn payload_mismatch_is_refused_without_running() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let runs = echo_pool(&node, "p", Duration::ZERO);
+    let id = RequestId::from_parts(5, 5);
+    let a = PayloadFingerprint::from_u128(1);
+    let b = PayloadFingerprint::from_u128(2);
+    node.ask("p", 1)
+        .request_id(id)
+        .fingerprint(a)
+        .await
+        .unwrap();
+    let err = node
+        .ask("p", 2)
+        .request_id(id)
+        .fingerprint(b)
+        .await
+        .unwrap_err();
+    assert_eq!(err, AskError::PayloadMismatch);
+    // Stored unchecked, asked checked: fails closed.
+    let id2 = RequestId::from_parts(5, 6);
+    node.ask("p", 1).request_id(id2).await.unwrap();
+    let err = node
+        .ask("p", 1)
+        .request_id(id2)
+        .fingerprint(a)
+        .await
+        .unwrap_err();
+    assert_eq!(err, AskError::PayloadMismatch);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_pool_is_no_route() {
+    let node: TestNode = Node::new();
+    let err = node.ask("nowhere", 1).await.unwrap_err();
+    assert_eq!(
+        err,
+        AskError::NoRoute {
+            pool: "nowhere".into()
+        }
+    );
+    assert_eq!(node.stats().pending, 0);
+    assert_eq!(
+        node.tell("nowhere", 1).unwrap_err().code(),
+        ErrorCode::NoRoute
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn over_max_in_flight_is_buffer_full_and_nothing_is_dropped() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").max_in_flight(2).build().unwrap();
+    let no_retry = RetryPolicy::no_retry();
+    let a = node.ask("p", 1).retry(no_retry).send();
+    let b = node.ask("p", 2).retry(no_retry).send();
+    let c = node.ask("p", 3).retry(no_retry).send();
+    let err = c.await.unwrap_err();
+    assert_eq!(
+        err,
+        AskError::BufferFull {
+            pool: "p".into(),
+            limit: 2
+        }
+    );
+    assert_eq!(pool.stats().rejected_full, 1);
+    for _ in 0..2 {
+        let r = pool.next_request().await.unwrap();
+        let m = r.message;
+        r.responder.reply(format!("ok {m}"));
+    }
+    assert_eq!(a.await.unwrap(), "ok 1");
+    assert_eq!(b.await.unwrap(), "ok 2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn buffer_full_is_retried_while_time_remains() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        retry: policy(),
+        ..NodeConfig::default()
+    });
+    let pool = node.pool("p").max_in_flight(1).build().unwrap();
+    let first = node.ask("p", 1).send();
+    // Spawned: a handle drives its re-sends only while it is polled.
+    let second = tokio::spawn(node.ask("p", 2).send());
+    // Free the slot after 150 ms: the second ask's retry at 100 ms is
+    // refused again, the one at 300 ms gets in.
+    let r = pool.next_request().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    r.responder.reply("one".into());
+    assert_eq!(first.await.unwrap(), "one");
+    let r = pool.next_request().await.unwrap();
+    assert_eq!(r.message, 2);
+    r.responder.reply("two".into());
+    assert_eq!(second.await.unwrap().unwrap(), "two");
+    assert_eq!(pool.stats().rejected_full, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_fails_every_pending_ask_and_new_ones() {
+    let node: TestNode = Node::new();
+    let _pool = node.pool("p").build().unwrap();
+    let asks: Vec<_> = (0..10).map(|i| node.ask("p", i).send()).collect();
+    node.shutdown();
+    for ask in asks {
+        assert_eq!(ask.await.unwrap_err(), AskError::node_closed());
+    }
+    assert_eq!(node.ask("p", 1).await.unwrap_err(), AskError::node_closed());
+    assert_eq!(node.stats().pending, 0);
+    assert!(node.pool("q").build().is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn preferred_worker_gets_the_ask_while_alive() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let w1 = pool.worker("w1").unwrap();
+    let w2 = pool.worker("w2").unwrap();
+    let ask = node.ask("p", 1).preferred_worker("w2").send();
+    let r = tokio::time::timeout(Duration::from_millis(10), w2.next_request())
+        .await
+        .expect("routed to w2")
+        .unwrap();
+    r.responder.reply("from w2".into());
+    assert_eq!(ask.await.unwrap(), "from w2");
+    // w2 gone: its asks go to any worker.
+    drop(w2);
+    let ask = node.ask("p", 2).preferred_worker("w2").send();
+    let r = w1.next_request().await.unwrap();
+    assert_eq!(r.message, 2);
+    r.responder.reply("from w1".into());
+    assert_eq!(ask.await.unwrap(), "from w1");
+    assert!(
+        pool.worker("w1").is_err(),
+        "duplicate worker names are refused"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tell_is_deduplicated() {
+    let node: TestNode = Node::new();
+    let runs = echo_pool(&node, "p", Duration::ZERO);
+    let id = RequestId::from_parts(9, 9);
+    node.tell_with_id("p", 1, id).unwrap();
+    node.tell_with_id("p", 1, id).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    node.tell_with_id("p", 1, id).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    node.tell("p", 2).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn handler_panic_becomes_handler_failed() {
+    let node: TestNode = Node::new();
+    node.pool("p")
+        .handler(|msg: u64, _ctx| async move {
+            if msg == 0 {
+                panic!("boom");
+            }
+            Ok("fine".to_string())
+        })
+        .unwrap();
+    let err = node.ask("p", 0).await.unwrap_err();
+    assert_eq!(err, AskError::handler_failed("panic", "boom"));
+    // The worker survived its panic.
+    assert_eq!(node.ask("p", 1).await.unwrap(), "fine");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_request_fails_instead_of_hanging() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let ask = node.ask("p", 1).send();
+    drop(pool.next_request().await.unwrap());
+    assert_eq!(ask.await.unwrap_err().code(), ErrorCode::Internal);
+    assert_eq!(pool.stats().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn explicit_request_id_already_pending_is_refused() {
+    let node: TestNode = Node::new();
+    let _pool = node.pool("p").build().unwrap();
+    let id = RequestId::from_parts(3, 3);
+    let _first = node.ask("p", 1).request_id(id).send();
+    let err = node.ask("p", 1).request_id(id).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+}
+
+#[tokio::test(start_paused = true)]
+async fn callers_on_two_nodes_never_share_cached_replies() {
+    let tap = Tap::in_process();
+    let worker_node = node_on(&tap);
+    let runs = echo_pool(&worker_node, "p", Duration::ZERO);
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let other = Node::with_transport(transport, NodeConfig::default());
+    let id = RequestId::from_parts(77, 77);
+    worker_node.ask("p", 1).request_id(id).await.unwrap();
+    other.ask("p", 2).request_id(id).await.unwrap();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the dedup key includes the caller"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn progress_is_delivered_and_counts_as_an_ack() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    node.pool("p")
+        .handler(|_msg: u64, ctx| async move {
+            ctx.progress(0.5, "half");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok("done".to_string())
+        })
+        .unwrap();
+    // Acks are lost; progress alone must stop the re-sends.
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Ack => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    assert_eq!(node.ask("p", 1).await.unwrap(), "done");
+    assert_eq!(tap.sent(FrameKind::Progress).len(), 1);
+    // Without progress counting as an ack, re-sends would go out at 100 ms,
+    // 300 ms, ... while the handler sleeps 2 s.
+    assert_eq!(tap.sent(FrameKind::Request).len(), 1);
+}
