@@ -269,13 +269,11 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             return;
         };
         match action {
-            InboundAction::SendReply(outcome) => {
-                if meta.expects_reply {
-                    self.send(ToCaller::Reply {
-                        ids: meta.ids,
-                        outcome,
-                    });
-                }
+            InboundAction::SendReply(outcome) if meta.expects_reply => {
+                self.send(ToCaller::Reply {
+                    ids: meta.ids,
+                    outcome,
+                });
             }
             InboundAction::SuppressReply => {
                 self.counters
