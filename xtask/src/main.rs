@@ -1,1 +1,148 @@
-fn main() {}
+//! `cargo xtask <command>`: the project's build, test, bench and demo entry
+//! points, runnable on a fresh machine with nothing but a Rust toolchain.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "askpool build, test, bench and demo tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build every Rust crate of the workspace.
+    Build,
+    /// fmt check, clippy -D warnings, and every test of the workspace.
+    Test {
+        /// Also run the slow tiers (bigger model-check bounds, long soaks).
+        #[arg(long)]
+        slow: bool,
+    },
+    /// Run the demo: two pools, a transport that drops and duplicates frames.
+    Demo,
+    /// Run the benchmarks and print their ratios to the baselines.
+    Bench {
+        /// Which suite: `ask` (default: all).
+        suite: Option<String>,
+    },
+    /// What CI runs: the full test command.
+    Ci,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Task::Build => cargo(&["build", "--workspace", "--all-targets"]),
+        Task::Test { slow } => test(slow),
+        Task::Demo => demo(),
+        Task::Bench { suite } => bench(suite.as_deref()),
+        Task::Ci => test(false),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn run(program: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<(), String> {
+    let shown = format!("{program} {}", args.join(" "));
+    eprintln!("\n==> {shown}");
+    let started = Instant::now();
+    let status = Command::new(program)
+        .args(args)
+        .envs(envs.iter().copied())
+        .current_dir(root())
+        .status()
+        .map_err(|e| format!("cannot start `{shown}`: {e}"))?;
+    eprintln!("<== {shown}: {status} in {:.1?}", started.elapsed());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{shown}` failed ({status})"))
+    }
+}
+
+fn cargo(args: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(&cargo, args, &[])
+}
+
+fn test(slow: bool) -> Result<(), String> {
+    let started = Instant::now();
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    // --all-targets runs unit, integration and example tests, and runs each
+    // criterion bench once in its test mode; doc tests need their own pass.
+    cargo(&["test", "--workspace", "--all-targets"])?;
+    cargo(&["test", "--workspace", "--doc"])?;
+    if slow {
+        cargo(&["test", "--workspace", "--release", "--", "--ignored"])?;
+    }
+    eprintln!("\nxtask test: all green in {:.1?}", started.elapsed());
+    Ok(())
+}
+
+fn demo() -> Result<(), String> {
+    cargo(&[
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "askpool-tests",
+        "--example",
+        "demo",
+    ])
+}
+
+fn bench(suite: Option<&str>) -> Result<(), String> {
+    let suites = ["ask"];
+    let selected: Vec<&str> = match suite {
+        None => suites.to_vec(),
+        Some(s) if suites.contains(&s) => vec![s],
+        Some(other) => {
+            return Err(format!(
+                "unknown bench suite {other:?}; known: {}",
+                suites.join(", ")
+            ))
+        }
+    };
+    for suite in selected {
+        match suite {
+            "ask" => {
+                cargo(&["bench", "-p", "askpool", "--bench", "ask"])?;
+                let ratios = root().join("target/bench/ask_ratios.txt");
+                if let Ok(text) = std::fs::read_to_string(&ratios) {
+                    println!("\n{text}");
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+    Ok(())
+}

@@ -23,6 +23,10 @@
 //! # }
 //! ```
 
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 mod ask;
 mod clock;
 mod config;
