@@ -391,7 +391,7 @@ async fn unknown_pool_is_no_route() {
     );
     assert_eq!(node.stats().pending, 0);
     assert_eq!(
-        node.tell("nowhere", 1).unwrap_err().code(),
+        node.tell("nowhere", 1).await.unwrap_err().code(),
         ErrorCode::NoRoute
     );
 }
@@ -490,15 +490,41 @@ async fn tell_is_deduplicated() {
     let node: TestNode = Node::new();
     let runs = echo_pool(&node, "p", Duration::ZERO);
     let id = RequestId::from_parts(9, 9);
-    node.tell_with_id("p", 1, id).unwrap();
-    node.tell_with_id("p", 1, id).unwrap();
+    assert_eq!(node.tell("p", 1).request_id(id).await.unwrap(), id);
+    assert_eq!(node.tell("p", 1).request_id(id).await.unwrap(), id);
     tokio::time::sleep(Duration::from_millis(10)).await;
-    node.tell_with_id("p", 1, id).unwrap();
+    assert_eq!(node.tell("p", 1).request_id(id).await.unwrap(), id);
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    node.tell("p", 2).unwrap();
+    node.tell("p", 2).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(node.stats().pending, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_tell_is_an_error_not_a_silent_drop() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let pool = node.pool("p").max_in_flight(1).build().unwrap();
+    node.tell("p", 1).await.unwrap();
+    let err = node
+        .tell("p", 2)
+        .retry(RetryPolicy::no_retry())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        AskError::BufferFull {
+            pool: "p".into(),
+            limit: 1
+        }
+    );
+    // A tell's outcome never travels back.
+    let r = pool.next_request().await.unwrap();
+    r.responder.reply("ignored".into());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(tap.sent(FrameKind::Reply).iter().all(|f| f.error.is_some()));
 }
 
 #[tokio::test(start_paused = true)]
@@ -576,4 +602,30 @@ async fn progress_is_delivered_and_counts_as_an_ack() {
     // Without progress counting as an ack, re-sends would go out at 100 ms,
     // 300 ms, ... while the handler sleeps 2 s.
     assert_eq!(tap.sent(FrameKind::Request).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_node_cancels_what_its_pools_had_queued() {
+    let transport: Arc<dyn WorkerTransport<u64, String>> =
+        Arc::new(askpool::InProcessTransport::new());
+    let host = Node::with_transport(transport.clone(), NodeConfig::default());
+    let caller: TestNode = Node::with_transport(transport, NodeConfig::default());
+    let _pool = host.pool("p").build().unwrap();
+    let ask = caller.ask("p", 1).send();
+    let ask = tokio::spawn(ask);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(_pool);
+    drop(host);
+    let err = ask.await.unwrap().unwrap_err();
+    assert_eq!(
+        err,
+        AskError::AskCancelled {
+            reason: CancelReason::Shutdown
+        }
+    );
+    // The pool left the transport with its node.
+    assert_eq!(
+        caller.ask("p", 2).await.unwrap_err().code(),
+        ErrorCode::NoRoute
+    );
 }

@@ -39,6 +39,8 @@ pub struct AskBuilder<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> 
     causation_id: Option<CausationId>,
     retry: Option<RetryPolicy>,
     fingerprint: Option<PayloadFingerprint>,
+    /// A tell: done at the Ack, no reply wanted.
+    one_way: bool,
 }
 
 impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M, R> {
@@ -54,6 +56,7 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
             causation_id: None,
             retry: None,
             fingerprint: None,
+            one_way: false,
         }
     }
 
@@ -121,7 +124,8 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     rng: SmallRng,
     timer: Option<(Timestamp, Pin<Box<Sleep>>)>,
     /// An outcome decided outside `poll` (refused at start, `cancel()`).
-    early: Option<Result<R, AskError>>,
+    /// `Ok(None)` is a tell's acknowledgement.
+    early: Option<Result<Option<R>, AskError>>,
     /// Whether the slot is in the pending map.
     registered: bool,
     finished: bool,
@@ -150,7 +154,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 deadline: now + timeout,
                 attempt: 0,
                 fingerprint: b.fingerprint,
-                expects_reply: true,
+                expects_reply: !b.one_way,
             },
             rng: SmallRng::seed_from_u64(request_id.nonce()),
             slot: Arc::new(AskSlot::new()),
@@ -167,8 +171,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             return handle;
         }
         let step = handle.machine.start(now, &mut handle.rng);
-        if let Some(result) = handle.perform(step, now) {
-            handle.early = Some(result);
+        if let Some(error) = handle.perform(step, now) {
+            handle.early = Some(Err(error));
             handle.release();
         }
         handle
@@ -209,15 +213,15 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
         let now = self.node.clock.now();
         let step = self.machine.cancel();
-        if let Some(result) = self.perform(step, now) {
-            self.early = Some(result);
+        if let Some(error) = self.perform(step, now) {
+            self.early = Some(Err(error));
         }
         self.release();
     }
 
-    /// Performs the machine's send; returns the ask's result if the step
-    /// (or a failed send) resolved it.
-    fn perform(&mut self, step: CallerStep, now: Timestamp) -> Option<Result<R, AskError>> {
+    /// Performs the machine's send; returns the ask's error if the step (or
+    /// a failed send) failed it.
+    fn perform(&mut self, step: CallerStep, now: Timestamp) -> Option<AskError> {
         let CallerStep { send, resolution } = step;
         match send {
             Some(CallerSend::Request { attempt }) => {
@@ -252,7 +256,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             None => {}
         }
         match resolution {
-            Some(Resolution::Failed(error)) => Some(Err(error)),
+            Some(Resolution::Failed(error)) => Some(error),
             Some(Resolution::Replied) => unreachable!("only a reply frame resolves as Replied"),
             None => None,
         }
@@ -273,7 +277,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         self.payload = None;
     }
 
-    fn finish(&mut self, result: Result<R, AskError>) -> Poll<Result<R, AskError>> {
+    fn finish(&mut self, result: Result<Option<R>, AskError>) -> Poll<Result<Option<R>, AskError>> {
         self.release();
         self.finished = true;
         Poll::Ready(result)
@@ -306,11 +310,10 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
 // handle is fine whatever `M` and `R` are.
 impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Unpin for AskHandle<M, R> {}
 
-impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<M, R> {
-    type Output = Result<R, AskError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
+    /// Drives the ask. `Ok(None)` is a tell's acknowledgement.
+    fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<R>, AskError>> {
+        let this = self;
         if let Some(result) = this.early.take() {
             return this.finish(result);
         }
@@ -325,6 +328,9 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<
             let (acked, event) = this.slot.take(cx.waker());
             if acked {
                 this.machine.on_ack();
+                if !this.meta.expects_reply {
+                    return this.finish(Ok(None));
+                }
             }
             match event {
                 Some(SlotEvent::Reply(outcome)) => {
@@ -332,7 +338,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<
                         .machine
                         .on_reply(now, outcome.as_ref().err(), &mut this.rng);
                     if step.resolution == Some(Resolution::Replied) {
-                        return this.finish(outcome);
+                        return this.finish(outcome.map(Some));
                     }
                     continue;
                 }
@@ -355,8 +361,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<
             };
             if at <= now {
                 let step = this.machine.on_timer(now, &mut this.rng);
-                if let Some(result) = this.perform(step, now) {
-                    return this.finish(result);
+                if let Some(error) = this.perform(step, now) {
+                    return this.finish(Err(error));
                 }
                 continue;
             }
@@ -368,6 +374,18 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<
     }
 }
 
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<M, R> {
+    type Output = Result<R, AskError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_outcome(cx).map(|result| {
+            result.and_then(|reply| {
+                reply.ok_or_else(|| AskError::internal("an ask resolved without a reply"))
+            })
+        })
+    }
+}
+
 impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Drop for AskHandle<M, R> {
     fn drop(&mut self) {
         if !self.finished && self.early.is_none() {
@@ -376,5 +394,77 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Drop for AskHandle<M,
             let _ = self.perform(step, now);
         }
         self.release();
+    }
+}
+
+/// Options of one tell (a one-way message); `send()` (or `.await`) sends it.
+#[must_use = "a tell is sent by .send() or .await"]
+pub struct TellBuilder<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> {
+    inner: AskBuilder<'a, M, R>,
+}
+
+impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> TellBuilder<'a, M, R> {
+    pub(crate) fn new(node: &'a Node<M, R>, pool: PoolName, payload: M) -> Self {
+        let mut inner = AskBuilder::new(node, pool, payload);
+        inner.one_way = true;
+        Self { inner }
+    }
+    /// Fails the tell with `AskTimeout` if the pool has not accepted it by then.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.inner = self.inner.timeout(timeout);
+        self
+    }
+    /// Uses this request id: a duplicate tell with the same id is not run again.
+    pub fn request_id(mut self, id: RequestId) -> Self {
+        self.inner = self.inner.request_id(id);
+        self
+    }
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.inner = self.inner.retry(policy);
+        self
+    }
+    pub fn fingerprint(mut self, fingerprint: PayloadFingerprint) -> Self {
+        self.inner = self.inner.fingerprint(fingerprint);
+        self
+    }
+    /// Sends the tell now; the handle resolves when the pool accepts it.
+    pub fn send(self) -> TellHandle<M, R> {
+        TellHandle {
+            inner: self.inner.send(),
+        }
+    }
+}
+
+impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> IntoFuture
+    for TellBuilder<'a, M, R>
+{
+    type Output = Result<RequestId, AskError>;
+    type IntoFuture = TellHandle<M, R>;
+    fn into_future(self) -> TellHandle<M, R> {
+        self.send()
+    }
+}
+
+/// A tell in flight: re-sent like an ask until the pool acknowledges it, then
+/// resolves to its request id. A refusal (`BufferFull`, `NoRoute`, ...) is an
+/// error; nothing comes back after the Ack. Dropping it before then cancels.
+#[must_use = "dropping a TellHandle before the pool accepted it cancels the tell"]
+pub struct TellHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
+    inner: AskHandle<M, R>,
+}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> TellHandle<M, R> {
+    pub fn request_id(&self) -> RequestId {
+        self.inner.request_id()
+    }
+}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for TellHandle<M, R> {
+    type Output = Result<RequestId, AskError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let id = this.inner.request_id();
+        this.inner.poll_outcome(cx).map(|result| result.map(|_| id))
     }
 }

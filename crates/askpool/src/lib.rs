@@ -37,7 +37,7 @@ mod stats;
 mod transport;
 mod worker;
 
-pub use ask::{AskBuilder, AskHandle};
+pub use ask::{AskBuilder, AskHandle, TellBuilder, TellHandle};
 pub use config::{NodeConfig, PoolConfig};
 pub use node::{Node, PoolBuilder, WorkerPool};
 pub use stats::{NodeStats, PoolStats};

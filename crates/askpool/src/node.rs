@@ -6,19 +6,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use askpool_dedup::DedupConfig;
-use askpool_proto::{
-    AskError, AskIds, CallerId, Envelope, Outcome, PoolName, RequestId, RequestMeta, ToWorker,
-    WorkerId,
-};
+use askpool_proto::{AskError, CallerId, Outcome, PoolName, WorkerId};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio_util::sync::CancellationToken;
 
-use crate::ask::AskBuilder;
+use crate::ask::{AskBuilder, TellBuilder};
 use crate::clock::{IdSource, NodeClock};
 use crate::config::{NodeConfig, PoolConfig};
 use crate::pending::CallerSide;
-use crate::pool::PoolShared;
+use crate::pool::{PoolControl, PoolShared};
 use crate::stats::{NodeStats, PoolStats};
 use crate::transport::{InProcessTransport, WorkerTransport};
 use crate::worker::{next_request, run_handler_loop, Request, RequestContext, Worker};
@@ -30,7 +27,7 @@ pub(crate) struct NodeShared<M, R> {
     pub(crate) caller: Arc<CallerSide<R>>,
     pub(crate) clock: Arc<NodeClock>,
     pub(crate) ids: IdSource,
-    pools: Mutex<FxHashMap<PoolName, Arc<PoolShared<M, R>>>>,
+    pools: Mutex<FxHashMap<PoolName, Arc<dyn PoolControl>>>,
     closed: AtomicBool,
 }
 
@@ -40,7 +37,7 @@ impl<M, R> NodeShared<M, R> {
     }
 }
 
-impl<M: Send + 'static, R: Clone + Send + 'static> NodeShared<M, R> {
+impl<M, R> NodeShared<M, R> {
     fn shutdown(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
@@ -55,15 +52,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> NodeShared<M, R> {
 }
 
 impl<M, R> Drop for NodeShared<M, R> {
+    /// The last handle is gone: pools close (their queued requests are
+    /// cancelled, their workers stop) and leave the transport, which breaks
+    /// the pool <-> transport reference cycle. No ask can be pending here:
+    /// a pending ask holds its node.
     fn drop(&mut self) {
-        // Pools are registered in the transport, which the pools reference:
-        // leaving it breaks that cycle. Pending asks hold this node alive, so
-        // none can be pending here.
-        self.transport.deregister_caller(self.caller_id);
-        for (_, pool) in self.pools.get_mut().drain() {
-            pool.shutdown.cancel();
-            self.transport.deregister_pool(&pool.name);
-        }
+        self.shutdown();
     }
 }
 
@@ -141,41 +135,10 @@ where
     }
 
     /// A one-way message, deduplicated like an ask: a duplicate tell (same
-    /// request id) is not run again. Returns once the pool admitted it or
-    /// refused it; nothing comes back afterwards.
-    pub fn tell(&self, pool: impl Into<PoolName>, msg: M) -> Result<RequestId, AskError> {
-        let now = self.shared.clock.now();
-        let id = self
-            .shared
-            .ids
-            .request_id(self.shared.clock.wall_micros(now));
-        self.tell_with_id(pool, msg, id)
-    }
-
-    /// [`tell`](Self::tell) with a given request id.
-    pub fn tell_with_id(
-        &self,
-        pool: impl Into<PoolName>,
-        msg: M,
-        request_id: RequestId,
-    ) -> Result<RequestId, AskError> {
-        if self.shared.is_closed() {
-            return Err(AskError::node_closed());
-        }
-        let now = self.shared.clock.now();
-        let meta = RequestMeta {
-            ids: AskIds::new(request_id, self.shared.caller_id),
-            pool: pool.into(),
-            preferred_worker: None,
-            deadline: now + self.shared.config.default_timeout,
-            attempt: 1,
-            fingerprint: None,
-            expects_reply: false,
-        };
-        self.shared
-            .transport
-            .send_to_pool(ToWorker::Request(Envelope { meta, payload: msg }))?;
-        Ok(request_id)
+    /// request id) is not run again. Resolves when the pool accepted it (or
+    /// refused it); nothing comes back afterwards.
+    pub fn tell(&self, pool: impl Into<PoolName>, msg: M) -> TellBuilder<'_, M, R> {
+        TellBuilder::new(self, pool.into(), msg)
     }
 
     /// Starts declaring a pool named `name` hosted by this node.
@@ -249,7 +212,7 @@ where
         self.shared
             .transport
             .register_pool(name.clone(), pool.clone())?;
-        pools.insert(name, Arc::clone(&pool));
+        pools.insert(name, pool.clone() as Arc<dyn PoolControl>);
         Ok(pool)
     }
 

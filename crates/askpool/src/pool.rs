@@ -144,20 +144,23 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let _ = self.transport.send_to_caller(frame);
     }
 
+    /// Admits a request. An ask hears the table's answer; a tell (one-way)
+    /// hears only whether it was accepted: an Ack, or the error that refused
+    /// it, so that a refused tell is never lost silently.
     fn admit(&self, env: Envelope<M>) {
         let Envelope { meta, payload } = env;
         let ids = meta.ids;
-        let reply = meta.expects_reply;
+        let refuse = |error: AskError| {
+            self.send(ToCaller::Reply {
+                ids,
+                outcome: Err(error),
+            })
+        };
         if self.is_closed() {
-            if reply {
-                self.send(ToCaller::Reply {
-                    ids,
-                    outcome: Err(AskError::unavailable(format!(
-                        "pool {} is closed",
-                        self.name
-                    ))),
-                });
-            }
+            refuse(AskError::unavailable(format!(
+                "pool {} is closed",
+                self.name
+            )));
             return;
         }
         let event = InboundEvent::Request {
@@ -165,29 +168,29 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         };
         let Some((action, token)) = self.step(ids.dedup_key(), event) else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
-            if reply {
-                self.send(ToCaller::Reply {
-                    ids,
-                    outcome: Err(AskError::BufferFull {
-                        pool: self.name.to_string(),
-                        limit: self.config.max_in_flight,
-                    }),
-                });
-            }
+            refuse(AskError::BufferFull {
+                pool: self.name.to_string(),
+                limit: self.config.max_in_flight,
+            });
             return;
         };
         let answer = match action {
             InboundAction::RunHandlerAndAck => {
                 self.counters.admitted.fetch_add(1, Ordering::Relaxed);
-                if reply {
-                    self.send(ToCaller::Ack { ids });
-                }
+                self.send(ToCaller::Ack { ids });
                 let token = token.expect("a started request has a token");
                 self.enqueue(WorkItem {
                     meta,
                     payload,
                     token,
                 });
+                return;
+            }
+            InboundAction::RejectMismatch => {
+                self.counters
+                    .payload_mismatches
+                    .fetch_add(1, Ordering::Relaxed);
+                refuse(AskError::PayloadMismatch);
                 return;
             }
             InboundAction::Ack => {
@@ -199,20 +202,14 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 ToCaller::Reply { ids, outcome }
             }
             InboundAction::SendCancelled(reason) => ToCaller::Cancelled { ids, reason },
-            InboundAction::RejectMismatch => {
-                self.counters
-                    .payload_mismatches
-                    .fetch_add(1, Ordering::Relaxed);
-                ToCaller::Reply {
-                    ids,
-                    outcome: Err(AskError::PayloadMismatch),
-                }
-            }
             _ => unreachable!("the inbound table answers a request with none of the other actions"),
         };
-        if reply {
-            self.send(answer);
-        }
+        // A duplicate tell was accepted before: acknowledge it again.
+        self.send(if meta.expects_reply {
+            answer
+        } else {
+            ToCaller::Ack { ids }
+        });
     }
 
     /// Hands an admitted request to its preferred worker if that worker is
@@ -328,6 +325,25 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// Removes terminal entries whose TTL has passed.
     pub(crate) fn evict_expired(&self) {
         self.table.evict_expired(self.clock.now());
+    }
+}
+
+/// What a node does with its pools, whatever their message types.
+pub(crate) trait PoolControl: Send + Sync {
+    fn close(&self);
+    fn stats(&self) -> PoolStats;
+    fn evict_expired(&self);
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> PoolControl for PoolShared<M, R> {
+    fn close(&self) {
+        PoolShared::close(self);
+    }
+    fn stats(&self) -> PoolStats {
+        PoolShared::stats(self)
+    }
+    fn evict_expired(&self) {
+        PoolShared::evict_expired(self);
     }
 }
 
