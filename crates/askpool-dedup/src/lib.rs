@@ -63,15 +63,23 @@ pub struct DedupStats {
 
 struct Slot<S> {
     state: S,
-    /// Set when the entry became terminal; `generation` ties it to its FIFO item.
-    terminal_since: Option<Timestamp>,
+    /// Ties a terminal entry to its FIFO item.
     generation: u64,
+}
+
+#[derive(Clone, Copy)]
+struct FifoItem {
+    key: DedupKey,
+    generation: u64,
+    since: Timestamp,
 }
 
 struct Inner<S> {
     map: FxHashMap<DedupKey, Slot<S>>,
-    /// Terminal entries in the order they became terminal.
-    fifo: VecDeque<(DedupKey, u64)>,
+    /// Terminal entries in the order they became terminal, with the time
+    /// they did: expiry reads only the front of this queue, never the map,
+    /// until something is actually due.
+    fifo: VecDeque<FifoItem>,
     next_generation: u64,
     stats: DedupStats,
 }
@@ -161,27 +169,33 @@ impl<S: DedupState> DedupTable<S> {
     }
 
     fn expire(&self, inner: &mut Inner<S>, now: Timestamp) {
-        while let Some(&(key, generation)) = inner.fifo.front() {
-            match inner.map.get(&key) {
-                Some(slot) if slot.generation == generation => {
-                    let since = slot.terminal_since.unwrap_or(Timestamp::ZERO);
-                    if since + self.config.terminal_ttl > now {
-                        break;
-                    }
-                    inner.map.remove(&key);
-                    inner.stats.terminal -= 1;
-                    inner.stats.evicted_ttl += 1;
-                }
-                // A stale FIFO item: its entry is gone already.
-                _ => {}
+        while let Some(front) = inner.fifo.front() {
+            if front.since + self.config.terminal_ttl > now {
+                break;
             }
+            let FifoItem {
+                key, generation, ..
+            } = *front;
             inner.fifo.pop_front();
+            // The entry may be gone already (evicted by capacity).
+            if inner
+                .map
+                .get(&key)
+                .is_some_and(|slot| slot.generation == generation)
+            {
+                inner.map.remove(&key);
+                inner.stats.terminal -= 1;
+                inner.stats.evicted_ttl += 1;
+            }
         }
     }
 
     fn enforce_capacity(&self, inner: &mut Inner<S>) {
         while inner.stats.terminal > self.config.max_terminal {
-            let Some((key, generation)) = inner.fifo.pop_front() else {
+            let Some(FifoItem {
+                key, generation, ..
+            }) = inner.fifo.pop_front()
+            else {
                 break;
             };
             if inner
@@ -210,9 +224,12 @@ impl<S: DedupState> Inner<S> {
                 if terminal {
                     self.stats.in_progress -= 1;
                     self.stats.terminal += 1;
-                    slot.terminal_since = Some(now);
                     slot.generation = self.next_generation;
-                    self.fifo.push_back((key, self.next_generation));
+                    self.fifo.push_back(FifoItem {
+                        key,
+                        generation: self.next_generation,
+                        since: now,
+                    });
                     self.next_generation += 1;
                 }
             }
@@ -221,7 +238,11 @@ impl<S: DedupState> Inner<S> {
                 self.next_generation += 1;
                 if terminal {
                     self.stats.terminal += 1;
-                    self.fifo.push_back((key, generation));
+                    self.fifo.push_back(FifoItem {
+                        key,
+                        generation,
+                        since: now,
+                    });
                 } else {
                     self.stats.in_progress += 1;
                 }
@@ -229,7 +250,6 @@ impl<S: DedupState> Inner<S> {
                     key,
                     Slot {
                         state: next,
-                        terminal_since: terminal.then_some(now),
                         generation,
                     },
                 );

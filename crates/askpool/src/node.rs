@@ -9,7 +9,6 @@ use askpool_dedup::DedupConfig;
 use askpool_proto::{AskError, CallerId, Outcome, PoolName, WorkerId};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use tokio_util::sync::CancellationToken;
 
 use crate::ask::{AskBuilder, TellBuilder};
 use crate::clock::{IdSource, NodeClock};
@@ -201,7 +200,6 @@ where
             config,
             Arc::clone(&self.shared.transport),
             Arc::clone(&self.shared.clock),
-            CancellationToken::new(),
         ));
         let mut pools = self.shared.pools.lock();
         if pools.contains_key(&name) {

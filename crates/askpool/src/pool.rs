@@ -37,6 +37,14 @@ impl<R> DedupState for Entry<R> {
     }
 }
 
+/// What a worker queue carries: requests, and at the end a sentinel that
+/// tells waiting workers the pool closed (cheaper than a shutdown signal
+/// every dequeue has to select on).
+pub(crate) enum Work<M> {
+    Item(WorkItem<M>),
+    Closed,
+}
+
 /// An admitted request on its way to a worker.
 pub(crate) struct WorkItem<M> {
     pub(crate) meta: RequestMeta,
@@ -62,13 +70,12 @@ pub(crate) struct PoolShared<M, R> {
     pub(crate) config: PoolConfig,
     table: DedupTable<Entry<R>>,
     in_flight: AtomicUsize,
-    pub(crate) queue_tx: flume::Sender<WorkItem<M>>,
-    pub(crate) queue_rx: flume::Receiver<WorkItem<M>>,
-    pub(crate) workers: RwLock<FxHashMap<WorkerId, flume::Sender<WorkItem<M>>>>,
+    pub(crate) queue_tx: flume::Sender<Work<M>>,
+    pub(crate) queue_rx: flume::Receiver<Work<M>>,
+    pub(crate) workers: RwLock<FxHashMap<WorkerId, flume::Sender<Work<M>>>>,
     transport: Arc<dyn WorkerTransport<M, R>>,
     clock: Arc<NodeClock>,
     closed: AtomicBool,
-    pub(crate) shutdown: CancellationToken,
     pub(crate) counters: PoolCounters,
 }
 
@@ -78,7 +85,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         config: PoolConfig,
         transport: Arc<dyn WorkerTransport<M, R>>,
         clock: Arc<NodeClock>,
-        shutdown: CancellationToken,
     ) -> Self {
         let (queue_tx, queue_rx) = flume::unbounded();
         Self {
@@ -92,7 +98,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             transport,
             clock,
             closed: AtomicBool::new(false),
-            shutdown,
             counters: PoolCounters::default(),
         }
     }
@@ -218,9 +223,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         if let Some(worker) = &item.meta.preferred_worker {
             let sender = self.workers.read().get(worker).cloned();
             if let Some(sender) = sender {
-                match sender.send(item) {
+                match sender.send(Work::Item(item)) {
                     Ok(()) => return,
-                    Err(flume::SendError(back)) => item = back,
+                    Err(flume::SendError(Work::Item(back))) => item = back,
+                    Err(flume::SendError(Work::Closed)) => unreachable!(),
                 }
             }
         }
@@ -229,7 +235,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             return;
         }
         // The pool holds the receiver too, so this send cannot fail.
-        let _ = self.queue_tx.send(item);
+        let _ = self.queue_tx.send(Work::Item(item));
     }
 
     /// A cancel for `ids`, from the caller or from the worker side.
@@ -295,9 +301,14 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             return;
         }
         self.transport.deregister_pool(&self.name);
-        self.shutdown.cancel();
-        while let Ok(item) = self.queue_rx.try_recv() {
-            self.cancel_item(item, CancelReason::Shutdown);
+        while let Ok(work) = self.queue_rx.try_recv() {
+            if let Work::Item(item) = work {
+                self.cancel_item(item, CancelReason::Shutdown);
+            }
+        }
+        let _ = self.queue_tx.send(Work::Closed);
+        for worker in self.workers.read().values() {
+            let _ = worker.send(Work::Closed);
         }
     }
 

@@ -16,7 +16,7 @@ use askpool_proto::{
 use futures::FutureExt;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::pool::{PoolShared, WorkItem};
+use crate::pool::{PoolShared, Work, WorkItem};
 
 /// What a handler knows about the request it runs.
 #[derive(Clone)]
@@ -168,29 +168,39 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
 /// pool is closed.
 pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
     pool: &Arc<PoolShared<M, R>>,
-    own: Option<&flume::Receiver<WorkItem<M>>>,
+    own: Option<&flume::Receiver<Work<M>>>,
 ) -> Option<Request<M, R>> {
     loop {
         if pool.is_closed() {
             return None;
         }
-        let item = match own.and_then(|rx| rx.try_recv().ok()) {
-            Some(item) => item,
-            None => {
-                let own_next = async {
-                    match own {
-                        Some(rx) => rx.recv_async().await.ok(),
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    biased;
-                    _ = pool.shutdown.cancelled() => return None,
-                    Some(item) = own_next => item,
-                    Ok(item) = pool.queue_rx.recv_async() => item,
-                }
+        // Poll without waiting first: building the wait costs more than the
+        // common case where a request is already queued.
+        let ready = own
+            .and_then(|rx| rx.try_recv().ok())
+            .or_else(|| pool.queue_rx.try_recv().ok());
+        let work = match (ready, own) {
+            (Some(work), _) => work,
+            (None, Some(rx)) => tokio::select! {
+                biased;
+                Ok(work) = rx.recv_async() => work,
+                Ok(work) = pool.queue_rx.recv_async() => work,
+                else => return None,
+            },
+            (None, None) => pool.queue_rx.recv_async().await.ok()?,
+        };
+        let item = match work {
+            Work::Item(item) => item,
+            Work::Closed => {
+                // Pass the sentinel on to the next waiter of the shared queue.
+                let _ = pool.queue_tx.send(Work::Closed);
+                return None;
             }
         };
+        if pool.is_closed() {
+            pool.cancel_item(item, CancelReason::Shutdown);
+            return None;
+        }
         if item.token.is_cancelled() {
             continue;
         }
@@ -203,7 +213,7 @@ pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
 pub struct Worker<M: Send + 'static, R: Clone + Send + 'static> {
     pool: Arc<PoolShared<M, R>>,
     id: WorkerId,
-    rx: flume::Receiver<WorkItem<M>>,
+    rx: flume::Receiver<Work<M>>,
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
@@ -236,7 +246,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
 impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Worker<M, R> {
     fn drop(&mut self) {
         self.pool.workers.write().remove(&self.id);
-        while let Ok(item) = self.rx.try_recv() {
+        while let Ok(Work::Item(item)) = self.rx.try_recv() {
             self.pool.enqueue(WorkItem {
                 meta: RequestMeta {
                     preferred_worker: None,
