@@ -629,3 +629,36 @@ async fn dropping_a_node_cancels_what_its_pools_had_queued() {
         ErrorCode::NoRoute
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_awaiting_cancellation_stops_early() {
+    let node: TestNode = Node::new();
+    let stopped_early = Arc::new(AtomicUsize::new(0));
+    let s = stopped_early.clone();
+    node.pool("p")
+        .handler(move |_msg: u64, ctx| {
+            let s = s.clone();
+            async move {
+                tokio::select! {
+                    _ = ctx.cancelled() => {
+                        s.fetch_add(1, Ordering::SeqCst);
+                        Err(AskError::AskCancelled { reason: CancelReason::Worker })
+                    }
+                    _ = tokio::time::sleep(Duration::from_secs(3600)) => Ok("finished".into()),
+                }
+            }
+        })
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let err = node
+        .ask("p", 1)
+        .timeout(Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::AskTimeout);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(stopped_early.load(Ordering::SeqCst), 1);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let pool = node.stats().pool("p").cloned().unwrap();
+    assert_eq!((pool.in_flight, pool.suppressed_replies), (0, 1));
+}

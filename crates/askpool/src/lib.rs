@@ -28,6 +28,7 @@
 pub struct ReadmeDoctests;
 
 mod ask;
+mod cancel;
 mod clock;
 mod config;
 mod node;

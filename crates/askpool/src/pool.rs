@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::cancel::CancelSignal;
 use askpool_dedup::{DedupState, DedupTable};
 use askpool_proto::inbound::{self, InboundAction, InboundEvent, InboundState};
 use askpool_proto::{
@@ -17,7 +18,6 @@ use askpool_proto::{
 };
 use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
-use tokio_util::sync::CancellationToken;
 
 use crate::clock::NodeClock;
 use crate::config::PoolConfig;
@@ -28,7 +28,7 @@ use crate::transport::{PoolEndpoint, WorkerTransport};
 /// handler's cancellation token while it is in progress.
 pub(crate) struct Entry<R> {
     state: InboundState<R>,
-    token: Option<CancellationToken>,
+    token: Option<CancelSignal>,
 }
 
 impl<R> DedupState for Entry<R> {
@@ -49,7 +49,7 @@ pub(crate) enum Work<M> {
 pub(crate) struct WorkItem<M> {
     pub(crate) meta: RequestMeta,
     pub(crate) payload: M,
-    pub(crate) token: CancellationToken,
+    pub(crate) token: CancelSignal,
 }
 
 #[derive(Default)]
@@ -114,7 +114,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         &self,
         key: DedupKey,
         event: InboundEvent<R>,
-    ) -> Option<(InboundAction<R>, Option<CancellationToken>)> {
+    ) -> Option<(InboundAction<R>, Option<CancelSignal>)> {
         let now = self.clock.now();
         self.table.apply(key, now, |current| {
             let is_new = current.is_none() && matches!(event, InboundEvent::Request { .. });
@@ -132,7 +132,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                     Entry { state, token: None }
                 } else {
                     self.in_flight.fetch_add(1, Ordering::AcqRel);
-                    let fresh = CancellationToken::new();
+                    let fresh = CancelSignal::new();
                     token = Some(fresh.clone());
                     Entry {
                         state,

@@ -9,12 +9,12 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::cancel::CancelSignal;
 use askpool_proto::{
     AskError, AskIds, CancelReason, CorrelationId, Outcome, PoolName, RequestId, RequestMeta,
     WorkerId,
 };
 use futures::FutureExt;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::pool::{PoolShared, Work, WorkItem};
 
@@ -22,7 +22,7 @@ use crate::pool::{PoolShared, Work, WorkItem};
 #[derive(Clone)]
 pub struct RequestContext {
     meta: RequestMeta,
-    token: CancellationToken,
+    token: CancelSignal,
     progress: Arc<dyn ProgressSink>,
 }
 
@@ -60,8 +60,8 @@ impl RequestContext {
         self.token.is_cancelled()
     }
     /// Completes when the request is cancelled.
-    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.token.cancelled()
+    pub async fn cancelled(&self) {
+        self.token.cancelled().await
     }
     /// Reports partial progress to the caller (an `AskProgress` frame).
     pub fn progress(&self, fraction: f32, note: impl Into<String>) {
