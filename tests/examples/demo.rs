@@ -43,9 +43,11 @@ async fn main() {
                 multiplier: 2.0,
                 max_delay: Duration::from_millis(200),
                 jitter: 0.2,
+                ..RetryPolicy::default()
             },
             default_timeout: Duration::from_millis(800),
             seed: Some(SEED),
+            ..NodeConfig::default()
         },
     );
 

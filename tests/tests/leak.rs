@@ -80,6 +80,7 @@ async fn every_ending_returns_to_the_bounds() {
         },
         default_timeout: TIMEOUT,
         seed: Some(11),
+        ..NodeConfig::default()
     });
     let pool = node
         .pool("p")
@@ -174,6 +175,15 @@ async fn every_ending_returns_to_the_bounds() {
         assert!(n >= ASKS / 6, "{e:?} ended {n} times: {seen:?}");
     }
     assert!(pool.suppressed_replies > 0, "late replies were suppressed");
+    // Timed-out asks are dead-lettered and remembered for reconciliation,
+    // both within their bounds.
+    let defaults = NodeConfig::default();
+    assert_eq!(
+        stats.dlq_depth, defaults.dlq_capacity,
+        "the DLQ filled to its bound"
+    );
+    assert!(stats.dlq_dropped > 0);
+    assert!(stats.timed_out_records <= defaults.reconcile_capacity);
 }
 
 fn check_ending(ending: Ending, result: Option<Option<&AskError>>) {

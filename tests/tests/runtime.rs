@@ -21,6 +21,7 @@ fn policy() -> RetryPolicy {
         multiplier: 2.0,
         max_delay: Duration::from_secs(1),
         jitter: 0.0,
+        ..RetryPolicy::default()
     }
 }
 
@@ -32,6 +33,7 @@ fn node_on(tap: &Arc<Tap<u64, String>>) -> TestNode {
             retry: policy(),
             default_timeout: Duration::from_secs(10),
             seed: Some(7),
+            ..NodeConfig::default()
         },
     )
 }

@@ -6,8 +6,9 @@
 //! | Acked           | —              | ignore         | -> Done(reply)*     | -> Done(fail)  | — (no resend)        | -> Done(timeout)+cancel | -> Done(cancel)+cancel| ignore               |
 //! | Done            | —              | ignore         | ignore (duplicate)  | ignore         | —                    | —                       | ignore                | ignore               |
 //!
-//! \* A reply carrying a Transient error (e.g. `BufferFull` at admission) is
-//! retried like a failed send while attempts and time remain.
+//! \* A reply carrying a retryable error (the policy's `retryable` codes, by
+//! default the Transient class, e.g. `BufferFull` at admission) is retried
+//! like a failed send while attempts and time remain.
 //!
 //! Every send carries the same request id; re-sends are spaced by
 //! [`RetryPolicy`] backoff with jitter and never scheduled at or past the
@@ -112,6 +113,9 @@ impl CallerAsk {
     pub fn deadline(&self) -> Timestamp {
         self.deadline
     }
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
     pub fn attempts_sent(&self) -> u32 {
         self.attempts_sent
     }
@@ -180,7 +184,7 @@ impl CallerAsk {
         match self.phase {
             CallerPhase::Done | CallerPhase::Idle => CallerStep::nothing(),
             _ => match error {
-                Some(e) if e.is_transient() && self.can_resend(now) => {
+                Some(e) if self.policy.is_retryable(e) && self.can_resend(now) => {
                     self.schedule_resend(now, rng);
                     if self.next_resend.is_some() {
                         // Refused before it ran (nothing was cached): try again.
@@ -275,13 +279,14 @@ impl CallerAsk {
         error: AskError,
         rng: &mut dyn RngCore,
     ) -> CallerStep {
-        if error.is_transient() && self.can_resend(now) {
+        let retryable = self.policy.is_retryable(&error);
+        if retryable && self.can_resend(now) {
             self.schedule_resend(now, rng);
             if self.next_resend.is_some() {
                 return CallerStep::nothing();
             }
         }
-        if self.delivered && error.is_transient() {
+        if self.delivered && retryable {
             // An earlier attempt reached the pool; its reply may still come.
             return CallerStep::nothing();
         }

@@ -99,6 +99,53 @@ impl fmt::Display for ErrorCode {
     }
 }
 
+/// A set of error codes (a bitset: `Copy`, no allocation), e.g. the codes a
+/// retry policy retries or the codes that open a circuit breaker at once.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CodeSet(u32);
+
+impl CodeSet {
+    pub const EMPTY: CodeSet = CodeSet(0);
+
+    pub fn of(codes: &[ErrorCode]) -> Self {
+        codes.iter().fold(Self::EMPTY, |set, &c| set.with(c))
+    }
+
+    /// Every code of `class`.
+    pub fn class(class: ErrorClass) -> Self {
+        ErrorCode::ALL
+            .iter()
+            .filter(|c| c.class() == class)
+            .fold(Self::EMPTY, |set, &c| set.with(c))
+    }
+
+    #[must_use]
+    pub const fn with(self, code: ErrorCode) -> Self {
+        Self(self.0 | 1 << code as u32)
+    }
+
+    #[must_use]
+    pub const fn without(self, code: ErrorCode) -> Self {
+        Self(self.0 & !(1 << code as u32))
+    }
+
+    pub const fn contains(self, code: ErrorCode) -> bool {
+        self.0 & (1 << code as u32) != 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = ErrorCode> {
+        ErrorCode::ALL
+            .into_iter()
+            .filter(move |&c| self.contains(c))
+    }
+}
+
+impl fmt::Debug for CodeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
 /// Who cancelled an ask, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CancelReason {
@@ -237,6 +284,26 @@ mod tests {
         for code in ErrorCode::ALL {
             assert_eq!(code.class(), expected(code), "{code}");
         }
+    }
+
+    #[test]
+    fn code_sets_hold_exactly_what_was_put_in() {
+        let set = CodeSet::of(&[ErrorCode::BufferFull, ErrorCode::Internal]);
+        for code in ErrorCode::ALL {
+            let expected = matches!(code, ErrorCode::BufferFull | ErrorCode::Internal);
+            assert_eq!(set.contains(code), expected, "{code}");
+        }
+        assert!(!set
+            .without(ErrorCode::Internal)
+            .contains(ErrorCode::Internal));
+        let transient = CodeSet::class(ErrorClass::Transient);
+        assert_eq!(
+            transient.iter().collect::<Vec<_>>(),
+            ErrorCode::ALL
+                .into_iter()
+                .filter(|c| c.class() == ErrorClass::Transient)
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rand_core::RngCore;
 
-use crate::error::AskError;
+use crate::error::{AskError, CodeSet, ErrorClass};
 
 /// How a caller re-sends a request that has not been acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -21,6 +21,10 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
     /// Relative jitter: each delay is scaled by a factor in `[1 - jitter, 1 + jitter)`.
     pub jitter: f64,
+    /// Error codes worth another attempt: a send that failed with one, or a
+    /// reply carrying one, is re-sent while attempts and time remain.
+    /// Default: the Transient class of the taxonomy.
+    pub retryable: CodeSet,
 }
 
 impl Default for RetryPolicy {
@@ -33,6 +37,7 @@ impl Default for RetryPolicy {
             multiplier: 2.0,
             max_delay: Duration::from_secs(5),
             jitter: 0.2,
+            retryable: CodeSet::class(ErrorClass::Transient),
         }
     }
 }
@@ -66,6 +71,10 @@ impl RetryPolicy {
             return bad("max_delay must not be below initial_delay");
         }
         Ok(())
+    }
+
+    pub fn is_retryable(&self, error: &AskError) -> bool {
+        self.retryable.contains(error.code())
     }
 
     /// The delay before send number `attempt` (2 = first re-send), before jitter.

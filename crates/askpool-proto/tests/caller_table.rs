@@ -31,6 +31,7 @@ fn policy(max_attempts: u32) -> RetryPolicy {
         multiplier: 2.0,
         max_delay: Duration::from_secs(5),
         jitter: 0.0,
+        ..RetryPolicy::default()
     }
 }
 

@@ -279,6 +279,7 @@ fn policy_strategy() -> impl Strategy<Value = RetryPolicy> {
             multiplier,
             max_delay: Duration::from_millis(initial_ms * cap_factor),
             jitter,
+            ..RetryPolicy::default()
         },
     )
 }

@@ -23,6 +23,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tokio::time::Sleep;
 
+use crate::dlq::{self, DeadLetter};
 use crate::node::{Node, NodeShared};
 use crate::pending::{AskSlot, SlotEvent};
 
@@ -144,7 +145,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
         ids.causation_id = b.causation_id;
         let timeout = b.timeout.unwrap_or(node.config.default_timeout);
-        let policy = b.retry.unwrap_or(node.config.retry);
+        let policy = b.retry.unwrap_or_else(|| node.retry_policy(&b.pool));
         let mut handle = Self {
             machine: CallerAsk::new(policy, now, timeout),
             meta: RequestMeta {
@@ -172,10 +173,38 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
         let step = handle.machine.start(now, &mut handle.rng);
         if let Some(error) = handle.perform(step, now) {
+            handle.conclude(&error, now);
             handle.early = Some(Err(error));
             handle.release();
         }
         handle
+    }
+
+    /// What a failed ask leaves behind: a dead letter if its error was
+    /// retryable or poison, a timeout record for late reconciliation.
+    fn conclude(&mut self, error: &AskError, now: Timestamp) {
+        if self.node.is_closed() {
+            return;
+        }
+        if matches!(error, AskError::AskTimeout { .. }) {
+            self.node
+                .caller
+                .record_timeout(self.meta.ids, self.meta.pool.clone(), now);
+        }
+        let Some(reason) = dlq::reason_for(error, self.machine.policy()) else {
+            return;
+        };
+        if let Some(payload) = self.payload.take() {
+            self.node.caller.dlq.lock().push(DeadLetter {
+                ids: self.meta.ids,
+                pool: self.meta.pool.clone(),
+                payload,
+                error: error.clone(),
+                attempts: self.machine.attempts_sent(),
+                reason,
+                failed_at: now,
+            });
+        }
     }
 
     /// Checks that the ask may start and enters it in the pending map.
@@ -278,6 +307,10 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     }
 
     fn finish(&mut self, result: Result<Option<R>, AskError>) -> Poll<Result<Option<R>, AskError>> {
+        if let Err(error) = &result {
+            let now = self.node.clock.now();
+            self.conclude(error, now);
+        }
         self.release();
         self.finished = true;
         Poll::Ready(result)
@@ -315,7 +348,10 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<R>, AskError>> {
         let this = self;
         if let Some(result) = this.early.take() {
-            return this.finish(result);
+            // Concluded where it was decided (start or cancel).
+            this.release();
+            this.finished = true;
+            return Poll::Ready(result);
         }
         if this.finished {
             return Poll::Ready(Err(AskError::internal("ask polled after it completed")));
@@ -466,5 +502,22 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for TellHandle
         let this = self.get_mut();
         let id = this.inner.request_id();
         this.inner.poll_outcome(cx).map(|result| result.map(|_| id))
+    }
+}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> std::fmt::Debug for AskHandle<M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AskHandle")
+            .field("ids", &self.meta.ids)
+            .field("pool", &self.meta.pool)
+            .field("phase", &self.machine.phase())
+            .field("attempts", &self.machine.attempts_sent())
+            .finish()
+    }
+}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> std::fmt::Debug for TellHandle<M, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TellHandle").field(&self.inner).finish()
     }
 }

@@ -1,10 +1,11 @@
 //! Configuration of nodes and pools, with the defaults a caller gets when it
 //! says nothing.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use askpool_dedup::DedupConfig;
-use askpool_proto::{AskError, RetryPolicy};
+use askpool_proto::{AskError, PoolName, RetryPolicy};
 
 /// Settings of a [`Node`](crate::Node).
 #[derive(Clone, Debug)]
@@ -13,9 +14,18 @@ pub struct NodeConfig {
     pub retry: RetryPolicy,
     /// Timeout of every ask unless the ask overrides it.
     pub default_timeout: Duration,
+    /// Retry policies for asks to particular pools; an ask's own policy
+    /// overrides these, and these override `retry`.
+    pub pool_retry: HashMap<PoolName, RetryPolicy>,
     /// Seed of request ids and retry jitter. `None` draws one from the OS.
     /// With a seed and a paused tokio clock, runs are reproducible.
     pub seed: Option<u64>,
+    /// Most dead letters kept; the oldest is dropped (and counted) when full.
+    pub dlq_capacity: usize,
+    /// How many timed-out asks are remembered for late-outcome reconciliation.
+    pub reconcile_capacity: usize,
+    /// How long a timed-out ask is remembered for reconciliation.
+    pub reconcile_window: Duration,
 }
 
 impl Default for NodeConfig {
@@ -23,7 +33,11 @@ impl Default for NodeConfig {
         Self {
             retry: RetryPolicy::default(),
             default_timeout: Duration::from_secs(30),
+            pool_retry: HashMap::new(),
             seed: None,
+            dlq_capacity: 1_000,
+            reconcile_capacity: 10_000,
+            reconcile_window: Duration::from_secs(300),
         }
     }
 }

@@ -31,6 +31,7 @@ mod ask;
 mod cancel;
 mod clock;
 mod config;
+mod dlq;
 mod node;
 mod pending;
 mod pool;
@@ -40,7 +41,9 @@ mod worker;
 
 pub use ask::{AskBuilder, AskHandle, TellBuilder, TellHandle};
 pub use config::{NodeConfig, PoolConfig};
+pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
+pub use pending::{LateOutcome, LateResult};
 pub use stats::{NodeStats, PoolStats};
 pub use transport::{CallerEndpoint, InProcessTransport, PoolEndpoint, WorkerTransport};
 pub use worker::{Request, RequestContext, Responder, Worker};

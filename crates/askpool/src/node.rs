@@ -6,14 +6,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use askpool_dedup::DedupConfig;
-use askpool_proto::{AskError, CallerId, Outcome, PoolName, WorkerId};
+use askpool_proto::{AskError, CallerId, Outcome, PoolName, RequestId, RetryPolicy, WorkerId};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::ask::{AskBuilder, TellBuilder};
+use crate::ask::{AskBuilder, AskHandle, TellBuilder};
 use crate::clock::{IdSource, NodeClock};
 use crate::config::{NodeConfig, PoolConfig};
-use crate::pending::CallerSide;
+use crate::dlq::DeadLetter;
+use crate::pending::{CallerSide, LateOutcome};
 use crate::pool::{PoolControl, PoolShared};
 use crate::stats::{NodeStats, PoolStats};
 use crate::transport::{InProcessTransport, WorkerTransport};
@@ -23,7 +24,7 @@ pub(crate) struct NodeShared<M, R> {
     pub(crate) config: NodeConfig,
     pub(crate) caller_id: CallerId,
     pub(crate) transport: Arc<dyn WorkerTransport<M, R>>,
-    pub(crate) caller: Arc<CallerSide<R>>,
+    pub(crate) caller: Arc<CallerSide<M, R>>,
     pub(crate) clock: Arc<NodeClock>,
     pub(crate) ids: IdSource,
     pools: Mutex<FxHashMap<PoolName, Arc<dyn PoolControl>>>,
@@ -33,6 +34,18 @@ pub(crate) struct NodeShared<M, R> {
 impl<M, R> NodeShared<M, R> {
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// The node's retry policy for asks to `pool`.
+    pub(crate) fn retry_policy(&self, pool: &PoolName) -> RetryPolicy {
+        if self.config.pool_retry.is_empty() {
+            return self.config.retry;
+        }
+        self.config
+            .pool_retry
+            .get(pool)
+            .copied()
+            .unwrap_or(self.config.retry)
     }
 }
 
@@ -104,11 +117,17 @@ where
         let seed = config.seed.unwrap_or_else(rand::random);
         let ids = IdSource::new(seed);
         let caller_id = CallerId::from_u64(ids.next_u64());
-        let caller = Arc::new(CallerSide::new());
+        let clock = Arc::new(NodeClock::new(config.seed.is_some()));
+        let caller = Arc::new(CallerSide::new(
+            Arc::clone(&clock),
+            config.dlq_capacity,
+            config.reconcile_capacity,
+            config.reconcile_window,
+        ));
         transport.register_caller(caller_id, caller.clone());
         Self {
             shared: Arc::new(NodeShared {
-                clock: Arc::new(NodeClock::new(config.seed.is_some())),
+                clock,
                 config,
                 caller_id,
                 transport,
@@ -159,13 +178,65 @@ where
             .map(|p| p.stats())
             .collect();
         pools.sort_by(|a, b| a.name.cmp(&b.name));
+        let (dlq_depth, dlq_dropped) = {
+            let dlq = caller.dlq.lock();
+            (dlq.len(), dlq.dropped())
+        };
         NodeStats {
             pending: caller.pending.len(),
             armed_timers: caller.armed_timers.load(Ordering::Relaxed),
             retries: caller.retries.load(Ordering::Relaxed),
             ignored_frames: caller.ignored_frames.load(Ordering::Relaxed),
+            late_outcomes: caller.late_outcomes.load(Ordering::Relaxed),
+            timed_out_records: caller.timed_out_len(),
+            dlq_depth,
+            dlq_dropped,
             pools,
         }
+    }
+
+    /// The dead letters, oldest first.
+    pub fn dead_letters(&self) -> Vec<DeadLetter<M>> {
+        self.shared.caller.dlq.lock().iter().cloned().collect()
+    }
+
+    pub fn dead_letter(&self, id: RequestId) -> Option<DeadLetter<M>> {
+        self.shared.caller.dlq.lock().get(id).cloned()
+    }
+
+    /// Takes a dead letter out of the queue and asks it again, with its
+    /// request id, ids and pool (a pool that finished it answers from its
+    /// cache). `FailedPrecondition` if there is no such letter.
+    pub fn replay_dead_letter(&self, id: RequestId) -> Result<AskHandle<M, R>, AskError> {
+        let letter =
+            self.shared
+                .caller
+                .dlq
+                .lock()
+                .take(id)
+                .ok_or_else(|| AskError::FailedPrecondition {
+                    message: format!("no dead letter with request id {id}"),
+                })?;
+        let mut ask = self
+            .ask(letter.pool, letter.payload)
+            .request_id(letter.ids.request_id)
+            .correlation_id(letter.ids.correlation_id);
+        if let Some(causation) = letter.ids.causation_id {
+            ask = ask.causation_id(causation);
+        }
+        Ok(ask.send())
+    }
+
+    /// Empties the dead-letter queue; returns how many letters it held.
+    pub fn purge_dead_letters(&self) -> usize {
+        self.shared.caller.dlq.lock().purge()
+    }
+
+    /// Called with every late outcome: the worker finished an ask after this
+    /// node had timed it out. Runs on the thread that delivered the frame; it
+    /// must not block.
+    pub fn on_late_outcome(&self, hook: impl Fn(LateOutcome<R>) + Send + Sync + 'static) {
+        self.shared.caller.set_late_hook(Some(Arc::new(hook)));
     }
 
     /// Drops terminal dedup entries whose TTL has passed, in every pool.

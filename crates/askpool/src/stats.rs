@@ -39,8 +39,15 @@ pub struct NodeStats {
     pub armed_timers: usize,
     /// Request frames re-sent after the first attempt.
     pub retries: u64,
-    /// Frames for asks that were no longer pending (duplicates, late replies).
+    /// Frames for asks that were no longer pending (duplicates).
     pub ignored_frames: u64,
+    /// Outcomes that arrived after their ask timed out, reconciled once.
+    pub late_outcomes: u64,
+    /// Timed-out asks remembered for reconciliation.
+    pub timed_out_records: usize,
+    pub dlq_depth: usize,
+    /// Dead letters dropped because the queue was full.
+    pub dlq_dropped: u64,
     pub pools: Vec<PoolStats>,
 }
 

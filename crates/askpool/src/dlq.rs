@@ -1,0 +1,107 @@
+//! The dead-letter queue: asks that failed for good, kept for a human.
+//!
+//! An ask lands here when it ends with an error its retry policy calls
+//! retryable (its retries ran out: `BufferFull` every time, `Unavailable`,
+//! `AskTimeout`, ...) or with a Poison error (`DecodeFailure`). It keeps the
+//! payload, so it can be inspected and replayed with the same request id
+//! (a pool that did finish it answers from its reply cache; nothing runs
+//! twice). The queue is bounded: when full, the oldest letter is dropped and
+//! counted. A late outcome for a timed-out ask removes its letter.
+
+use std::collections::VecDeque;
+
+use askpool_proto::{AskError, AskIds, ErrorClass, PoolName, RequestId, RetryPolicy, Timestamp};
+
+/// Why an ask was dead-lettered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadLetterReason {
+    /// It ended with a retryable error after its attempts or time ran out.
+    RetriesExhausted,
+    /// It ended with a Poison error.
+    Poison,
+}
+
+/// One failed ask.
+#[derive(Clone, Debug)]
+pub struct DeadLetter<M> {
+    pub ids: AskIds,
+    pub pool: PoolName,
+    pub payload: M,
+    pub error: AskError,
+    pub attempts: u32,
+    pub reason: DeadLetterReason,
+    /// When it failed, on the node's clock.
+    pub failed_at: Timestamp,
+}
+
+impl<M> DeadLetter<M> {
+    pub fn request_id(&self) -> RequestId {
+        self.ids.request_id
+    }
+}
+
+/// Whether an ask that failed with `error` under `policy` is dead-lettered.
+pub(crate) fn reason_for(error: &AskError, policy: &RetryPolicy) -> Option<DeadLetterReason> {
+    if error.class() == ErrorClass::Poison {
+        Some(DeadLetterReason::Poison)
+    } else if policy.is_retryable(error) {
+        Some(DeadLetterReason::RetriesExhausted)
+    } else {
+        None
+    }
+}
+
+pub(crate) struct DeadLetterQueue<M> {
+    capacity: usize,
+    letters: VecDeque<DeadLetter<M>>,
+    dropped: u64,
+}
+
+impl<M> DeadLetterQueue<M> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            letters: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, letter: DeadLetter<M>) {
+        if self.capacity == 0 {
+            self.dropped += 1;
+            return;
+        }
+        while self.letters.len() >= self.capacity {
+            self.letters.pop_front();
+            self.dropped += 1;
+        }
+        self.letters.push_back(letter);
+    }
+
+    pub(crate) fn take(&mut self, id: RequestId) -> Option<DeadLetter<M>> {
+        let index = self.letters.iter().position(|l| l.request_id() == id)?;
+        self.letters.remove(index)
+    }
+
+    pub(crate) fn get(&self, id: RequestId) -> Option<&DeadLetter<M>> {
+        self.letters.iter().find(|l| l.request_id() == id)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &DeadLetter<M>> {
+        self.letters.iter()
+    }
+
+    pub(crate) fn purge(&mut self) -> usize {
+        let n = self.letters.len();
+        self.letters.clear();
+        n
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.letters.len()
+    }
+
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}

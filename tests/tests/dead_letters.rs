@@ -1,0 +1,245 @@
+//! Dead letters, late-outcome reconciliation and per-pool retry policies.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use askpool::{
+    AskError, DeadLetterReason, ErrorCode, LateResult, Node, NodeConfig, PoolName, RetryPolicy,
+    WorkerTransport,
+};
+use askpool_tests::{Fate, FrameKind, Tap};
+
+type TestNode = Node<u64, String>;
+
+fn fast_retry(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        initial_delay: Duration::from_millis(10),
+        jitter: 0.0,
+        ..RetryPolicy::default()
+    }
+}
+
+fn config(dlq_capacity: usize) -> NodeConfig {
+    NodeConfig {
+        retry: fast_retry(3),
+        default_timeout: Duration::from_secs(1),
+        seed: Some(3),
+        dlq_capacity,
+        ..NodeConfig::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn exhausted_retries_land_in_the_dlq_with_their_payload() {
+    let node: TestNode = Node::with_config(config(10));
+    // A pool that is full for good: one request admitted and never pulled.
+    let _pool = node.pool("p").max_in_flight(1).build().unwrap();
+    let _stuck = node.ask("p", 0).send();
+    let handle = node.ask("p", 42).send();
+    let id = handle.request_id();
+    let err = handle.await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::BufferFull);
+    let letters = node.dead_letters();
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(letter.request_id(), id);
+    assert_eq!(letter.payload, 42);
+    assert_eq!(letter.pool, PoolName::new("p"));
+    assert_eq!(letter.reason, DeadLetterReason::RetriesExhausted);
+    assert_eq!(letter.attempts, 3);
+    assert_eq!(letter.error, err);
+    assert_eq!(node.stats().dlq_depth, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn poison_outcomes_are_dead_lettered_and_permanent_ones_are_not() {
+    let node: TestNode = Node::with_config(config(10));
+    node.pool("p")
+        .handler(|msg: u64, _ctx| async move {
+            match msg {
+                0 => Err(AskError::DecodeFailure {
+                    message: "garbled".into(),
+                }),
+                _ => Err(AskError::handler_failed("ValueError", "no")),
+            }
+        })
+        .unwrap();
+    let poison = node.ask("p", 0).send();
+    let poison_id = poison.request_id();
+    assert_eq!(poison.await.unwrap_err().code(), ErrorCode::DecodeFailure);
+    assert_eq!(
+        node.ask("p", 1).await.unwrap_err().code(),
+        ErrorCode::HandlerFailed
+    );
+    assert_eq!(
+        node.ask("nowhere", 1).await.unwrap_err().code(),
+        ErrorCode::NoRoute
+    );
+    let letters = node.dead_letters();
+    assert_eq!(letters.len(), 1, "only the poison message: {letters:?}");
+    assert_eq!(letters[0].request_id(), poison_id);
+    assert_eq!(letters[0].reason, DeadLetterReason::Poison);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_dlq_is_bounded_and_drops_the_oldest() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        retry: RetryPolicy::no_retry(),
+        ..config(3)
+    });
+    node.pool("p")
+        .handler(|_msg: u64, _ctx| async {
+            Err(AskError::DecodeFailure {
+                message: "x".into(),
+            })
+        })
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let h = node.ask("p", i).send();
+        ids.push(h.request_id());
+        h.await.unwrap_err();
+    }
+    let kept: Vec<_> = node.dead_letters().iter().map(|l| l.request_id()).collect();
+    assert_eq!(kept, ids[2..].to_vec(), "the two oldest were dropped");
+    let stats = node.stats();
+    assert_eq!((stats.dlq_depth, stats.dlq_dropped), (3, 2));
+    assert_eq!(node.purge_dead_letters(), 3);
+    assert_eq!(node.stats().dlq_depth, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_letter_replays_with_its_request_id() {
+    let node: TestNode = Node::with_config(config(10));
+    let pool = node.pool("p").max_in_flight(1).build().unwrap();
+    let stuck = node.ask("p", 0).send();
+    let handle = node.ask("p", 7).send();
+    let id = handle.request_id();
+    handle.await.unwrap_err();
+    assert!(node.dead_letter(id).is_some());
+    // Free the pool, then replay.
+    let r = pool.next_request().await.unwrap();
+    r.responder.reply("zero".into());
+    assert_eq!(stuck.await.unwrap(), "zero");
+    let replay = node.replay_dead_letter(id).unwrap();
+    assert_eq!(replay.request_id(), id);
+    let served = tokio::spawn(async move {
+        let r = pool.next_request().await.unwrap();
+        assert_eq!(r.message, 7);
+        let ctx_id = r.context.request_id();
+        r.responder.reply("seven".into());
+        ctx_id
+    });
+    assert_eq!(replay.await.unwrap(), "seven");
+    assert_eq!(
+        served.await.unwrap(),
+        id,
+        "the worker saw the same request id"
+    );
+    assert!(node.dead_letter(id).is_none());
+    assert_eq!(
+        node.replay_dead_letter(id).unwrap_err().code(),
+        ErrorCode::FailedPrecondition
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_outcome_is_reconciled_once_and_clears_the_dead_letter() {
+    let tap = Tap::in_process();
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Reply => Fate::Duplicate,
+        _ => Fate::Deliver,
+    });
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node = Node::with_transport(transport, config(10));
+    node.pool("p")
+        .handler(|msg: u64, _ctx| async move {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            Ok(format!("late {msg}"))
+        })
+        .unwrap();
+    // The caller's cancel must not reach the worker, or the late reply
+    // would be suppressed (which is the point of the cancel).
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Cancel => Fate::Drop,
+        FrameKind::Reply => Fate::Duplicate,
+        _ => Fate::Deliver,
+    });
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    node.on_late_outcome(move |late| s.lock().unwrap().push(late));
+    let handle = node.ask("p", 5).send();
+    let id = handle.request_id();
+    let err = handle.await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::AskTimeout);
+    assert_eq!(
+        node.dead_letter(id).map(|l| l.reason),
+        Some(DeadLetterReason::RetriesExhausted)
+    );
+    assert_eq!(node.stats().timed_out_records, 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "reconciled once though the reply came twice");
+    assert_eq!(seen[0].ids.request_id, id);
+    assert!(matches!(&seen[0].result, LateResult::Reply(Ok(s)) if s == "late 5"));
+    assert_eq!(seen[0].late_by, Duration::from_millis(1500));
+    let stats = node.stats();
+    assert_eq!(stats.late_outcomes, 1);
+    assert_eq!(stats.timed_out_records, 0);
+    assert_eq!(stats.dlq_depth, 0, "the dead-letter mark was cleared");
+    assert_eq!(
+        stats.ignored_frames, 1,
+        "the duplicate late reply was ignored"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn timed_out_records_are_bounded() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        reconcile_capacity: 2,
+        reconcile_window: Duration::from_secs(60),
+        ..config(10)
+    });
+    let _pool = node.pool("p").build().unwrap();
+    for i in 0..5 {
+        node.ask("p", i).await.unwrap_err();
+    }
+    assert_eq!(node.stats().timed_out_records, 2);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(
+        node.stats().timed_out_records,
+        0,
+        "and forgotten after the window"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_policy_overrides_the_node_and_an_ask_overrides_both() {
+    let tap = Tap::in_process();
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Request => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node = Node::with_transport(
+        transport,
+        NodeConfig {
+            pool_retry: HashMap::from([(PoolName::new("once"), RetryPolicy::no_retry())]),
+            ..config(10)
+        },
+    );
+    for name in ["once", "thrice"] {
+        node.pool(name).build().unwrap();
+    }
+    let count = |tap: &Tap<u64, String>| tap.sent(FrameKind::Request).len();
+    node.ask("once", 1).await.unwrap_err();
+    assert_eq!(count(&tap), 1);
+    tap.clear();
+    node.ask("thrice", 1).await.unwrap_err();
+    assert_eq!(count(&tap), 3);
+    tap.clear();
+    node.ask("once", 1).retry(fast_retry(5)).await.unwrap_err();
+    assert_eq!(count(&tap), 5);
+}
