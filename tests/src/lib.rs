@@ -17,6 +17,7 @@ pub enum FrameKind {
     Request,
     Cancel,
     Ack,
+    Read,
     Reply,
     Cancelled,
     Progress,
@@ -142,6 +143,7 @@ fn worker_info<M>(frame: &ToWorker<M>) -> FrameInfo {
 fn caller_info<R>(frame: &ToCaller<R>) -> FrameInfo {
     let (kind, error) = match frame {
         ToCaller::Ack { .. } => (FrameKind::Ack, None),
+        ToCaller::Read { .. } => (FrameKind::Read, None),
         ToCaller::Reply { outcome, .. } => {
             (FrameKind::Reply, outcome.as_ref().err().map(|e| e.code()))
         }

@@ -117,6 +117,8 @@ impl<M> ToWorker<M> {
 pub enum ToCaller<R> {
     /// `AskAck`: the pool accepted the request (RECEIVED). Stops retries.
     Ack { ids: AskIds },
+    /// A worker took the request (READ).
+    Read { ids: AskIds },
     /// `AskReply`: the terminal outcome, live or replayed from the cache.
     Reply { ids: AskIds, outcome: Outcome<R> },
     /// `AskCancelled`: the request was cancelled at the worker.
@@ -133,6 +135,7 @@ impl<R> ToCaller<R> {
     pub fn ids(&self) -> &AskIds {
         match self {
             ToCaller::Ack { ids }
+            | ToCaller::Read { ids }
             | ToCaller::Reply { ids, .. }
             | ToCaller::Cancelled { ids, .. }
             | ToCaller::Progress { ids, .. } => ids,

@@ -15,9 +15,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use askpool_proto::{
-    AskError, AskIds, CallerAsk, CallerSend, CallerStep, CausationId, CorrelationId, Envelope,
-    PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution, RetryPolicy, Timestamp,
-    ToWorker, WorkerId,
+    AckStage, AskError, AskIds, CallerAsk, CallerSend, CallerStep, CausationId, CorrelationId,
+    Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution, RetryPolicy,
+    Timestamp, ToWorker, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -25,7 +25,7 @@ use tokio::time::Sleep;
 
 use crate::dlq::{self, DeadLetter};
 use crate::node::{Node, NodeShared};
-use crate::pending::{AskSlot, SlotEvent};
+use crate::pending::{AskSlot, SlotEvent, StageStream};
 
 /// Options of one ask; `send()` (or `.await`) sends it.
 #[must_use = "an ask is sent by .send() or .await"]
@@ -158,7 +158,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 expects_reply: !b.one_way,
             },
             rng: SmallRng::seed_from_u64(request_id.nonce()),
-            slot: Arc::new(AskSlot::new()),
+            slot: Arc::new(AskSlot::new(node.config.track_stages.then_some(now))),
             payload: Some(b.payload),
             timer: None,
             early: None,
@@ -183,13 +183,18 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// What a failed ask leaves behind: a dead letter if its error was
     /// retryable or poison, a timeout record for late reconciliation.
     fn conclude(&mut self, error: &AskError, now: Timestamp) {
+        self.slot
+            .record_terminal(AckStage::terminal_for_error(error), now);
         if self.node.is_closed() {
             return;
         }
         if matches!(error, AskError::AskTimeout { .. }) {
-            self.node
-                .caller
-                .record_timeout(self.meta.ids, self.meta.pool.clone(), now);
+            self.node.caller.record_timeout(
+                self.meta.ids,
+                self.meta.pool.clone(),
+                self.slot.clone(),
+                now,
+            );
         }
         let Some(reason) = dlq::reason_for(error, self.machine.policy()) else {
             return;
@@ -243,9 +248,20 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         let now = self.node.clock.now();
         let step = self.machine.cancel();
         if let Some(error) = self.perform(step, now) {
+            self.slot
+                .record_terminal(AckStage::terminal_for_error(&error), now);
             self.early = Some(Err(error));
         }
         self.release();
+    }
+
+    /// The ask's ACK lifecycle as a stream of stage events (SENT, RECEIVED,
+    /// READ, PARTIAL progress, one terminal), each with its time and the
+    /// time since the previous stage. One stream per ask; it can be polled
+    /// from another task while this handle is awaited. Empty when the node
+    /// was configured with `track_stages: false`.
+    pub fn stages(&self) -> StageStream<R> {
+        StageStream::new(Arc::clone(&self.slot))
     }
 
     /// Performs the machine's send; returns the ask's error if the step (or
@@ -307,9 +323,17 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     }
 
     fn finish(&mut self, result: Result<Option<R>, AskError>) -> Poll<Result<Option<R>, AskError>> {
-        if let Err(error) = &result {
-            let now = self.node.clock.now();
-            self.conclude(error, now);
+        match &result {
+            Err(error) => {
+                let now = self.node.clock.now();
+                self.conclude(error, now);
+            }
+            // A tell ends at its Ack: RECEIVED is as far as it is tracked.
+            Ok(Some(_)) if self.node.config.track_stages => {
+                let now = self.node.clock.now();
+                self.slot.record_terminal(AckStage::Fulfilled, now);
+            }
+            Ok(_) => {}
         }
         self.release();
         self.finished = true;
@@ -427,7 +451,10 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Drop for AskHandle<M,
         if !self.finished && self.early.is_none() {
             let now = self.node.clock.now();
             let step = self.machine.cancel();
-            let _ = self.perform(step, now);
+            if let Some(error) = self.perform(step, now) {
+                self.slot
+                    .record_terminal(AckStage::terminal_for_error(&error), now);
+            }
         }
         self.release();
     }

@@ -26,6 +26,8 @@ pub struct NodeConfig {
     pub reconcile_capacity: usize,
     /// How long a timed-out ask is remembered for reconciliation.
     pub reconcile_window: Duration,
+    /// Whether asks record their ACK lifecycle (`AskHandle::stages()`).
+    pub track_stages: bool,
 }
 
 impl Default for NodeConfig {
@@ -38,6 +40,7 @@ impl Default for NodeConfig {
             dlq_capacity: 1_000,
             reconcile_capacity: 10_000,
             reconcile_window: Duration::from_secs(300),
+            track_stages: true,
         }
     }
 }

@@ -43,13 +43,14 @@ pub use ask::{AskBuilder, AskHandle, TellBuilder, TellHandle};
 pub use config::{NodeConfig, PoolConfig};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
-pub use pending::{LateOutcome, LateResult};
+pub use pending::{LateOutcome, LateResult, StageStream};
 pub use stats::{NodeStats, PoolStats};
 pub use transport::{CallerEndpoint, InProcessTransport, PoolEndpoint, WorkerTransport};
 pub use worker::{Request, RequestContext, Responder, Worker};
 
 pub use askpool_dedup::{DedupConfig, DedupStats};
 pub use askpool_proto::{
-    AskError, AskIds, CallerId, CancelReason, CausationId, CorrelationId, ErrorClass, ErrorCode,
-    Outcome, PayloadFingerprint, PoolName, RequestId, RetryPolicy, ToCaller, ToWorker, WorkerId,
+    AckStage, AskError, AskIds, CallerId, CancelReason, CausationId, CorrelationId, ErrorClass,
+    ErrorCode, Outcome, PayloadFingerprint, PoolName, Progress, RequestId, RetryPolicy, StageEvent,
+    ToCaller, ToWorker, WorkerId,
 };

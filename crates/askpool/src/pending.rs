@@ -8,13 +8,15 @@
 //! [`AskHandle`]: crate::AskHandle
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Waker;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use askpool_proto::{
-    AskError, AskIds, CancelReason, Outcome, PoolName, RequestId, Timestamp, ToCaller,
+    AckStage, AckTracker, AskError, AskIds, CancelReason, Outcome, PoolName, Progress, RequestId,
+    StageError, StageEvent, Timestamp, ToCaller,
 };
 use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
@@ -36,6 +38,33 @@ struct SlotInner<R> {
     acked: bool,
     event: Option<SlotEvent<R>>,
     waker: Option<Waker>,
+    stages: Option<Box<StageLog>>,
+}
+
+/// The ACK lifecycle of one ask, and the events not yet read by its stream.
+struct StageLog {
+    tracker: AckTracker,
+    unread: VecDeque<StageEvent>,
+    waker: Option<Waker>,
+}
+
+/// Stage events kept for a stream that is not reading; the oldest go first.
+const MAX_UNREAD_STAGE_EVENTS: usize = 64;
+
+impl StageLog {
+    fn push(&mut self, event: Result<StageEvent, StageError>) {
+        // A refused transition is a duplicate or reordered frame: the
+        // tracker is unchanged and there is nothing to report.
+        if let Ok(event) = event {
+            if self.unread.len() == MAX_UNREAD_STAGE_EVENTS {
+                self.unread.pop_front();
+            }
+            self.unread.push_back(event);
+            if let Some(waker) = self.waker.take() {
+                waker.wake();
+            }
+        }
+    }
 }
 
 pub(crate) struct AskSlot<R> {
@@ -43,18 +72,72 @@ pub(crate) struct AskSlot<R> {
 }
 
 impl<R> AskSlot<R> {
-    pub(crate) fn new() -> Self {
+    /// A slot; `track_from` starts its ACK lifecycle at SENT.
+    pub(crate) fn new(track_from: Option<Timestamp>) -> Self {
         Self {
             inner: Mutex::new(SlotInner {
                 acked: false,
                 event: None,
                 waker: None,
+                stages: track_from.map(|sent_at| {
+                    let tracker = AckTracker::new(sent_at);
+                    // The SENT event is the tracker's first.
+                    let unread = tracker.history().iter().cloned().collect();
+                    Box::new(StageLog {
+                        tracker,
+                        unread,
+                        waker: None,
+                    })
+                }),
             }),
         }
     }
 
-    fn ack(&self) {
-        self.inner.lock().acked = true;
+    fn ack(&self, stage: AckStage, now: impl FnOnce() -> Timestamp) {
+        let mut inner = self.inner.lock();
+        inner.acked = true;
+        if let Some(log) = &mut inner.stages {
+            let event = log.tracker.advance(stage, now());
+            log.push(event);
+        }
+    }
+
+    fn progress(&self, fraction: f32, note: String, now: impl FnOnce() -> Timestamp) {
+        let mut inner = self.inner.lock();
+        inner.acked = true;
+        if let Some(log) = &mut inner.stages {
+            let now = now();
+            // Progress implies the pool received the request.
+            if log.tracker.stage() == AckStage::Sent {
+                let event = log.tracker.advance(AckStage::Received, now);
+                log.push(event);
+            }
+            let event = log
+                .tracker
+                .advance_partial(Progress::new(fraction, note), now);
+            log.push(event);
+        }
+    }
+
+    /// Records the ask's terminal stage (once it is resolved).
+    pub(crate) fn record_terminal(&self, stage: AckStage, now: Timestamp) {
+        let mut inner = self.inner.lock();
+        if let Some(log) = &mut inner.stages {
+            let event = log.tracker.advance(stage, now);
+            log.push(event);
+        }
+    }
+
+    /// Reconciles a late outcome into the ACK record; `None` if the ask is
+    /// not tracked or the outcome cannot reconcile (a late timeout).
+    fn reconcile(&self, stage: AckStage, now: Timestamp) -> Option<AckStage> {
+        let mut inner = self.inner.lock();
+        let log = inner.stages.as_mut()?;
+        let late = log.tracker.reconcile(stage, now).ok()?;
+        if let Some(waker) = log.waker.take() {
+            waker.wake();
+        }
+        Some(late.stage)
     }
 
     /// Stores `event` unless one is already waiting; wakes the handle.
@@ -83,6 +166,43 @@ impl<R> AskSlot<R> {
         }
         (std::mem::take(&mut inner.acked), inner.event.take())
     }
+
+    /// The next unread stage event; `Ready(None)` after the terminal one.
+    pub(crate) fn poll_stage(&self, cx: &mut Context<'_>) -> Poll<Option<StageEvent>> {
+        let mut inner = self.inner.lock();
+        let Some(log) = &mut inner.stages else {
+            return Poll::Ready(None);
+        };
+        if let Some(event) = log.unread.pop_front() {
+            return Poll::Ready(Some(event));
+        }
+        if log.tracker.is_terminal() {
+            return Poll::Ready(None);
+        }
+        log.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// The stage events of one ask, as they happen: SENT, RECEIVED, READ,
+/// PARTIAL progress, then one terminal stage, after which the stream ends.
+/// Events carry their time and the time since the previous stage. Empty when
+/// the node does not track stages.
+pub struct StageStream<R> {
+    slot: Arc<AskSlot<R>>,
+}
+
+impl<R> StageStream<R> {
+    pub(crate) fn new(slot: Arc<AskSlot<R>>) -> Self {
+        Self { slot }
+    }
+}
+
+impl<R> futures::Stream for StageStream<R> {
+    type Item = StageEvent;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StageEvent>> {
+        self.slot.poll_stage(cx)
+    }
 }
 
 /// What finally arrived for an ask that had already timed out at the caller.
@@ -100,6 +220,9 @@ pub struct LateOutcome<R> {
     pub ids: AskIds,
     pub pool: PoolName,
     pub result: LateResult<R>,
+    /// The stage the ACK record was reconciled to (FULFILLED, REJECTED or
+    /// FAILED); `None` when the ask's stages were not tracked.
+    pub stage: Option<AckStage>,
     /// How long after the caller's timeout it arrived.
     pub late_by: Duration,
 }
@@ -108,21 +231,28 @@ pub(crate) type LateHook<R> = Arc<dyn Fn(LateOutcome<R>) + Send + Sync>;
 
 /// Asks that timed out recently, kept (bounded by count and age) so that a
 /// late outcome can be reconciled once.
-struct TimedOutAsks {
+struct TimedOutAsk<R> {
+    ids: AskIds,
+    pool: PoolName,
+    at: Timestamp,
+    slot: Arc<AskSlot<R>>,
+}
+
+struct TimedOutAsks<R> {
     capacity: usize,
     window: Duration,
-    records: FxHashMap<RequestId, (AskIds, PoolName, Timestamp)>,
+    records: FxHashMap<RequestId, TimedOutAsk<R>>,
     order: VecDeque<(RequestId, Timestamp)>,
 }
 
-impl TimedOutAsks {
+impl<R> TimedOutAsks<R> {
     fn trim(&mut self, now: Timestamp) {
         while let Some(&(id, at)) = self.order.front() {
             if self.order.len() <= self.capacity && at + self.window > now {
                 break;
             }
             self.order.pop_front();
-            if self.records.get(&id).is_some_and(|r| r.2 == at) {
+            if self.records.get(&id).is_some_and(|r| r.at == at) {
                 self.records.remove(&id);
             }
         }
@@ -141,7 +271,7 @@ pub(crate) struct CallerSide<M, R> {
     pub(crate) ignored_frames: AtomicU64,
     pub(crate) late_outcomes: AtomicU64,
     pub(crate) dlq: Mutex<DeadLetterQueue<M>>,
-    timed_out: Mutex<TimedOutAsks>,
+    timed_out: Mutex<TimedOutAsks<R>>,
     late_hook: RwLock<Option<LateHook<R>>>,
     clock: Arc<NodeClock>,
 }
@@ -183,9 +313,23 @@ impl<M, R> CallerSide<M, R> {
     }
 
     /// Remembers that `ids` timed out, for reconciliation of a late outcome.
-    pub(crate) fn record_timeout(&self, ids: AskIds, pool: PoolName, now: Timestamp) {
+    pub(crate) fn record_timeout(
+        &self,
+        ids: AskIds,
+        pool: PoolName,
+        slot: Arc<AskSlot<R>>,
+        now: Timestamp,
+    ) {
         let mut t = self.timed_out.lock();
-        t.records.insert(ids.request_id, (ids, pool, now));
+        t.records.insert(
+            ids.request_id,
+            TimedOutAsk {
+                ids,
+                pool,
+                at: now,
+                slot,
+            },
+        );
         t.order.push_back((ids.request_id, now));
         t.trim(now);
     }
@@ -209,19 +353,27 @@ impl<M, R> CallerSide<M, R> {
             t.trim(now);
             t.records.remove(&id)
         };
-        let Some((ids, pool, timed_out_at)) = record else {
+        let Some(record) = record else {
             self.ignored();
             return;
         };
         self.late_outcomes.fetch_add(1, Ordering::Relaxed);
         self.dlq.lock().take(id);
+        let stage = record.slot.reconcile(
+            match &result {
+                LateResult::Reply(outcome) => AckStage::terminal_for_outcome(outcome),
+                LateResult::Cancelled(_) => AckStage::Failed,
+            },
+            now,
+        );
         let hook = self.late_hook.read().clone();
         if let Some(hook) = hook {
             hook(LateOutcome {
-                ids,
-                pool,
+                ids: record.ids,
+                pool: record.pool,
                 result,
-                late_by: now.saturating_since(timed_out_at),
+                stage,
+                late_by: now.saturating_since(record.at),
             });
         }
     }
@@ -241,9 +393,19 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
             }
             return;
         };
+        let now = || self.clock.now();
         let fresh = match frame {
-            ToCaller::Ack { .. } | ToCaller::Progress { .. } => {
-                slot.ack();
+            ToCaller::Ack { .. } => {
+                slot.ack(AckStage::Received, now);
+                true
+            }
+            // READ implies RECEIVED: the Ack may have been lost.
+            ToCaller::Read { .. } => {
+                slot.ack(AckStage::Read, now);
+                true
+            }
+            ToCaller::Progress { fraction, note, .. } => {
+                slot.progress(fraction, note, now);
                 true
             }
             ToCaller::Reply { outcome, .. } => slot.offer(SlotEvent::Reply(outcome)),

@@ -287,6 +287,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
     }
 
+    /// A worker took the request (the READ stage).
+    pub(crate) fn read(&self, meta: &RequestMeta) {
+        if meta.expects_reply {
+            self.send(ToCaller::Read { ids: meta.ids });
+        }
+    }
+
     pub(crate) fn progress(&self, ids: AskIds, fraction: f32, note: String) {
         self.send(ToCaller::Progress {
             ids,

@@ -139,6 +139,7 @@ pub struct Request<M: Send + 'static, R: Clone + Send + 'static> {
 impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
     fn new(pool: &Arc<PoolShared<M, R>>, item: WorkItem<M>) -> Self {
         pool.counters.handler_runs.fetch_add(1, Ordering::Relaxed);
+        pool.read(&item.meta);
         Self {
             message: item.payload,
             context: RequestContext {

@@ -1,0 +1,181 @@
+//! The ACK lifecycle as the caller sees it through `AskHandle::stages()`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use askpool::{
+    AckStage, AskError, ErrorCode, Node, NodeConfig, PayloadFingerprint, RequestId, StageEvent,
+    WorkerTransport,
+};
+use askpool_tests::{Fate, FrameKind, Tap};
+use futures::StreamExt;
+
+type TestNode = Node<u64, String>;
+
+fn node() -> TestNode {
+    Node::with_config(NodeConfig {
+        seed: Some(5),
+        ..NodeConfig::default()
+    })
+}
+
+fn stages_of(events: &[StageEvent]) -> Vec<AckStage> {
+    events.iter().map(|e| e.stage).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fulfilled_ask_walks_every_stage_in_order_with_durations() {
+    let node = node();
+    node.pool("p")
+        .handler(|_msg: u64, ctx| async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for i in 1..=4 {
+                ctx.progress(i as f32 / 5.0, format!("{i}/5"));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            Ok("done".to_string())
+        })
+        .unwrap();
+    let handle = node.ask("p", 1).send();
+    let stream = handle.stages();
+    let watcher = tokio::spawn(stream.collect::<Vec<_>>());
+    assert_eq!(handle.await.unwrap(), "done");
+    let events = watcher.await.unwrap();
+    use AckStage::*;
+    assert_eq!(
+        stages_of(&events),
+        vec![Sent, Received, Read, Partial, Partial, Partial, Partial, Fulfilled]
+    );
+    let fractions: Vec<f32> = events
+        .iter()
+        .filter_map(|e| e.progress.as_ref().map(|p| p.fraction))
+        .collect();
+    assert_eq!(
+        fractions,
+        vec![0.2, 0.4, 0.6, 0.8],
+        "progress arrives in order"
+    );
+    assert_eq!(events[3].progress.as_ref().unwrap().note, "1/5");
+    assert_eq!(events[3].since_sent, Duration::from_millis(100));
+    assert_eq!(events[4].since_previous, Duration::from_millis(10));
+    let last = events.last().unwrap();
+    assert_eq!(last.since_sent, Duration::from_millis(200));
+    assert_eq!(last.since_previous, Duration::from_millis(70));
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_end_in_the_terminal_stage_of_their_code() {
+    let node = node();
+    node.pool("p")
+        .handler(|_msg: u64, _ctx| async { Err(AskError::handler_failed("E", "x")) })
+        .unwrap();
+    let h = node.ask("p", 1).send();
+    let s = h.stages();
+    h.await.unwrap_err();
+    assert_eq!(
+        s.collect::<Vec<_>>().await.last().unwrap().stage,
+        AckStage::Failed
+    );
+
+    let id = RequestId::from_parts(1, 1);
+    node.ask("p", 1)
+        .request_id(id)
+        .fingerprint(PayloadFingerprint::from_u128(1))
+        .await
+        .unwrap_err();
+    let h = node
+        .ask("p", 2)
+        .request_id(id)
+        .fingerprint(PayloadFingerprint::from_u128(2))
+        .send();
+    let s = h.stages();
+    assert_eq!(h.await.unwrap_err(), AskError::PayloadMismatch);
+    let stages = stages_of(&s.collect::<Vec<_>>().await);
+    assert_eq!(stages, vec![AckStage::Sent, AckStage::Rejected]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_ack_is_covered_by_read() {
+    let tap = Tap::in_process();
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Ack => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node = Node::with_transport(transport, NodeConfig::default());
+    node.pool("p")
+        .handler(|_m: u64, _ctx| async { Ok("ok".to_string()) })
+        .unwrap();
+    let h = node.ask("p", 1).send();
+    let s = h.stages();
+    h.await.unwrap();
+    let stages = stages_of(&s.collect::<Vec<_>>().await);
+    assert_eq!(
+        stages,
+        vec![AckStage::Sent, AckStage::Read, AckStage::Fulfilled]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_is_timed_out_and_its_late_outcome_reconciles_the_record() {
+    let tap = Tap::in_process();
+    // The cancel is lost, so the handler's reply comes back late.
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Cancel => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node = Node::with_transport(transport, NodeConfig::default());
+    node.pool("p")
+        .handler(|_m: u64, _ctx| async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok("late".to_string())
+        })
+        .unwrap();
+    let late = Arc::new(Mutex::new(Vec::new()));
+    let l = late.clone();
+    node.on_late_outcome(move |o| l.lock().unwrap().push(o.stage));
+    let h = node.ask("p", 1).timeout(Duration::from_secs(1)).send();
+    let s = h.stages();
+    assert_eq!(h.await.unwrap_err().code(), ErrorCode::AskTimeout);
+    let stages = stages_of(&s.collect::<Vec<_>>().await);
+    use AckStage::*;
+    assert_eq!(stages, vec![Sent, Received, Read, TimedOut]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(*late.lock().unwrap(), vec![Some(Fulfilled)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_tracking_the_stream_is_empty() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        track_stages: false,
+        ..NodeConfig::default()
+    });
+    node.pool("p")
+        .handler(|_m: u64, _ctx| async { Ok("ok".to_string()) })
+        .unwrap();
+    let h = node.ask("p", 1).send();
+    let s = h.stages();
+    h.await.unwrap();
+    assert!(s.collect::<Vec<_>>().await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn unread_stage_events_are_bounded() {
+    let node = node();
+    node.pool("p")
+        .handler(|_m: u64, ctx| async move {
+            for i in 0..500 {
+                ctx.progress(i as f32 / 500.0, "tick");
+            }
+            Ok("ok".to_string())
+        })
+        .unwrap();
+    let h = node.ask("p", 1).send();
+    let s = h.stages();
+    h.await.unwrap();
+    let events = s.collect::<Vec<_>>().await;
+    assert_eq!(events.len(), 64, "the oldest unread events were dropped");
+    assert_eq!(events.last().unwrap().stage, AckStage::Fulfilled);
+}
