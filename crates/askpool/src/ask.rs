@@ -15,14 +15,15 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use askpool_proto::{
-    AckStage, AskError, AskIds, CallerAsk, CallerSend, CallerStep, CausationId, CorrelationId,
-    Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution, RetryPolicy,
-    Timestamp, ToWorker, WorkerId,
+    AckStage, AskError, AskIds, BreakerPermit, CallerAsk, CallerSend, CallerStep, CausationId,
+    CorrelationId, Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution,
+    RetryPolicy, Timestamp, ToWorker, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tokio::time::Sleep;
 
+use crate::breakers::Verdict;
 use crate::dlq::{self, DeadLetter};
 use crate::node::{Node, NodeShared};
 use crate::pending::{AskSlot, SlotEvent, StageStream};
@@ -129,6 +130,10 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     early: Option<Result<Option<R>, AskError>>,
     /// Whether the slot is in the pending map.
     registered: bool,
+    /// The pool's circuit-breaker permit, reported when the ask ends.
+    permit: Option<BreakerPermit>,
+    /// Whether the ask's end was reported to the breaker.
+    settled: bool,
     finished: bool,
 }
 
@@ -163,10 +168,12 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             timer: None,
             early: None,
             registered: false,
+            permit: None,
+            settled: false,
             finished: false,
             node,
         };
-        if let Err(e) = handle.admit(policy) {
+        if let Err(e) = handle.admit(policy, now) {
             handle.early = Some(Err(e));
             handle.payload = None;
             return handle;
@@ -183,6 +190,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// What a failed ask leaves behind: a dead letter if its error was
     /// retryable or poison, a timeout record for late reconciliation.
     fn conclude(&mut self, error: &AskError, now: Timestamp) {
+        self.settle_breaker(Verdict::Failure(error), now);
         self.slot
             .record_terminal(AckStage::terminal_for_error(error), now);
         if self.node.is_closed() {
@@ -212,23 +220,34 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
     }
 
-    /// Checks that the ask may start and enters it in the pending map.
-    fn admit(&mut self, policy: RetryPolicy) -> Result<(), AskError> {
+    /// Checks that the ask may start (valid policy, open node, closed
+    /// breaker) and enters it in the pending map.
+    fn admit(&mut self, policy: RetryPolicy, now: Timestamp) -> Result<(), AskError> {
         policy.validate()?;
         if self.node.is_closed() {
             return Err(AskError::node_closed());
         }
+        self.permit = self
+            .node
+            .breakers
+            .acquire(&self.meta.pool, now)
+            .inspect_err(|_| self.slot.record_terminal(AckStage::Rejected, now))?;
         let id = self.meta.ids.request_id;
-        match self.node.caller.pending.entry(id) {
-            dashmap::mapref::entry::Entry::Occupied(_) => Err(AskError::InvalidArgument {
-                message: format!("request id {id} is already pending on this node"),
-            }),
+        let inserted = match self.node.caller.pending.entry(id) {
+            dashmap::mapref::entry::Entry::Occupied(_) => false,
             dashmap::mapref::entry::Entry::Vacant(v) => {
                 v.insert(Arc::clone(&self.slot));
-                self.registered = true;
-                Ok(())
+                true
             }
+        };
+        if !inserted {
+            self.settle_breaker(Verdict::Release, now);
+            return Err(AskError::InvalidArgument {
+                message: format!("request id {id} is already pending on this node"),
+            });
         }
+        self.registered = true;
+        Ok(())
     }
 
     pub fn request_id(&self) -> RequestId {
@@ -307,8 +326,26 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
     }
 
-    /// Removes everything the ask holds: pending entry, timer, payload.
+    /// Reports the ask's end to its pool's breaker, once.
+    fn settle_breaker(&mut self, verdict: Verdict<'_>, now: Timestamp) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        let permit = self.permit.take();
+        self.node
+            .breakers
+            .report(&self.meta.pool, permit, verdict, now);
+    }
+
+    /// Removes everything the ask holds: pending entry, timer, payload, and
+    /// a breaker permit not yet reported (released: the caller gave up).
     fn release(&mut self) {
+        if self.permit.is_some() {
+            let now = self.node.clock.now();
+            self.settle_breaker(Verdict::Release, now);
+        }
+        self.settled = true;
         if self.registered {
             self.node.caller.pending.remove(&self.meta.ids.request_id);
             self.registered = false;
@@ -328,12 +365,14 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 let now = self.node.clock.now();
                 self.conclude(error, now);
             }
-            // A tell ends at its Ack: RECEIVED is as far as it is tracked.
-            Ok(Some(_)) if self.node.config.track_stages => {
+            Ok(reply) => {
                 let now = self.node.clock.now();
-                self.slot.record_terminal(AckStage::Fulfilled, now);
+                self.settle_breaker(Verdict::Success, now);
+                // A tell ends at its Ack: RECEIVED is as far as it is tracked.
+                if reply.is_some() {
+                    self.slot.record_terminal(AckStage::Fulfilled, now);
+                }
             }
-            Ok(_) => {}
         }
         self.release();
         self.finished = true;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use askpool_dedup::DedupConfig;
-use askpool_proto::{AskError, PoolName, RetryPolicy};
+use askpool_proto::{AskError, BreakerConfig, PoolName, RetryPolicy};
 
 /// Settings of a [`Node`](crate::Node).
 #[derive(Clone, Debug)]
@@ -28,6 +28,8 @@ pub struct NodeConfig {
     pub reconcile_window: Duration,
     /// Whether asks record their ACK lifecycle (`AskHandle::stages()`).
     pub track_stages: bool,
+    /// A circuit breaker per target pool; `None` turns breakers off.
+    pub breaker: Option<BreakerConfig>,
 }
 
 impl Default for NodeConfig {
@@ -41,6 +43,7 @@ impl Default for NodeConfig {
             reconcile_capacity: 10_000,
             reconcile_window: Duration::from_secs(300),
             track_stages: true,
+            breaker: Some(BreakerConfig::default()),
         }
     }
 }

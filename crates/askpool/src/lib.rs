@@ -28,6 +28,7 @@
 pub struct ReadmeDoctests;
 
 mod ask;
+mod breakers;
 mod cancel;
 mod clock;
 mod config;
@@ -40,6 +41,7 @@ mod transport;
 mod worker;
 
 pub use ask::{AskBuilder, AskHandle, TellBuilder, TellHandle};
+pub use breakers::BreakerStats;
 pub use config::{NodeConfig, PoolConfig};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
@@ -50,7 +52,7 @@ pub use worker::{Request, RequestContext, Responder, Worker};
 
 pub use askpool_dedup::{DedupConfig, DedupStats};
 pub use askpool_proto::{
-    AckStage, AskError, AskIds, CallerId, CancelReason, CausationId, CorrelationId, ErrorClass,
-    ErrorCode, Outcome, PayloadFingerprint, PoolName, Progress, RequestId, RetryPolicy, StageEvent,
-    ToCaller, ToWorker, WorkerId,
+    AckStage, AskError, AskIds, BreakerConfig, BreakerState, CallerId, CancelReason, CausationId,
+    CodeSet, CorrelationId, ErrorClass, ErrorCode, Outcome, PayloadFingerprint, PoolName, Progress,
+    RequestId, RetryPolicy, StageEvent, ToCaller, ToWorker, WorkerId,
 };

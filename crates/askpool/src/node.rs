@@ -6,11 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use askpool_dedup::DedupConfig;
-use askpool_proto::{AskError, CallerId, Outcome, PoolName, RequestId, RetryPolicy, WorkerId};
+use askpool_proto::{
+    AskError, BreakerConfig, CallerId, Outcome, PoolName, RequestId, RetryPolicy, WorkerId,
+};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::ask::{AskBuilder, AskHandle, TellBuilder};
+use crate::breakers::Breakers;
 use crate::clock::{IdSource, NodeClock};
 use crate::config::{NodeConfig, PoolConfig};
 use crate::dlq::DeadLetter;
@@ -27,6 +30,7 @@ pub(crate) struct NodeShared<M, R> {
     pub(crate) caller: Arc<CallerSide<M, R>>,
     pub(crate) clock: Arc<NodeClock>,
     pub(crate) ids: IdSource,
+    pub(crate) breakers: Breakers,
     pools: Mutex<FxHashMap<PoolName, Arc<dyn PoolControl>>>,
     closed: AtomicBool,
 }
@@ -113,7 +117,35 @@ where
 
     /// A node on a shared transport: nodes on one transport ask each other's
     /// pools.
+    ///
+    /// An invalid breaker configuration is replaced by the default one and
+    /// reported with `tracing::warn!`; use [`try_with_transport`] to get the
+    /// error instead.
+    ///
+    /// [`try_with_transport`]: Self::try_with_transport
     pub fn with_transport(transport: Arc<dyn WorkerTransport<M, R>>, config: NodeConfig) -> Self {
+        match Self::try_with_transport(Arc::clone(&transport), config.clone()) {
+            Ok(node) => node,
+            Err(error) => {
+                tracing::warn!(%error, "invalid node config; using the default breaker");
+                Self::try_with_transport(
+                    transport,
+                    NodeConfig {
+                        breaker: Some(BreakerConfig::default()),
+                        ..config
+                    },
+                )
+                .expect("the default config is valid")
+            }
+        }
+    }
+
+    /// A node on a shared transport, or the error in `config`.
+    pub fn try_with_transport(
+        transport: Arc<dyn WorkerTransport<M, R>>,
+        config: NodeConfig,
+    ) -> Result<Self, AskError> {
+        let breakers = Breakers::new(config.breaker)?;
         let seed = config.seed.unwrap_or_else(rand::random);
         let ids = IdSource::new(seed);
         let caller_id = CallerId::from_u64(ids.next_u64());
@@ -125,9 +157,10 @@ where
             config.reconcile_window,
         ));
         transport.register_caller(caller_id, caller.clone());
-        Self {
+        Ok(Self {
             shared: Arc::new(NodeShared {
                 clock,
+                breakers,
                 config,
                 caller_id,
                 transport,
@@ -136,7 +169,7 @@ where
                 pools: Mutex::default(),
                 closed: AtomicBool::new(false),
             }),
-        }
+        })
     }
 
     pub fn caller_id(&self) -> CallerId {
@@ -191,6 +224,7 @@ where
             timed_out_records: caller.timed_out_len(),
             dlq_depth,
             dlq_dropped,
+            breakers: self.shared.breakers.stats(self.shared.clock.now()),
             pools,
         }
     }

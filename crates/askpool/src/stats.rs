@@ -2,6 +2,8 @@
 
 use askpool_dedup::DedupStats;
 
+use crate::breakers::BreakerStats;
+
 /// A snapshot of one pool.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
@@ -48,11 +50,16 @@ pub struct NodeStats {
     pub dlq_depth: usize,
     /// Dead letters dropped because the queue was full.
     pub dlq_dropped: u64,
+    /// The breakers of the pools this node has asked.
+    pub breakers: Vec<BreakerStats>,
     pub pools: Vec<PoolStats>,
 }
 
 impl NodeStats {
     pub fn pool(&self, name: &str) -> Option<&PoolStats> {
         self.pools.iter().find(|p| p.name == name)
+    }
+    pub fn breaker(&self, pool: &str) -> Option<&BreakerStats> {
+        self.breakers.iter().find(|b| b.pool == pool)
     }
 }

@@ -1,0 +1,172 @@
+//! The caller's circuit breakers, one per target pool (askpool-proto's
+//! [`CircuitBreaker`] driven with the node's clock).
+//!
+//! An ask takes a permit when it starts; while its pool's breaker is open it
+//! fails at once with `Unavailable` and sends nothing. Its final outcome is
+//! reported on the permit: success, a failure (the breaker decides which
+//! codes count), or a release when the caller cancelled.
+
+use askpool_proto::breaker::counts_as_failure;
+use askpool_proto::{
+    AskError, BreakerConfig, BreakerPermit, BreakerState, CircuitBreaker, PoolName, Timestamp,
+};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+/// A snapshot of one pool's breaker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BreakerStats {
+    pub pool: String,
+    pub state: BreakerState,
+    /// Times it opened (from closed, or again from half-open).
+    pub trips: u64,
+    /// Asks it failed fast.
+    pub rejections: u64,
+}
+
+/// Most breakers a node keeps. A breaker exists only for a pool that failed
+/// in a way that counts, so names of pools that never existed (`NoRoute`)
+/// create none; past this many, a closed breaker makes room.
+pub(crate) const MAX_BREAKERS: usize = 4_096;
+
+pub(crate) struct Breakers {
+    config: Option<BreakerConfig>,
+    by_pool: Mutex<FxHashMap<PoolName, CircuitBreaker>>,
+}
+
+/// How an ask ended, for its breaker.
+pub(crate) enum Verdict<'a> {
+    Success,
+    Failure(&'a AskError),
+    /// The caller gave up: neither success nor failure.
+    Release,
+}
+
+impl Breakers {
+    pub(crate) fn new(config: Option<BreakerConfig>) -> Result<Self, AskError> {
+        if let Some(config) = &config {
+            config.validate()?;
+        }
+        Ok(Self {
+            config,
+            by_pool: Mutex::default(),
+        })
+    }
+
+    /// A permit to ask `pool`: `Ok(None)` when breakers are off or the pool
+    /// has no breaker yet (it never failed: it is closed).
+    pub(crate) fn acquire(
+        &self,
+        pool: &PoolName,
+        now: Timestamp,
+    ) -> Result<Option<BreakerPermit>, AskError> {
+        if self.config.is_none() {
+            return Ok(None);
+        }
+        match self.by_pool.lock().get_mut(pool) {
+            Some(breaker) => breaker.try_acquire(now).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn report(
+        &self,
+        pool: &PoolName,
+        permit: Option<BreakerPermit>,
+        verdict: Verdict<'_>,
+        now: Timestamp,
+    ) {
+        let Some(config) = self.config else {
+            return;
+        };
+        let mut by_pool = self.by_pool.lock();
+        let permit = match permit {
+            Some(permit) => permit,
+            // The first failure that counts creates the pool's breaker.
+            None => {
+                let Verdict::Failure(error) = verdict else {
+                    return;
+                };
+                let code = error.code();
+                if !(counts_as_failure(code) || config.open_on.contains(code)) {
+                    return;
+                }
+                if by_pool.len() >= MAX_BREAKERS && !by_pool.contains_key(pool) {
+                    let closed = by_pool
+                        .iter()
+                        .find(|(_, b)| b.state(now) == BreakerState::Closed)
+                        .map(|(name, _)| name.clone());
+                    match closed {
+                        Some(name) => {
+                            by_pool.remove(&name);
+                        }
+                        None => return,
+                    }
+                }
+                let breaker = by_pool.entry(pool.clone()).or_insert_with(|| {
+                    CircuitBreaker::new(pool.clone(), config).expect("config validated at start")
+                });
+                match breaker.try_acquire(now) {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                }
+            }
+        };
+        let Some(breaker) = by_pool.get_mut(pool) else {
+            return;
+        };
+        match verdict {
+            Verdict::Success => breaker.on_success(permit, now),
+            Verdict::Failure(error) => breaker.on_failure(permit, error.code(), now),
+            Verdict::Release => breaker.release(permit),
+        };
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.by_pool.lock().len()
+    }
+
+    pub(crate) fn stats(&self, now: Timestamp) -> Vec<BreakerStats> {
+        let mut stats: Vec<_> = self
+            .by_pool
+            .lock()
+            .values()
+            .map(|b| BreakerStats {
+                pool: b.pool().to_string(),
+                state: b.state(now),
+                trips: b.trips(),
+                rejections: b.rejections(),
+            })
+            .collect();
+        stats.sort_by(|a, b| a.pool.cmp(&b.pool));
+        stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_breaker_map_is_bounded() {
+        let breakers = Breakers::new(Some(BreakerConfig::default())).unwrap();
+        let failure = AskError::internal("down");
+        for i in 0..MAX_BREAKERS + 500 {
+            let pool = PoolName::new(format!("pool-{i}"));
+            breakers.report(&pool, None, Verdict::Failure(&failure), Timestamp::ZERO);
+        }
+        assert_eq!(breakers.len(), MAX_BREAKERS);
+        // Uncounted outcomes and successes never create one.
+        let fresh = Breakers::new(Some(BreakerConfig::default())).unwrap();
+        let pool = PoolName::new("p");
+        fresh.report(&pool, None, Verdict::Success, Timestamp::ZERO);
+        fresh.report(
+            &pool,
+            None,
+            Verdict::Failure(&AskError::PayloadMismatch),
+            Timestamp::ZERO,
+        );
+        assert_eq!(fresh.len(), 0);
+    }
+}

@@ -1,0 +1,205 @@
+//! Per-pool circuit breakers at the caller: open on failures, fail fast,
+//! probe when half-open, close again.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use askpool::{
+    AskError, BreakerConfig, BreakerState, CodeSet, ErrorCode, Node, NodeConfig, RetryPolicy,
+    WorkerTransport,
+};
+use askpool_tests::{FrameKind, Tap};
+
+type TestNode = Node<u64, String>;
+
+fn breaker() -> BreakerConfig {
+    BreakerConfig {
+        window: Duration::from_secs(10),
+        buckets: 10,
+        min_requests: 4,
+        failure_rate: 0.5,
+        open_for: Duration::from_secs(5),
+        half_open_probes: 1,
+        open_on: CodeSet::EMPTY,
+    }
+}
+
+/// A node whose pool "p" fails while `failing` is set, and counts its runs.
+type Setup = (
+    Arc<Tap<u64, String>>,
+    TestNode,
+    Arc<AtomicBool>,
+    Arc<AtomicUsize>,
+);
+
+fn setup(config: Option<BreakerConfig>) -> Setup {
+    let tap = Tap::in_process();
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node = Node::try_with_transport(
+        transport,
+        NodeConfig {
+            retry: RetryPolicy::no_retry(),
+            breaker: config,
+            ..NodeConfig::default()
+        },
+    )
+    .unwrap();
+    let failing = Arc::new(AtomicBool::new(true));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (f, r) = (failing.clone(), runs.clone());
+    node.pool("p")
+        .handler(move |msg: u64, _ctx| {
+            r.fetch_add(1, Ordering::SeqCst);
+            let fail = f.load(Ordering::SeqCst);
+            async move {
+                match (fail, msg) {
+                    (true, 99) => Err(AskError::PermissionDenied {
+                        message: "no".into(),
+                    }),
+                    (true, _) => Err(AskError::internal("db down")),
+                    (false, _) => Ok("ok".to_string()),
+                }
+            }
+        })
+        .unwrap();
+    (tap, node, failing, runs)
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_open_the_breaker_and_asks_fail_fast() {
+    let (tap, node, _failing, runs) = setup(Some(breaker()));
+    for i in 0..4 {
+        assert_eq!(
+            node.ask("p", i).await.unwrap_err().code(),
+            ErrorCode::Internal
+        );
+    }
+    let stats = node.stats();
+    let b = stats.breaker("p").unwrap();
+    assert_eq!((b.state, b.trips), (BreakerState::Open, 1));
+    tap.clear();
+    let err = node.ask("p", 5).await.unwrap_err();
+    assert!(
+        matches!(&err, AskError::Unavailable { reason } if reason.contains("circuit open")),
+        "{err}"
+    );
+    assert!(tap.sent(FrameKind::Request).is_empty(), "nothing was sent");
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    assert_eq!(node.stats().breaker("p").unwrap().rejections, 1);
+    assert_eq!(node.stats().pending, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_open_probes_close_it_again_or_reopen_it() {
+    let (_tap, node, failing, _runs) = setup(Some(breaker()));
+    for i in 0..4 {
+        node.ask("p", i).await.unwrap_err();
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        node.stats().breaker("p").unwrap().state,
+        BreakerState::HalfOpen
+    );
+    // A failed probe opens it again.
+    assert_eq!(
+        node.ask("p", 1).await.unwrap_err().code(),
+        ErrorCode::Internal
+    );
+    assert_eq!(node.stats().breaker("p").unwrap().state, BreakerState::Open);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // While one probe is out, a second ask is refused.
+    failing.store(false, Ordering::SeqCst);
+    let probe = node.ask("p", 2).send();
+    assert_eq!(
+        node.ask("p", 3).await.unwrap_err().code(),
+        ErrorCode::Unavailable
+    );
+    assert_eq!(probe.await.unwrap(), "ok");
+    assert_eq!(
+        node.stats().breaker("p").unwrap().state,
+        BreakerState::Closed
+    );
+    assert_eq!(node.ask("p", 4).await.unwrap(), "ok");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_listed_code_opens_it_at_once_and_permanent_errors_do_not_count() {
+    let (_tap, node, _failing, _runs) = setup(Some(BreakerConfig {
+        open_on: CodeSet::of(&[ErrorCode::PermissionDenied]),
+        ..breaker()
+    }));
+    // Payload mismatches are the caller's fault: not counted.
+    let id = askpool::RequestId::from_parts(1, 1);
+    for fp in [1u128, 2, 3, 4, 5] {
+        let _ = node
+            .ask("p", 0)
+            .request_id(id)
+            .fingerprint(askpool::PayloadFingerprint::from_u128(fp))
+            .await;
+    }
+    assert_eq!(
+        node.stats().breaker("p").unwrap().state,
+        BreakerState::Closed
+    );
+    node.ask("p", 99).await.unwrap_err();
+    assert_eq!(node.stats().breaker("p").unwrap().state, BreakerState::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_asks_release_their_permit() {
+    let (_tap, node, failing, _runs) = setup(Some(BreakerConfig {
+        half_open_probes: 1,
+        ..breaker()
+    }));
+    for i in 0..4 {
+        node.ask("p", i).await.unwrap_err();
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    failing.store(false, Ordering::SeqCst);
+    // The probe is dropped before it ends: its permit must come back.
+    drop(node.ask("p", 1).send());
+    assert_eq!(node.ask("p", 2).await.unwrap(), "ok");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_breaker_nothing_fails_fast() {
+    let (_tap, node, _failing, runs) = setup(None);
+    for i in 0..20 {
+        assert_eq!(
+            node.ask("p", i).await.unwrap_err().code(),
+            ErrorCode::Internal
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 20);
+    assert!(node.stats().breakers.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_breaker_config_is_a_typed_error() {
+    let transport: Arc<dyn WorkerTransport<u64, String>> =
+        Arc::new(askpool::InProcessTransport::new());
+    let err = Node::try_with_transport(
+        transport,
+        NodeConfig {
+            breaker: Some(BreakerConfig {
+                failure_rate: 2.0,
+                ..breaker()
+            }),
+            ..NodeConfig::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+}
+
+#[tokio::test(start_paused = true)]
+async fn asks_to_pools_that_do_not_exist_create_no_breakers() {
+    let (_tap, node, _failing, _runs) = setup(Some(breaker()));
+    for i in 0..100 {
+        let err = node.ask(format!("nowhere-{i}"), 1).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::NoRoute);
+    }
+    assert!(node.stats().breakers.is_empty());
+}
