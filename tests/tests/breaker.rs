@@ -203,3 +203,37 @@ async fn asks_to_pools_that_do_not_exist_create_no_breakers() {
     }
     assert!(node.stats().breakers.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn asks_started_before_the_breaker_existed_still_count_their_successes() {
+    let (_tap, node, failing, _runs) = setup(Some(breaker()));
+    failing.store(false, Ordering::SeqCst);
+    // Many asks in flight, none with a permit: the pool has no breaker yet.
+    let pool = node.pool("slow").build().unwrap();
+    let handles: Vec<_> = (0..16).map(|i| node.ask("slow", i).send()).collect();
+    let mut requests = Vec::new();
+    for _ in 0..16 {
+        requests.push(pool.next_request().await.unwrap());
+    }
+    // Every fourth fails, the first one first (creating the breaker): 4
+    // failures in 16 is 25 %, under the 50 % that opens it. Counting only
+    // the failures would see 100 %.
+    for (i, r) in requests.into_iter().enumerate() {
+        if i % 4 == 0 {
+            r.fail(AskError::internal("bad"));
+        } else {
+            r.reply("ok".into());
+        }
+    }
+    let mut ok = 0;
+    for h in handles {
+        ok += usize::from(h.await.is_ok());
+    }
+    assert_eq!(ok, 12);
+    let b = node.stats().breaker("slow").cloned().unwrap();
+    assert_eq!(
+        b.state,
+        BreakerState::Closed,
+        "4 failures in 16 must not open it"
+    );
+}

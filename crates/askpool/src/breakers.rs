@@ -82,32 +82,40 @@ impl Breakers {
         let mut by_pool = self.by_pool.lock();
         let permit = match permit {
             Some(permit) => permit,
-            // The first failure that counts creates the pool's breaker.
+            // The ask started before its pool had a breaker. Its outcome
+            // still counts, success or failure, or the failure rate skews;
+            // and the first failure that counts creates the breaker.
             None => {
-                let Verdict::Failure(error) = verdict else {
-                    return;
-                };
-                let code = error.code();
-                if !(counts_as_failure(code) || config.open_on.contains(code)) {
-                    return;
-                }
-                if by_pool.len() >= MAX_BREAKERS && !by_pool.contains_key(pool) {
-                    let closed = by_pool
-                        .iter()
-                        .find(|(_, b)| b.state(now) == BreakerState::Closed)
-                        .map(|(name, _)| name.clone());
-                    match closed {
-                        Some(name) => {
-                            by_pool.remove(&name);
-                        }
-                        None => return,
+                if !by_pool.contains_key(pool) {
+                    let Verdict::Failure(error) = verdict else {
+                        return;
+                    };
+                    let code = error.code();
+                    if !(counts_as_failure(code) || config.open_on.contains(code)) {
+                        return;
                     }
+                    if by_pool.len() >= MAX_BREAKERS {
+                        let closed = by_pool
+                            .iter()
+                            .find(|(_, b)| b.state(now) == BreakerState::Closed)
+                            .map(|(name, _)| name.clone());
+                        match closed {
+                            Some(name) => {
+                                by_pool.remove(&name);
+                            }
+                            None => return,
+                        }
+                    }
+                    by_pool.insert(
+                        pool.clone(),
+                        CircuitBreaker::new(pool.clone(), config)
+                            .expect("config validated at start"),
+                    );
                 }
-                let breaker = by_pool.entry(pool.clone()).or_insert_with(|| {
-                    CircuitBreaker::new(pool.clone(), config).expect("config validated at start")
-                });
+                let breaker = by_pool.get_mut(pool).expect("present or just inserted");
                 match breaker.try_acquire(now) {
                     Ok(permit) => permit,
+                    // Open or probing: an outcome from before does not count.
                     Err(_) => return,
                 }
             }
