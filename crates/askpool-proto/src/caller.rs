@@ -10,6 +10,10 @@
 //! default the Transient class, e.g. `BufferFull` at admission) is retried
 //! like a failed send while attempts and time remain.
 //!
+//! With [`StageTimeouts`], a missed delivery (no Ack) or read (no READ)
+//! deadline fails the ask with `DeadlineExceeded` plus a cancel, like the
+//! total deadline does with `AskTimeout`.
+//!
 //! Every send carries the same request id; re-sends are spaced by
 //! [`RetryPolicy`] backoff with jitter and never scheduled at or past the
 //! deadline. The driver asks [`CallerAsk::next_wakeup`] when to call
@@ -92,6 +96,22 @@ pub struct CallerAsk {
     /// Whether any send reached the transport (the worker may have it).
     delivered: bool,
     next_resend: Option<Timestamp>,
+    /// SW4RM delivery timeout: RECEIVED (the Ack) must come by then.
+    delivery_deadline: Option<Timestamp>,
+    /// SW4RM read timeout: READ must come by then.
+    read_deadline: Option<Timestamp>,
+    read: bool,
+}
+
+/// Deadlines for the ACK stages before the outcome, each counted from the
+/// moment the ask was sent (SW4RM's TimeoutConfig; the total TTL is the
+/// ask's own timeout). A stage deadline at or past the total one is moot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageTimeouts {
+    /// RECEIVED (the pool's Ack) must arrive within this.
+    pub delivery: Option<Duration>,
+    /// READ (a worker took it) must arrive within this.
+    pub read: Option<Duration>,
 }
 
 impl CallerAsk {
@@ -104,7 +124,20 @@ impl CallerAsk {
             attempts_sent: 0,
             delivered: false,
             next_resend: None,
+            delivery_deadline: None,
+            read_deadline: None,
+            read: false,
         }
+    }
+
+    /// Adds stage deadlines. Missing one fails the ask with
+    /// `DeadlineExceeded` and sends a best-effort cancel.
+    #[must_use]
+    pub fn with_stage_timeouts(mut self, timeouts: StageTimeouts) -> Self {
+        let before_total = |d: Duration| Some(self.started + d).filter(|t| *t < self.deadline);
+        self.delivery_deadline = timeouts.delivery.and_then(before_total);
+        self.read_deadline = timeouts.read.and_then(before_total);
+        self
     }
 
     pub fn phase(&self) -> CallerPhase {
@@ -126,13 +159,18 @@ impl CallerAsk {
     /// When the driver must call [`on_timer`](Self::on_timer) next; `None`
     /// once the ask is resolved (no timer may outlive it).
     pub fn next_wakeup(&self) -> Option<Timestamp> {
+        let read = self.read_deadline.filter(|_| !self.read);
+        let earliest = |a: Timestamp, b: Option<Timestamp>| b.map_or(a, |b| a.min(b));
         match self.phase {
             CallerPhase::Done | CallerPhase::Idle => None,
-            CallerPhase::Acked => Some(self.deadline),
-            CallerPhase::Unacked => Some(
-                self.next_resend
-                    .map_or(self.deadline, |t| t.min(self.deadline)),
-            ),
+            CallerPhase::Acked => Some(earliest(self.deadline, read)),
+            CallerPhase::Unacked => Some(earliest(
+                earliest(
+                    earliest(self.deadline, self.next_resend),
+                    self.delivery_deadline,
+                ),
+                read,
+            )),
         }
     }
 
@@ -171,6 +209,14 @@ impl CallerAsk {
         if self.phase == CallerPhase::Unacked {
             self.phase = CallerPhase::Acked;
             self.next_resend = None;
+        }
+    }
+
+    /// A worker took the request (READ); implies the Ack.
+    pub fn on_read(&mut self) {
+        if matches!(self.phase, CallerPhase::Unacked | CallerPhase::Acked) {
+            self.read = true;
+            self.on_ack();
         }
     }
 
@@ -218,11 +264,25 @@ impl CallerAsk {
                 });
                 step
             }
+            CallerPhase::Unacked if self.delivery_deadline.is_some_and(|t| now >= t) => {
+                self.miss_stage_deadline()
+            }
+            _ if !self.read && self.read_deadline.is_some_and(|t| now >= t) => {
+                self.miss_stage_deadline()
+            }
             CallerPhase::Unacked if self.next_resend.is_some_and(|t| now >= t) => {
                 self.send_attempt(now, rng)
             }
             _ => CallerStep::nothing(),
         }
+    }
+
+    fn miss_stage_deadline(&mut self) -> CallerStep {
+        let mut step = self.finish(Resolution::Failed(AskError::DeadlineExceeded));
+        step.send = Some(CallerSend::Cancel {
+            reason: CancelReason::CallerTimeout,
+        });
+        step
     }
 
     /// The caller gave up (dropped the future, `cancel()`, host cancellation).

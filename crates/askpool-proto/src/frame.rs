@@ -5,11 +5,11 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{CancelReason, Outcome};
 use crate::fingerprint::PayloadFingerprint;
 use crate::ids::AskIds;
-use crate::time::Timestamp;
 
 macro_rules! name {
     ($(#[$doc:meta])* $name:ident) => {
@@ -68,9 +68,10 @@ pub struct RequestMeta {
     pub ids: AskIds,
     pub pool: PoolName,
     pub preferred_worker: Option<WorkerId>,
-    /// Absolute deadline on the caller's clock. In process there is one clock;
-    /// a cross-process codec sends the remaining budget instead.
-    pub deadline: Timestamp,
+    /// Time the caller had left for the ask when it sent this attempt.
+    /// Clocks are per node, so a deadline travels as a budget: the receiver
+    /// adds it to its own `now`.
+    pub budget: Duration,
     /// 1 for the first send, 2 for the first retry, ...
     pub attempt: u32,
     pub fingerprint: Option<PayloadFingerprint>,

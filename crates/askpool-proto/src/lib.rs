@@ -29,7 +29,7 @@ pub use breaker::{
     BreakerConfig, BreakerPermit, BreakerState, BreakerStep, BreakerTransition, CircuitBreaker,
     Recorded, WindowCounts,
 };
-pub use caller::{CallerAsk, CallerPhase, CallerSend, CallerStep, Resolution};
+pub use caller::{CallerAsk, CallerPhase, CallerSend, CallerStep, Resolution, StageTimeouts};
 pub use error::{AskError, CancelReason, CodeSet, ErrorClass, ErrorCode, Outcome};
 pub use fingerprint::{FingerprintRecord, PayloadFingerprint};
 pub use frame::{Envelope, PoolName, RequestMeta, ToCaller, ToWorker, WorkerId};

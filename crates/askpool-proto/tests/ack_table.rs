@@ -631,7 +631,7 @@ proptest! {
                     let ok = t.advance_partial(Progress::new(f, ""), at(now)).is_ok();
                     let want = m.accepts_advance(Partial)
                         && (0.0..=1.0).contains(&f)
-                        && m.floor.map_or(true, |floor| f >= floor);
+                        && m.floor.is_none_or(|floor| f >= floor);
                     prop_assert_eq!(ok, want, "progress {} from {}", f, before_stage);
                     if ok {
                         m.current = Some(Partial);

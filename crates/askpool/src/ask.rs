@@ -17,7 +17,7 @@ use std::time::Duration;
 use askpool_proto::{
     AckStage, AskError, AskIds, BreakerPermit, CallerAsk, CallerSend, CallerStep, CausationId,
     CorrelationId, Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution,
-    RetryPolicy, Timestamp, ToWorker, WorkerId,
+    RetryPolicy, StageTimeouts, Timestamp, ToWorker, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -26,7 +26,7 @@ use tokio::time::Sleep;
 use crate::breakers::Verdict;
 use crate::dlq::{self, DeadLetter};
 use crate::node::{Node, NodeShared};
-use crate::pending::{AskSlot, SlotEvent, StageStream};
+use crate::pending::{Arrivals, AskSlot, SlotEvent, StageStream};
 
 /// Options of one ask; `send()` (or `.await`) sends it.
 #[must_use = "an ask is sent by .send() or .await"]
@@ -152,12 +152,15 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         let timeout = b.timeout.unwrap_or(node.config.default_timeout);
         let policy = b.retry.unwrap_or_else(|| node.retry_policy(&b.pool));
         let mut handle = Self {
-            machine: CallerAsk::new(policy, now, timeout),
+            machine: CallerAsk::new(policy, now, timeout).with_stage_timeouts(StageTimeouts {
+                delivery: node.config.timeouts.delivery,
+                read: node.config.timeouts.read.filter(|_| !b.one_way),
+            }),
             meta: RequestMeta {
                 ids,
                 pool: b.pool,
                 preferred_worker: b.preferred_worker,
-                deadline: now + timeout,
+                budget: timeout,
                 attempt: 0,
                 fingerprint: b.fingerprint,
                 expects_reply: !b.one_way,
@@ -293,6 +296,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                     self.node.caller.retries.fetch_add(1, Ordering::Relaxed);
                 }
                 self.meta.attempt = attempt;
+                self.meta.budget = self.machine.deadline().saturating_since(now);
                 let payload = self
                     .payload
                     .clone()
@@ -424,7 +428,10 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         let mut floor = Timestamp::ZERO;
         loop {
             let now = this.node.clock.now().max(floor);
-            let (acked, event) = this.slot.take(cx.waker());
+            let Arrivals { acked, read, event } = this.slot.take(cx.waker());
+            if read {
+                this.machine.on_read();
+            }
             if acked {
                 this.machine.on_ack();
                 if !this.meta.expects_reply {

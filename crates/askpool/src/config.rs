@@ -7,13 +7,42 @@ use std::time::Duration;
 use askpool_dedup::DedupConfig;
 use askpool_proto::{AskError, BreakerConfig, PoolName, RetryPolicy};
 
+/// SW4RM's TimeoutConfig. The total TTL of an ask is its timeout
+/// ([`NodeConfig::default_timeout`] unless the ask sets one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimeoutConfig {
+    /// RECEIVED (the pool's Ack) must arrive within this of sending, or the
+    /// ask fails with `DeadlineExceeded`. Default 10 s.
+    pub delivery: Option<Duration>,
+    /// READ (a worker took it) must arrive within this of sending. Default
+    /// none.
+    pub read: Option<Duration>,
+    /// A request admitted by one of this node's pools is cancelled
+    /// (`AskCancelled { ProcessingTimeout }`) if it has not finished within
+    /// this, queued or running; a pool can override it. Default 5 minutes,
+    /// so nothing stays in flight forever; `None` lifts the bound.
+    pub processing: Option<Duration>,
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        Self {
+            delivery: Some(Duration::from_secs(10)),
+            read: None,
+            processing: Some(Duration::from_secs(300)),
+        }
+    }
+}
+
 /// Settings of a [`Node`](crate::Node).
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     /// Retry policy of every ask unless the ask overrides it.
     pub retry: RetryPolicy,
-    /// Timeout of every ask unless the ask overrides it.
+    /// Timeout of every ask unless the ask overrides it (the total TTL).
     pub default_timeout: Duration,
+    /// Deadlines of the ACK stages, and the processing timeout of pools.
+    pub timeouts: TimeoutConfig,
     /// Retry policies for asks to particular pools; an ask's own policy
     /// overrides these, and these override `retry`.
     pub pool_retry: HashMap<PoolName, RetryPolicy>,
@@ -37,6 +66,7 @@ impl Default for NodeConfig {
         Self {
             retry: RetryPolicy::default(),
             default_timeout: Duration::from_secs(30),
+            timeouts: TimeoutConfig::default(),
             pool_retry: HashMap::new(),
             seed: None,
             dlq_capacity: 1_000,
@@ -58,6 +88,8 @@ pub struct PoolConfig {
     pub max_in_flight: usize,
     /// Bounds of the terminal-reply cache.
     pub dedup: DedupConfig,
+    /// Overrides the node's `timeouts.processing` for this pool.
+    pub processing_timeout: Option<Duration>,
 }
 
 impl Default for PoolConfig {
@@ -66,6 +98,7 @@ impl Default for PoolConfig {
             concurrency: 1,
             max_in_flight: 10_000,
             dedup: DedupConfig::default(),
+            processing_timeout: None,
         }
     }
 }

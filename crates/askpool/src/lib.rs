@@ -42,7 +42,7 @@ mod worker;
 
 pub use ask::{AskBuilder, AskHandle, TellBuilder, TellHandle};
 pub use breakers::BreakerStats;
-pub use config::{NodeConfig, PoolConfig};
+pub use config::{NodeConfig, PoolConfig, TimeoutConfig};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
 pub use pending::{LateOutcome, LateResult, StageStream};

@@ -300,12 +300,20 @@ where
         if self.shared.is_closed() {
             return Err(AskError::node_closed());
         }
-        let pool = Arc::new(PoolShared::new(
+        let config = PoolConfig {
+            processing_timeout: config.processing_timeout.or(self
+                .shared
+                .config
+                .timeouts
+                .processing),
+            ..config
+        };
+        let pool = PoolShared::new(
             name.clone(),
             config,
             Arc::clone(&self.shared.transport),
             Arc::clone(&self.shared.clock),
-        ));
+        );
         let mut pools = self.shared.pools.lock();
         if pools.contains_key(&name) {
             return Err(AskError::InvalidArgument {

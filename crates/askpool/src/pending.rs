@@ -36,6 +36,7 @@ pub(crate) enum SlotEvent<R> {
 
 struct SlotInner<R> {
     acked: bool,
+    read: bool,
     event: Option<SlotEvent<R>>,
     waker: Option<Waker>,
     stages: Option<Box<StageLog>>,
@@ -67,6 +68,13 @@ impl StageLog {
     }
 }
 
+/// What arrived for an ask since its handle last looked.
+pub(crate) struct Arrivals<R> {
+    pub(crate) acked: bool,
+    pub(crate) read: bool,
+    pub(crate) event: Option<SlotEvent<R>>,
+}
+
 pub(crate) struct AskSlot<R> {
     inner: Mutex<SlotInner<R>>,
 }
@@ -77,6 +85,7 @@ impl<R> AskSlot<R> {
         Self {
             inner: Mutex::new(SlotInner {
                 acked: false,
+                read: false,
                 event: None,
                 waker: None,
                 stages: track_from.map(|sent_at| {
@@ -96,6 +105,9 @@ impl<R> AskSlot<R> {
     fn ack(&self, stage: AckStage, now: impl FnOnce() -> Timestamp) {
         let mut inner = self.inner.lock();
         inner.acked = true;
+        if stage == AckStage::Read {
+            inner.read = true;
+        }
         if let Some(log) = &mut inner.stages {
             let event = log.tracker.advance(stage, now());
             log.push(event);
@@ -158,13 +170,17 @@ impl<R> AskSlot<R> {
     }
 
     /// Takes what arrived since the last call and registers `waker`.
-    pub(crate) fn take(&self, waker: &Waker) -> (bool, Option<SlotEvent<R>>) {
+    pub(crate) fn take(&self, waker: &Waker) -> Arrivals<R> {
         let mut inner = self.inner.lock();
         match &inner.waker {
             Some(w) if w.will_wake(waker) => {}
             _ => inner.waker = Some(waker.clone()),
         }
-        (std::mem::take(&mut inner.acked), inner.event.take())
+        Arrivals {
+            acked: std::mem::take(&mut inner.acked),
+            read: std::mem::take(&mut inner.read),
+            event: inner.event.take(),
+        }
     }
 
     /// The next unread stage event; `Ready(None)` after the terminal one.

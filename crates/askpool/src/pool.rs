@@ -6,18 +6,20 @@
 //! requests wait in a flume queue (the pool's, or the preferred worker's) for
 //! a worker; the queue is bounded by `max_in_flight`, enforced at admission.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::cancel::CancelSignal;
 use askpool_dedup::{DedupState, DedupTable};
 use askpool_proto::inbound::{self, InboundAction, InboundEvent, InboundState};
 use askpool_proto::{
-    AskError, AskIds, CancelReason, DedupKey, Envelope, Outcome, PoolName, RequestMeta, ToCaller,
-    ToWorker, WorkerId,
+    AskError, AskIds, CancelReason, DedupKey, Envelope, Outcome, PoolName, RequestMeta, Timestamp,
+    ToCaller, ToWorker, WorkerId,
 };
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
+use tokio::sync::Notify;
 
 use crate::clock::NodeClock;
 use crate::config::PoolConfig;
@@ -29,6 +31,19 @@ use crate::transport::{PoolEndpoint, WorkerTransport};
 pub(crate) struct Entry<R> {
     state: InboundState<R>,
     token: Option<CancelSignal>,
+    /// Where the running request sits in the pool's expiry index.
+    expiry: Option<ExpiryKey>,
+}
+
+/// A position in the expiry index: the deadline, and a sequence number that
+/// makes it unique.
+pub(crate) type ExpiryKey = (Timestamp, u64);
+
+/// What the expiry index keeps per running request.
+#[derive(Clone, Copy)]
+pub(crate) struct Expiring {
+    ids: AskIds,
+    expects_reply: bool,
 }
 
 impl<R> DedupState for Entry<R> {
@@ -63,6 +78,7 @@ pub(crate) struct PoolCounters {
     pub(crate) rejected_full: AtomicU64,
     pub(crate) cancels: AtomicU64,
     pub(crate) tombstones: AtomicU64,
+    pub(crate) expired: AtomicU64,
 }
 
 pub(crate) struct PoolShared<M, R> {
@@ -77,6 +93,12 @@ pub(crate) struct PoolShared<M, R> {
     clock: Arc<NodeClock>,
     closed: AtomicBool,
     pub(crate) counters: PoolCounters,
+    /// Running requests by processing deadline (bounded by max in-flight).
+    expiries: Mutex<BTreeMap<ExpiryKey, Expiring>>,
+    expiry_seq: AtomicU64,
+    expiry_changed: Notify,
+    sweeper_started: AtomicBool,
+    weak_self: Weak<PoolShared<M, R>>,
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
@@ -85,9 +107,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         config: PoolConfig,
         transport: Arc<dyn WorkerTransport<M, R>>,
         clock: Arc<NodeClock>,
-    ) -> Self {
+    ) -> Arc<Self> {
         let (queue_tx, queue_rx) = flume::unbounded();
-        Self {
+        Arc::new_cyclic(|weak_self| Self {
             table: DedupTable::new(config.dedup),
             name,
             config,
@@ -99,24 +121,40 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             clock,
             closed: AtomicBool::new(false),
             counters: PoolCounters::default(),
-        }
+            expiries: Mutex::default(),
+            expiry_seq: AtomicU64::new(0),
+            expiry_changed: Notify::new(),
+            sweeper_started: AtomicBool::new(false),
+            weak_self: weak_self.clone(),
+        })
     }
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// One step of the inbound table for `key`. Keeps the in-flight count in
-    /// step with the entries that are InProgress, and returns the action plus
-    /// the token of the handler the step started or cancelled. `None` means
-    /// a new request was refused because the pool is full.
+    /// One step of the inbound table for `key`. Keeps the in-flight count
+    /// and the expiry index in step with the entries that are InProgress, and
+    /// returns the action plus the token of the handler the step started or
+    /// cancelled. `None` means a new request was refused because the pool is
+    /// full, or (with `only_if`) that the entry was no longer the one that
+    /// expired.
+    ///
+    /// `expires` gives a request that starts here its processing deadline.
     fn step(
         &self,
         key: DedupKey,
         event: InboundEvent<R>,
+        expires: Option<(Timestamp, Expiring)>,
+        only_if: Option<ExpiryKey>,
     ) -> Option<(InboundAction<R>, Option<CancelSignal>)> {
         let now = self.clock.now();
         self.table.apply(key, now, |current| {
+            if let Some(expected) = only_if {
+                if current.is_none_or(|e| e.is_terminal() || e.expiry != Some(expected)) {
+                    return (None, None);
+                }
+            }
             let is_new = current.is_none() && matches!(event, InboundEvent::Request { .. });
             if is_new && self.in_flight.load(Ordering::Acquire) >= self.config.max_in_flight {
                 return (None, None);
@@ -128,8 +166,15 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                     if let Some(running) = current.filter(|e| !e.is_terminal()) {
                         self.in_flight.fetch_sub(1, Ordering::AcqRel);
                         token = running.token.clone();
+                        if let Some(expiry) = running.expiry {
+                            self.expiries.lock().remove(&expiry);
+                        }
                     }
-                    Entry { state, token: None }
+                    Entry {
+                        state,
+                        token: None,
+                        expiry: None,
+                    }
                 } else {
                     self.in_flight.fetch_add(1, Ordering::AcqRel);
                     let fresh = CancelSignal::new();
@@ -137,11 +182,73 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                     Entry {
                         state,
                         token: Some(fresh),
+                        expiry: expires.map(|(at, what)| self.index_expiry(at, what)),
                     }
                 }
             });
             (next, Some((transition.action, token)))
         })
+    }
+
+    /// Enters a running request in the expiry index (under the dedup lock;
+    /// the sweeper never holds the index while it takes that lock).
+    fn index_expiry(&self, at: Timestamp, what: Expiring) -> ExpiryKey {
+        let key = (at, self.expiry_seq.fetch_add(1, Ordering::Relaxed));
+        let mut index = self.expiries.lock();
+        let earliest = index
+            .first_key_value()
+            .is_none_or(|(first, _)| key < *first);
+        index.insert(key, what);
+        drop(index);
+        if earliest {
+            self.ensure_sweeper();
+            self.expiry_changed.notify_one();
+        }
+        key
+    }
+
+    /// Starts the task that cancels overdue requests, once, if there is a
+    /// tokio runtime to run it on (admission happens inside one).
+    fn ensure_sweeper(&self) {
+        if self.sweeper_started.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.sweeper_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        runtime.spawn(sweep_expired(self.weak_self.clone()));
+    }
+
+    /// The processing deadline of a request admitted now. Not the caller's
+    /// deadline: work that finishes after its caller gave up is a late
+    /// outcome the caller reconciles (SW4RM), not something to cut short.
+    fn processing_deadline(&self) -> Option<Timestamp> {
+        self.config.processing_timeout.map(|d| self.clock.now() + d)
+    }
+
+    /// Cancels a running request whose processing deadline passed.
+    fn expire(&self, key: ExpiryKey, what: Expiring) {
+        let event = InboundEvent::Cancel {
+            reason: CancelReason::ProcessingTimeout,
+        };
+        let Some((action, token)) = self.step(what.ids.dedup_key(), event, None, Some(key)) else {
+            return;
+        };
+        if let InboundAction::SendCancelled(reason) = action {
+            self.counters.expired.fetch_add(1, Ordering::Relaxed);
+            if let Some(token) = token {
+                token.cancel();
+            }
+            if what.expects_reply {
+                self.send(ToCaller::Cancelled {
+                    ids: what.ids,
+                    reason,
+                });
+            }
+        }
     }
 
     fn send(&self, frame: ToCaller<R>) {
@@ -171,7 +278,16 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let event = InboundEvent::Request {
             fingerprint: meta.fingerprint,
         };
-        let Some((action, token)) = self.step(ids.dedup_key(), event) else {
+        let expires = self.processing_deadline().map(|at| {
+            (
+                at,
+                Expiring {
+                    ids,
+                    expects_reply: meta.expects_reply,
+                },
+            )
+        });
+        let Some((action, token)) = self.step(ids.dedup_key(), event, expires, None) else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
             refuse(AskError::BufferFull {
                 pool: self.name.to_string(),
@@ -240,7 +356,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
 
     /// A cancel for `ids`, from the caller or from the worker side.
     pub(crate) fn cancel(&self, ids: AskIds, reason: CancelReason, reply: bool) {
-        let Some((action, token)) = self.step(ids.dedup_key(), InboundEvent::Cancel { reason })
+        let Some((action, token)) =
+            self.step(ids.dedup_key(), InboundEvent::Cancel { reason }, None, None)
         else {
             return;
         };
@@ -268,7 +385,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// The handler of `meta` finished with `outcome`.
     pub(crate) fn finish(&self, meta: &RequestMeta, outcome: Outcome<R>) {
         let event = InboundEvent::HandlerFinished { outcome };
-        let Some((action, _)) = self.step(meta.ids.dedup_key(), event) else {
+        let Some((action, _)) = self.step(meta.ids.dedup_key(), event, None, None) else {
             return;
         };
         match action {
@@ -317,6 +434,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         for worker in self.workers.read().values() {
             let _ = worker.send(Work::Closed);
         }
+        self.expiry_changed.notify_one();
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
@@ -337,6 +455,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             rejected_full: get(&c.rejected_full),
             cancels: get(&c.cancels),
             tombstones: get(&c.tombstones),
+            expired: get(&c.expired),
+            expiry_index: self.expiries.lock().len(),
         }
     }
 
@@ -370,6 +490,46 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolEndpoint<M> for PoolShare
         match frame {
             ToWorker::Request(env) => self.admit(env),
             ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
+        }
+    }
+}
+
+/// Cancels requests whose processing deadline passed, sleeping until the
+/// earliest one. Holds only a weak reference between rounds, and ends when
+/// the pool closes.
+async fn sweep_expired<M: Send + 'static, R: Clone + Send + 'static>(weak: Weak<PoolShared<M, R>>) {
+    loop {
+        let Some(pool) = weak.upgrade() else {
+            return;
+        };
+        if pool.is_closed() {
+            return;
+        }
+        let now = pool.clock.now();
+        let mut due = Vec::new();
+        let next = {
+            let mut index = pool.expiries.lock();
+            while let Some(entry) = index.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                let (key, what) = entry.remove_entry();
+                due.push((key, what));
+            }
+            index.first_key_value().map(|(key, _)| key.0)
+        };
+        for (key, what) in due {
+            pool.expire(key, what);
+        }
+        let changed = pool.expiry_changed.notified();
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = changed => {}
+                    _ = tokio::time::sleep_until(pool.clock.instant(at)) => {}
+                }
+            }
+            None => changed.await,
         }
     }
 }

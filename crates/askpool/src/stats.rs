@@ -30,6 +30,10 @@ pub struct PoolStats {
     pub cancels: u64,
     /// Cancels that arrived before their request.
     pub tombstones: u64,
+    /// Running requests cancelled by their processing deadline.
+    pub expired: u64,
+    /// Running requests in the expiry index (at most `in_flight`).
+    pub expiry_index: usize,
 }
 
 /// A snapshot of a node.
