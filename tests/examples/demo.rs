@@ -18,6 +18,7 @@ const IN_FLIGHT: usize = 200;
 const DROP: f64 = 0.10;
 const DUPLICATE: f64 = 0.10;
 const SEED: u64 = 42;
+const METRICS_PORT: u16 = 9464;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -73,6 +74,17 @@ async fn main() {
         })
         .expect("pool billing");
 
+    let metrics_addr: std::net::SocketAddr = ([127, 0, 0, 1], METRICS_PORT).into();
+    let metrics_on = match askpool::install_prometheus(metrics_addr) {
+        Ok(()) => {
+            println!("metrics: http://{metrics_addr}/metrics");
+            true
+        }
+        Err(e) => {
+            println!("metrics: not served ({e})");
+            false
+        }
+    };
     println!("askpool demo: {ASKS} asks to 2 pools, {IN_FLIGHT} in flight");
     println!(
         "transport faults: drop {:.0}%, duplicate {:.0}% of every frame (seed {SEED})\n",
@@ -175,6 +187,12 @@ async fn main() {
         charges.load(Ordering::SeqCst),
         ASKS / 2
     );
+    for b in &stats.breakers {
+        println!(
+            "  breaker {:<8} {:?}, tripped {} times, failed {} asks fast",
+            b.pool, b.state, b.trips, b.rejections
+        );
+    }
     println!(
         "\nleft behind: pending {}, timers {}, in flight {}",
         stats.pending,
@@ -182,6 +200,18 @@ async fn main() {
         stats.pools.iter().map(|p| p.in_flight).sum::<usize>()
     );
     println!("done in {elapsed:.2?}");
+    if metrics_on {
+        println!("\na few lines of /metrics:");
+        for line in scrape(METRICS_PORT).lines().filter(|l| {
+            l.starts_with("askpool_retries_total")
+                || l.starts_with("askpool_timeouts_total")
+                || l.starts_with("askpool_dedup_hits_total")
+                || l.starts_with("askpool_acks_sent_total{stage=\"RECEIVED\"")
+                || l.starts_with("askpool_dlq_depth")
+        }) {
+            println!("  {line}");
+        }
+    }
 
     // The demo is also a check: it fails loudly if the protocol broke.
     assert!(
@@ -206,4 +236,17 @@ async fn reask(
         .request_id(id)
         .timeout(Duration::from_secs(2))
         .await
+}
+
+/// GET /metrics from the exporter this process serves on loopback.
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body);
+    body
 }

@@ -237,3 +237,21 @@ async fn asks_started_before_the_breaker_existed_still_count_their_successes() {
         "4 failures in 16 must not open it"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn successes_before_the_first_failure_count() {
+    let (_tap, node, failing, _runs) = setup(Some(breaker()));
+    failing.store(false, Ordering::SeqCst);
+    for i in 0..20 {
+        node.ask("p", i).await.unwrap();
+    }
+    failing.store(true, Ordering::SeqCst);
+    // 10 failures after 20 successes: 33 %, under the 50 % that opens it.
+    for i in 0..10 {
+        node.ask("p", i).await.unwrap_err();
+    }
+    assert_eq!(
+        node.stats().breaker("p").unwrap().state,
+        BreakerState::Closed
+    );
+}

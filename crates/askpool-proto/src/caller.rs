@@ -146,6 +146,9 @@ impl CallerAsk {
     pub fn deadline(&self) -> Timestamp {
         self.deadline
     }
+    pub fn started(&self) -> Timestamp {
+        self.started
+    }
     pub fn policy(&self) -> &RetryPolicy {
         &self.policy
     }

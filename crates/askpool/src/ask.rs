@@ -27,6 +27,7 @@ use crate::breakers::Verdict;
 use crate::dlq::{self, DeadLetter};
 use crate::node::{Node, NodeShared};
 use crate::pending::{Arrivals, AskSlot, SlotEvent, StageStream};
+use crate::telemetry;
 
 /// Options of one ask; `send()` (or `.await`) sends it.
 #[must_use = "an ask is sent by .send() or .await"]
@@ -134,6 +135,7 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     permit: Option<BreakerPermit>,
     /// Whether the ask's end was reported to the breaker.
     settled: bool,
+    span: tracing::Span,
     finished: bool,
 }
 
@@ -151,6 +153,12 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         ids.causation_id = b.causation_id;
         let timeout = b.timeout.unwrap_or(node.config.default_timeout);
         let policy = b.retry.unwrap_or_else(|| node.retry_policy(&b.pool));
+        let span = tracing::debug_span!(
+            "ask",
+            request_id = %request_id,
+            correlation_id = %ids.correlation_id,
+            pool = %b.pool,
+        );
         let mut handle = Self {
             machine: CallerAsk::new(policy, now, timeout).with_stage_timeouts(StageTimeouts {
                 delivery: node.config.timeouts.delivery,
@@ -173,6 +181,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             registered: false,
             permit: None,
             settled: false,
+            span,
             finished: false,
             node,
         };
@@ -193,6 +202,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// What a failed ask leaves behind: a dead letter if its error was
     /// retryable or poison, a timeout record for late reconciliation.
     fn conclude(&mut self, error: &AskError, now: Timestamp) {
+        telemetry::end_to_end(Some(error), now.saturating_since(self.machine.started()));
+        tracing::debug!(parent: &self.span, %error, "ask failed");
         self.settle_breaker(Verdict::Failure(error), now);
         self.slot
             .record_terminal(AckStage::terminal_for_error(error), now);
@@ -211,7 +222,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             return;
         };
         if let Some(payload) = self.payload.take() {
-            self.node.caller.dlq.lock().push(DeadLetter {
+            let mut dlq = self.node.caller.dlq.lock();
+            dlq.push(DeadLetter {
                 ids: self.meta.ids,
                 pool: self.meta.pool.clone(),
                 payload,
@@ -220,6 +232,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 reason,
                 failed_at: now,
             });
+            telemetry::dlq_depth(dlq.len());
         }
     }
 
@@ -250,6 +263,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             });
         }
         self.registered = true;
+        telemetry::pending(1.0);
         Ok(())
     }
 
@@ -294,6 +308,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             Some(CallerSend::Request { attempt }) => {
                 if attempt > 1 {
                     self.node.caller.retries.fetch_add(1, Ordering::Relaxed);
+                    telemetry::retry();
+                    tracing::debug!(parent: &self.span, attempt, "re-sending");
                 }
                 self.meta.attempt = attempt;
                 self.meta.budget = self.machine.deadline().saturating_since(now);
@@ -353,6 +369,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         if self.registered {
             self.node.caller.pending.remove(&self.meta.ids.request_id);
             self.registered = false;
+            telemetry::pending(-1.0);
         }
         if self.timer.take().is_some() {
             self.node
@@ -371,6 +388,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             }
             Ok(reply) => {
                 let now = self.node.clock.now();
+                telemetry::end_to_end(None, now.saturating_since(self.machine.started()));
+                tracing::debug!(parent: &self.span, "ask answered");
                 self.settle_breaker(Verdict::Success, now);
                 // A tell ends at its Ack: RECEIVED is as far as it is tracked.
                 if reply.is_some() {

@@ -11,6 +11,8 @@ use askpool_proto::{
     AskError, BreakerConfig, BreakerPermit, BreakerState, CircuitBreaker, PoolName, Timestamp,
 };
 use parking_lot::Mutex;
+
+use crate::telemetry;
 use rustc_hash::FxHashMap;
 
 /// A snapshot of one pool's breaker.
@@ -24,9 +26,10 @@ pub struct BreakerStats {
     pub rejections: u64,
 }
 
-/// Most breakers a node keeps. A breaker exists only for a pool that failed
-/// in a way that counts, so names of pools that never existed (`NoRoute`)
-/// create none; past this many, a closed breaker makes room.
+/// Most breakers a node keeps. A breaker exists only for a pool that gave an
+/// outcome that counts (a success, or a failure that counts), so names of
+/// pools that never existed (`NoRoute`) create none; past this many, a closed
+/// breaker makes room.
 pub(crate) const MAX_BREAKERS: usize = 4_096;
 
 pub(crate) struct Breakers {
@@ -82,16 +85,22 @@ impl Breakers {
         let mut by_pool = self.by_pool.lock();
         let permit = match permit {
             Some(permit) => permit,
-            // The ask started before its pool had a breaker. Its outcome
-            // still counts, success or failure, or the failure rate skews;
-            // and the first failure that counts creates the breaker.
+            // The ask started before its pool had a breaker (or breakers
+            // are new to it): its outcome counts all the same.
             None => {
                 if !by_pool.contains_key(pool) {
-                    let Verdict::Failure(error) = verdict else {
-                        return;
+                    // Successes create it as failures do, or the window would
+                    // miss every success before the first failure; outcomes
+                    // that do not count (NoRoute, ...) create nothing.
+                    let counts = match verdict {
+                        Verdict::Success => true,
+                        Verdict::Failure(error) => {
+                            let code = error.code();
+                            counts_as_failure(code) || config.open_on.contains(code)
+                        }
+                        Verdict::Release => false,
                     };
-                    let code = error.code();
-                    if !(counts_as_failure(code) || config.open_on.contains(code)) {
+                    if !counts {
                         return;
                     }
                     if by_pool.len() >= MAX_BREAKERS {
@@ -123,11 +132,15 @@ impl Breakers {
         let Some(breaker) = by_pool.get_mut(pool) else {
             return;
         };
-        match verdict {
+        let step = match verdict {
             Verdict::Success => breaker.on_success(permit, now),
             Verdict::Failure(error) => breaker.on_failure(permit, error.code(), now),
             Verdict::Release => breaker.release(permit),
         };
+        if let Some(transition) = step.transition {
+            telemetry::breaker_state(pool.as_str(), transition.to);
+            tracing::info!(pool = %pool, from = ?transition.from, to = ?transition.to, "circuit breaker");
+        }
     }
 
     #[cfg(test)]
@@ -165,16 +178,14 @@ mod tests {
             breakers.report(&pool, None, Verdict::Failure(&failure), Timestamp::ZERO);
         }
         assert_eq!(breakers.len(), MAX_BREAKERS);
-        // Uncounted outcomes and successes never create one.
+        // Uncounted outcomes never create one; a success does.
         let fresh = Breakers::new(Some(BreakerConfig::default())).unwrap();
         let pool = PoolName::new("p");
-        fresh.report(&pool, None, Verdict::Success, Timestamp::ZERO);
-        fresh.report(
-            &pool,
-            None,
-            Verdict::Failure(&AskError::PayloadMismatch),
-            Timestamp::ZERO,
-        );
+        let mismatch = AskError::PayloadMismatch;
+        fresh.report(&pool, None, Verdict::Failure(&mismatch), Timestamp::ZERO);
+        fresh.report(&pool, None, Verdict::Release, Timestamp::ZERO);
         assert_eq!(fresh.len(), 0);
+        fresh.report(&pool, None, Verdict::Success, Timestamp::ZERO);
+        assert_eq!(fresh.len(), 1);
     }
 }

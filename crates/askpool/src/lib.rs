@@ -37,6 +37,7 @@ mod node;
 mod pending;
 mod pool;
 mod stats;
+mod telemetry;
 mod transport;
 mod worker;
 
@@ -47,6 +48,8 @@ pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
 pub use pending::{LateOutcome, LateResult, StageStream};
 pub use stats::{NodeStats, PoolStats};
+#[cfg(feature = "prometheus")]
+pub use telemetry::install_prometheus;
 pub use transport::{CallerEndpoint, InProcessTransport, PoolEndpoint, WorkerTransport};
 pub use worker::{Request, RequestContext, Responder, Worker};
 

@@ -20,6 +20,7 @@ use crate::dlq::DeadLetter;
 use crate::pending::{CallerSide, LateOutcome};
 use crate::pool::{PoolControl, PoolShared};
 use crate::stats::{NodeStats, PoolStats};
+use crate::telemetry;
 use crate::transport::{InProcessTransport, WorkerTransport};
 use crate::worker::{next_request, run_handler_loop, Request, RequestContext, Worker};
 
@@ -146,6 +147,7 @@ where
         config: NodeConfig,
     ) -> Result<Self, AskError> {
         let breakers = Breakers::new(config.breaker)?;
+        telemetry::describe();
         let seed = config.seed.unwrap_or_else(rand::random);
         let ids = IdSource::new(seed);
         let caller_id = CallerId::from_u64(ids.next_u64());
@@ -211,6 +213,10 @@ where
             .map(|p| p.stats())
             .collect();
         pools.sort_by(|a, b| a.name.cmp(&b.name));
+        let (capacity, ttl) = pools.iter().fold((0, 0), |(c, t), p| {
+            (c + p.dedup.evicted_capacity, t + p.dedup.evicted_ttl)
+        });
+        telemetry::dedup_evictions(capacity, ttl);
         let (dlq_depth, dlq_dropped) = {
             let dlq = caller.dlq.lock();
             (dlq.len(), dlq.dropped())
@@ -263,7 +269,9 @@ where
 
     /// Empties the dead-letter queue; returns how many letters it held.
     pub fn purge_dead_letters(&self) -> usize {
-        self.shared.caller.dlq.lock().purge()
+        let n = self.shared.caller.dlq.lock().purge();
+        telemetry::dlq_depth(0);
+        n
     }
 
     /// Called with every late outcome: the worker finished an ask after this

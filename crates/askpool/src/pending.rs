@@ -24,6 +24,7 @@ use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::clock::NodeClock;
 use crate::dlq::DeadLetterQueue;
+use crate::telemetry;
 use crate::transport::CallerEndpoint;
 
 /// A terminal-ish frame waiting for its handle.
@@ -57,6 +58,7 @@ impl StageLog {
         // A refused transition is a duplicate or reordered frame: the
         // tracker is unchanged and there is nothing to report.
         if let Ok(event) = event {
+            telemetry::stage_duration(event.stage, event.since_previous);
             if self.unread.len() == MAX_UNREAD_STAGE_EVENTS {
                 self.unread.pop_front();
             }
@@ -374,7 +376,12 @@ impl<M, R> CallerSide<M, R> {
             return;
         };
         self.late_outcomes.fetch_add(1, Ordering::Relaxed);
-        self.dlq.lock().take(id);
+        telemetry::late_outcome();
+        {
+            let mut dlq = self.dlq.lock();
+            dlq.take(id);
+            telemetry::dlq_depth(dlq.len());
+        }
         let stage = record.slot.reconcile(
             match &result {
                 LateResult::Reply(outcome) => AckStage::terminal_for_outcome(outcome),

@@ -14,8 +14,8 @@ use crate::cancel::CancelSignal;
 use askpool_dedup::{DedupState, DedupTable};
 use askpool_proto::inbound::{self, InboundAction, InboundEvent, InboundState};
 use askpool_proto::{
-    AskError, AskIds, CancelReason, DedupKey, Envelope, Outcome, PoolName, RequestMeta, Timestamp,
-    ToCaller, ToWorker, WorkerId,
+    AckStage, AskError, AskIds, CancelReason, DedupKey, Envelope, ErrorCode, Outcome, PoolName,
+    RequestMeta, Timestamp, ToCaller, ToWorker, WorkerId,
 };
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use crate::clock::NodeClock;
 use crate::config::PoolConfig;
 use crate::stats::PoolStats;
+use crate::telemetry;
 use crate::transport::{PoolEndpoint, WorkerTransport};
 
 /// What the dedup table stores per key: the protocol state, plus the running
@@ -252,6 +253,17 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     }
 
     fn send(&self, frame: ToCaller<R>) {
+        let (stage, code) = match &frame {
+            ToCaller::Ack { .. } => (AckStage::Received, "OK"),
+            ToCaller::Read { .. } => (AckStage::Read, "OK"),
+            ToCaller::Progress { .. } => (AckStage::Partial, "OK"),
+            ToCaller::Reply { outcome, .. } => (
+                AckStage::terminal_for_outcome(outcome),
+                outcome.as_ref().err().map_or("OK", |e| e.code().as_str()),
+            ),
+            ToCaller::Cancelled { .. } => (AckStage::Failed, ErrorCode::AskCancelled.as_str()),
+        };
+        telemetry::ack_sent(stage, code);
         // A caller that is gone has nobody to tell; its asks already ended.
         let _ = self.transport.send_to_caller(frame);
     }
@@ -316,10 +328,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             }
             InboundAction::Ack => {
                 self.counters.duplicate_acks.fetch_add(1, Ordering::Relaxed);
+                telemetry::dedup_hit("ack");
                 ToCaller::Ack { ids }
             }
             InboundAction::Replay(outcome) => {
                 self.counters.replays.fetch_add(1, Ordering::Relaxed);
+                telemetry::dedup_hit("replay");
                 ToCaller::Reply { ids, outcome }
             }
             InboundAction::SendCancelled(reason) => ToCaller::Cancelled { ids, reason },

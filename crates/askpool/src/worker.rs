@@ -15,6 +15,7 @@ use askpool_proto::{
     WorkerId,
 };
 use futures::FutureExt;
+use tracing::Instrument;
 
 use crate::pool::{PoolShared, Work, WorkItem};
 
@@ -275,8 +276,15 @@ where
             context,
             responder,
         } = request;
+        let span = tracing::debug_span!(
+            "handle",
+            request_id = %context.request_id(),
+            correlation_id = %context.correlation_id(),
+            pool = %context.pool(),
+        );
         let outcome = AssertUnwindSafe(handler(message, context))
             .catch_unwind()
+            .instrument(span)
             .await
             .unwrap_or_else(|panic| Err(panic_error(panic.as_ref())));
         responder.complete(outcome);

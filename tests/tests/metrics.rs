@@ -1,0 +1,171 @@
+//! The metrics of DESIGN section 4 after a scripted run, read back through
+//! a debugging recorder.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use askpool::{AskError, Node, NodeConfig, RequestId, RetryPolicy, WorkerTransport};
+use askpool_tests::{Fate, FrameKind, Tap};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+
+type Key = (MetricKind, String, Vec<(String, String)>);
+
+fn snapshot(recorder: &DebuggingRecorder) -> HashMap<Key, DebugValue> {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let (kind, key) = key.into_parts();
+            let mut labels: Vec<(String, String)> = key
+                .labels()
+                .map(|l| (l.key().to_string(), l.value().to_string()))
+                .collect();
+            labels.sort();
+            ((kind, key.name().to_string(), labels), value)
+        })
+        .collect()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut v: Vec<_> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn counter(s: &HashMap<Key, DebugValue>, name: &str, pairs: &[(&str, &str)]) -> u64 {
+    match s.get(&(MetricKind::Counter, name.to_string(), labels(pairs))) {
+        Some(DebugValue::Counter(n)) => *n,
+        None => 0,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+fn gauge(s: &HashMap<Key, DebugValue>, name: &str) -> f64 {
+    match s.get(&(MetricKind::Gauge, name.to_string(), vec![])) {
+        Some(DebugValue::Gauge(g)) => g.into_inner(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+fn histogram_count(s: &HashMap<Key, DebugValue>, name: &str, pairs: &[(&str, &str)]) -> usize {
+    match s.get(&(MetricKind::Histogram, name.to_string(), labels(pairs))) {
+        Some(DebugValue::Histogram(v)) => v.len(),
+        None => 0,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn metrics_after_a_scripted_run() {
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(scripted_run());
+    });
+    let s = snapshot(&recorder);
+    let acks = |stage, code| {
+        counter(
+            &s,
+            "askpool_acks_sent_total",
+            &[("stage", stage), ("code", code)],
+        )
+    };
+    // Six asks were admitted; each was acked and read once.
+    assert_eq!(acks("RECEIVED", "OK"), 6);
+    assert_eq!(acks("READ", "OK"), 6);
+    // Four live replies and one replay.
+    assert_eq!(acks("FULFILLED", "OK"), 5);
+    assert_eq!(acks("FAILED", "HANDLER_FAILED"), 1);
+    // The timed-out ask's cancel was answered AskCancelled.
+    assert_eq!(acks("FAILED", "ASK_CANCELLED"), 1);
+    assert_eq!(counter(&s, "askpool_retries_total", &[]), 1);
+    assert_eq!(
+        counter(&s, "askpool_timeouts_total", &[("code", "ASK_TIMEOUT")]),
+        1
+    );
+    assert_eq!(
+        counter(&s, "askpool_dedup_hits_total", &[("kind", "replay")]),
+        1
+    );
+    assert_eq!(counter(&s, "askpool_late_outcomes_total", &[]), 0);
+    assert_eq!(gauge(&s, "askpool_pending_acks"), 0.0);
+    assert_eq!(
+        gauge(&s, "askpool_dlq_depth"),
+        1.0,
+        "the timeout was dead-lettered"
+    );
+    let latency = "askpool_end_to_end_latency_seconds";
+    assert_eq!(histogram_count(&s, latency, &[("outcome", "ok")]), 5);
+    assert_eq!(
+        histogram_count(&s, latency, &[("outcome", "HANDLER_FAILED")]),
+        1
+    );
+    assert_eq!(
+        histogram_count(&s, latency, &[("outcome", "ASK_TIMEOUT")]),
+        1
+    );
+    let stage = "askpool_ack_stage_duration_seconds";
+    assert_eq!(histogram_count(&s, stage, &[("stage", "READ")]), 6);
+    assert_eq!(histogram_count(&s, stage, &[("stage", "TIMED_OUT")]), 1);
+}
+
+async fn scripted_run() {
+    let tap = Tap::in_process();
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node = Node::with_transport(
+        transport,
+        NodeConfig {
+            retry: RetryPolicy {
+                initial_delay: Duration::from_millis(50),
+                jitter: 0.0,
+                ..RetryPolicy::default()
+            },
+            ..NodeConfig::default()
+        },
+    );
+    node.pool("p")
+        .handler(|msg: u64, _ctx| async move {
+            match msg {
+                13 => Err(AskError::handler_failed("Bad", "thirteen")),
+                99 => {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    Ok("slow".to_string())
+                }
+                _ => Ok(format!("ok {msg}")),
+            }
+        })
+        .unwrap();
+    let first = RequestId::from_parts(1, 1);
+    node.ask("p", 1).request_id(first).await.unwrap();
+    node.ask("p", 2).await.unwrap();
+    node.ask("p", 3).await.unwrap();
+    node.ask("p", 13).await.unwrap_err();
+    node.ask("p", 99)
+        .timeout(Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    // The first request frame of ask 5 is lost: one retry.
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
+    tap.set_rule(move |f| match f.kind {
+        FrameKind::Request if d.fetch_add(1, Ordering::SeqCst) == 0 => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    node.ask("p", 5).await.unwrap();
+    tap.set_rule(|_| Fate::Deliver);
+    // A duplicate of the first ask, answered from the cache.
+    node.ask("p", 1).request_id(first).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+}
