@@ -17,6 +17,7 @@ pub enum FrameKind {
     Request,
     Cancel,
     Ack,
+    AckBatch,
     Read,
     Reply,
     Cancelled,
@@ -32,6 +33,8 @@ pub struct FrameInfo {
     pub attempt: Option<u32>,
     /// For replies: whether the outcome is an error, and its code.
     pub error: Option<askpool::ErrorCode>,
+    /// How many asks the frame is about (more than one for a batch).
+    pub batch_len: usize,
 }
 
 /// What happens to a frame.
@@ -130,12 +133,14 @@ fn worker_info<M>(frame: &ToWorker<M>) -> FrameInfo {
             ids: env.meta.ids,
             attempt: Some(env.meta.attempt),
             error: None,
+            batch_len: 1,
         },
         ToWorker::Cancel { ids, .. } => FrameInfo {
             kind: FrameKind::Cancel,
             ids: *ids,
             attempt: None,
             error: None,
+            batch_len: 1,
         },
     }
 }
@@ -149,10 +154,19 @@ fn caller_info<R>(frame: &ToCaller<R>) -> FrameInfo {
         }
         ToCaller::Cancelled { .. } => (FrameKind::Cancelled, None),
         ToCaller::Progress { .. } => (FrameKind::Progress, None),
+        ToCaller::AckBatch { .. } => (FrameKind::AckBatch, None),
     };
     FrameInfo {
         kind,
-        ids: *frame.ids(),
+        // A batch is recorded under its first ask; `batch_len` has the rest.
+        ids: match frame {
+            ToCaller::AckBatch { acks, .. } => acks[0],
+            frame => *frame.ids().expect("not a batch"),
+        },
+        batch_len: match frame {
+            ToCaller::AckBatch { acks, .. } => acks.len(),
+            _ => 1,
+        },
         attempt: None,
         error,
     }

@@ -664,3 +664,27 @@ async fn a_handler_awaiting_cancellation_stops_early() {
     let pool = node.stats().pool("p").cloned().unwrap();
     assert_eq!((pool.in_flight, pool.suppressed_replies), (0, 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn acks_within_one_tick_travel_as_one_batch() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    node.pool("p")
+        .config(askpool::PoolConfig {
+            batch_acks: true,
+            ..askpool::PoolConfig::default()
+        })
+        .handler(|m: u64, _ctx| async move { Ok(m.to_string()) })
+        .unwrap();
+    let handles: Vec<_> = (0..50).map(|i| node.ask("p", i).send()).collect();
+    let tell = node.tell("p", 99).send();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.await.unwrap(), i.to_string());
+    }
+    tell.await.unwrap();
+    let batches = tap.sent(FrameKind::AckBatch);
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    assert_eq!(batches[0].batch_len, 51);
+    assert!(tap.sent(FrameKind::Ack).is_empty());
+    assert_eq!(node.stats().retries, 0, "the batch arrived before any re-send");
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::error::{CancelReason, Outcome};
 use crate::fingerprint::PayloadFingerprint;
-use crate::ids::AskIds;
+use crate::ids::{AskIds, CallerId};
 
 macro_rules! name {
     ($(#[$doc:meta])* $name:ident) => {
@@ -130,16 +130,32 @@ pub enum ToCaller<R> {
         fraction: f32,
         note: String,
     },
+    /// Several `AskAck`s for one caller, sent within one scheduling tick.
+    AckBatch { caller: CallerId, acks: Vec<AskIds> },
 }
 
 impl<R> ToCaller<R> {
-    pub fn ids(&self) -> &AskIds {
+    /// The caller the frame goes to.
+    pub fn caller(&self) -> CallerId {
         match self {
+            ToCaller::AckBatch { caller, .. } => *caller,
             ToCaller::Ack { ids }
             | ToCaller::Read { ids }
             | ToCaller::Reply { ids, .. }
             | ToCaller::Cancelled { ids, .. }
-            | ToCaller::Progress { ids, .. } => ids,
+            | ToCaller::Progress { ids, .. } => ids.caller_id,
+        }
+    }
+
+    /// The ids of the one ask the frame is about; `None` for a batch.
+    pub fn ids(&self) -> Option<&AskIds> {
+        match self {
+            ToCaller::AckBatch { .. } => None,
+            ToCaller::Ack { ids }
+            | ToCaller::Read { ids }
+            | ToCaller::Reply { ids, .. }
+            | ToCaller::Cancelled { ids, .. }
+            | ToCaller::Progress { ids, .. } => Some(ids),
         }
     }
 }

@@ -26,7 +26,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use askpool::{Node, PoolName};
+use askpool::{Node, NodeConfig, PoolName};
 use criterion::{criterion_group, Criterion};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
@@ -43,6 +43,8 @@ const TEST_ROUND_TRIPS: u64 = 1_000;
 const TEST_TRIALS: usize = 2;
 /// The ratio the report compares against.
 const TARGET_RATIO: f64 = 1.5;
+/// Issue 4: stage tracking on costs at most 15 % over tracking off.
+const TRACKING_TARGET: f64 = 1.15;
 
 #[derive(Clone, Copy)]
 enum Flavour {
@@ -78,6 +80,8 @@ struct Fixture {
     rt: Runtime,
     raw: mpsc::Sender<RawRequest>,
     node: Node<u64, u64>,
+    /// The same node without ACK stage tracking (issue 4's baseline).
+    untracked: Node<u64, u64>,
 }
 
 impl Fixture {
@@ -93,13 +97,25 @@ impl Fixture {
                 }
             });
             let node: Node<u64, u64> = Node::new();
-            node.pool("p")
-                .concurrency(1)
-                .handler(|m, _ctx| async move { Ok(m + 1) })
-                .expect("handler pool");
-            (tx, node)
+            let untracked: Node<u64, u64> = Node::with_config(NodeConfig {
+                track_stages: false,
+                ..NodeConfig::default()
+            });
+            for n in [&node, &untracked] {
+                n.pool("p")
+                    .concurrency(1)
+                    .handler(|m, _ctx| async move { Ok(m + 1) })
+                    .expect("handler pool");
+            }
+            (tx, (node, untracked))
         };
-        Self { rt, raw, node }
+        let (raw, (node, untracked)) = (raw, node);
+        Self {
+            rt,
+            raw,
+            node,
+            untracked,
+        }
     }
 
     /// `n` raw round trips in one task on the runtime; the time they took.
@@ -123,7 +139,11 @@ impl Fixture {
 
     /// `n` asks in one task on the runtime; the time they took.
     fn run_ask(&self, n: u64) -> Duration {
-        let node = self.node.clone();
+        self.run_ask_on(&self.node, n)
+    }
+
+    fn run_ask_on(&self, node: &Node<u64, u64>, n: u64) -> Duration {
+        let node = node.clone();
         let task = self.rt.spawn(async move {
             // The pool name is built once, as a long-lived caller would.
             let pool = PoolName::new("p");
@@ -143,6 +163,7 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         // Stop the pool's workers while the runtime still runs them.
         self.node.shutdown();
+        self.untracked.shutdown();
     }
 }
 
@@ -221,19 +242,32 @@ fn ratio_report() {
         fixture.run_raw(round_trips);
         fixture.run_ask(round_trips);
 
+        fixture.run_ask_on(&fixture.untracked, round_trips);
+
         let mut ratios = Vec::with_capacity(trials);
+        let mut tracking = Vec::with_capacity(trials);
         let mut raw_ns = Vec::with_capacity(trials);
         let mut ask_ns = Vec::with_capacity(trials);
         for _ in 0..trials {
             let raw = fixture.run_raw(round_trips);
             let ask = fixture.run_ask(round_trips);
+            let untracked = fixture.run_ask_on(&fixture.untracked, round_trips);
             ratios.push(ask.as_secs_f64() / raw.as_secs_f64());
+            tracking.push(ask.as_secs_f64() / untracked.as_secs_f64());
             raw_ns.push(raw.as_nanos() as f64 / round_trips as f64);
             ask_ns.push(ask.as_nanos() as f64 / round_trips as f64);
         }
-        for v in [&mut ratios, &mut raw_ns, &mut ask_ns] {
+        for v in [&mut ratios, &mut tracking, &mut raw_ns, &mut ask_ns] {
             v.sort_by(f64::total_cmp);
         }
+        let tracking_line = format!(
+            "RATIO ask_round_trip/{} tracked/untracked median={:.2} min={:.2} max={:.2} \
+             (target <= {TRACKING_TARGET}) trials={trials} round_trips={round_trips}",
+            flavour.name(),
+            median(&tracking),
+            tracking[0],
+            tracking[tracking.len() - 1],
+        );
         let line = format!(
             "RATIO ask_round_trip/{} askpool/raw median={:.2} min={:.2} max={:.2} \
              (target <= {TARGET_RATIO}) raw_median={:.0}ns askpool_median={:.0}ns \
@@ -246,7 +280,9 @@ fn ratio_report() {
             median(&ask_ns),
         );
         println!("{line}");
+        println!("{tracking_line}");
         lines.push(line);
+        lines.push(tracking_line);
     }
 
     let dir = report_dir();

@@ -174,7 +174,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 expects_reply: !b.one_way,
             },
             rng: SmallRng::seed_from_u64(request_id.nonce()),
-            slot: Arc::new(AskSlot::new(node.config.track_stages.then_some(now))),
+            slot: Arc::new(AskSlot::new(node.config.track_stages.then_some(now), &span)),
             payload: Some(b.payload),
             timer: None,
             early: None,

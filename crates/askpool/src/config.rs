@@ -90,6 +90,11 @@ pub struct PoolConfig {
     pub dedup: DedupConfig,
     /// Overrides the node's `timeouts.processing` for this pool.
     pub processing_timeout: Option<Duration>,
+    /// Send the acks for one caller that fall within one scheduling tick as
+    /// one `AckBatch` frame. Worth it where a frame costs (a cross-process
+    /// transport); in process an ack is a function call, and the flush task
+    /// per tick costs more than it saves. Default off.
+    pub batch_acks: bool,
 }
 
 impl Default for PoolConfig {
@@ -99,6 +104,7 @@ impl Default for PoolConfig {
             max_in_flight: 10_000,
             dedup: DedupConfig::default(),
             processing_timeout: None,
+            batch_acks: false,
         }
     }
 }

@@ -46,6 +46,8 @@ struct SlotInner<R> {
 /// The ACK lifecycle of one ask, and the events not yet read by its stream.
 struct StageLog {
     tracker: AckTracker,
+    /// The ask's span: stage events are logged inside it.
+    span: tracing::Span,
     unread: VecDeque<StageEvent>,
     waker: Option<Waker>,
 }
@@ -59,6 +61,12 @@ impl StageLog {
         // tracker is unchanged and there is nothing to report.
         if let Ok(event) = event {
             telemetry::stage_duration(event.stage, event.since_previous);
+            tracing::debug!(
+                parent: &self.span,
+                stage = event.stage.as_str(),
+                since_previous_us = event.since_previous.as_micros() as u64,
+                "ack stage"
+            );
             if self.unread.len() == MAX_UNREAD_STAGE_EVENTS {
                 self.unread.pop_front();
             }
@@ -83,7 +91,7 @@ pub(crate) struct AskSlot<R> {
 
 impl<R> AskSlot<R> {
     /// A slot; `track_from` starts its ACK lifecycle at SENT.
-    pub(crate) fn new(track_from: Option<Timestamp>) -> Self {
+    pub(crate) fn new(track_from: Option<Timestamp>, span: &tracing::Span) -> Self {
         Self {
             inner: Mutex::new(SlotInner {
                 acked: false,
@@ -96,6 +104,7 @@ impl<R> AskSlot<R> {
                     let unread = tracker.history().iter().cloned().collect();
                     Box::new(StageLog {
                         tracker,
+                        span: span.clone(),
                         unread,
                         waker: None,
                     })
@@ -404,7 +413,16 @@ impl<M, R> CallerSide<M, R> {
 
 impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
     fn deliver(&self, frame: ToCaller<R>) {
-        let id = frame.ids().request_id;
+        let (ids, frame) = match frame {
+            ToCaller::AckBatch { acks, .. } => {
+                for ids in acks {
+                    self.deliver(ToCaller::Ack { ids });
+                }
+                return;
+            }
+            frame => (*frame.ids().expect("not a batch"), frame),
+        };
+        let id = ids.request_id;
         // Clone the slot out: a shard guard must not be held while waking.
         let Some(slot) = self.pending.get(&id).map(|s| Arc::clone(s.value())) else {
             match frame {
@@ -433,6 +451,7 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
             }
             ToCaller::Reply { outcome, .. } => slot.offer(SlotEvent::Reply(outcome)),
             ToCaller::Cancelled { reason, .. } => slot.offer(SlotEvent::Cancelled(reason)),
+            ToCaller::AckBatch { .. } => unreachable!("unpacked above"),
         };
         if !fresh {
             self.ignored();

@@ -14,8 +14,8 @@ use crate::cancel::CancelSignal;
 use askpool_dedup::{DedupState, DedupTable};
 use askpool_proto::inbound::{self, InboundAction, InboundEvent, InboundState};
 use askpool_proto::{
-    AckStage, AskError, AskIds, CancelReason, DedupKey, Envelope, ErrorCode, Outcome, PoolName,
-    RequestMeta, Timestamp, ToCaller, ToWorker, WorkerId,
+    AckStage, AskError, AskIds, CallerId, CancelReason, DedupKey, Envelope, ErrorCode, Outcome,
+    PoolName, RequestMeta, Timestamp, ToCaller, ToWorker, WorkerId,
 };
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
@@ -99,7 +99,14 @@ pub(crate) struct PoolShared<M, R> {
     expiry_seq: AtomicU64,
     expiry_changed: Notify,
     sweeper_started: AtomicBool,
+    /// When the sweeper next wakes by itself (nanos of a `Timestamp`;
+    /// `u64::MAX` while it waits for a first deadline). Written under the
+    /// expiry index lock.
+    sweeper_wakes_at: AtomicU64,
     weak_self: Weak<PoolShared<M, R>>,
+    /// Acks waiting for the end of the tick (`batch_acks`), per caller.
+    ack_buffer: Mutex<FxHashMap<CallerId, Vec<AskIds>>>,
+    flush_scheduled: AtomicBool,
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
@@ -126,7 +133,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             expiry_seq: AtomicU64::new(0),
             expiry_changed: Notify::new(),
             sweeper_started: AtomicBool::new(false),
+            sweeper_wakes_at: AtomicU64::new(u64::MAX),
             weak_self: weak_self.clone(),
+            ack_buffer: Mutex::default(),
+            flush_scheduled: AtomicBool::new(false),
         })
     }
 
@@ -196,12 +206,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     fn index_expiry(&self, at: Timestamp, what: Expiring) -> ExpiryKey {
         let key = (at, self.expiry_seq.fetch_add(1, Ordering::Relaxed));
         let mut index = self.expiries.lock();
-        let earliest = index
-            .first_key_value()
-            .is_none_or(|(first, _)| key < *first);
         index.insert(key, what);
+        // Wake the sweeper only if it sleeps past this deadline: deadlines
+        // mostly grow, so a busy pool wakes it rarely, not per request.
+        let wake = at.as_nanos() < self.sweeper_wakes_at.load(Ordering::Acquire);
         drop(index);
-        if earliest {
+        if wake {
             self.ensure_sweeper();
             self.expiry_changed.notify_one();
         }
@@ -253,15 +263,73 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     }
 
     fn send(&self, frame: ToCaller<R>) {
-        let (stage, code) = match &frame {
-            ToCaller::Ack { .. } => (AckStage::Received, "OK"),
-            ToCaller::Read { .. } => (AckStage::Read, "OK"),
-            ToCaller::Progress { .. } => (AckStage::Partial, "OK"),
+        if self.config.batch_acks {
+            if let ToCaller::Ack { ids } = frame {
+                self.buffer_ack(ids);
+                return;
+            }
+        }
+        self.send_now(frame);
+    }
+
+    /// Holds an Ack until the end of the scheduling tick, so that the acks
+    /// for one caller travel as one `AckBatch` frame.
+    fn buffer_ack(&self, ids: AskIds) {
+        self.ack_buffer
+            .lock()
+            .entry(ids.caller_id)
+            .or_default()
+            .push(ids);
+        if self.flush_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let weak = self.weak_self.clone();
+                runtime.spawn(async move {
+                    // Let the tick's other tasks add their acks first.
+                    tokio::task::yield_now().await;
+                    if let Some(pool) = weak.upgrade() {
+                        pool.flush_acks();
+                    }
+                });
+            }
+            Err(_) => self.flush_acks(),
+        }
+    }
+
+    fn flush_acks(&self) {
+        self.flush_scheduled.store(false, Ordering::Release);
+        let batches = std::mem::take(&mut *self.ack_buffer.lock());
+        for (caller, mut acks) in batches {
+            let frame = if acks.len() == 1 {
+                ToCaller::Ack {
+                    ids: acks.pop().expect("one ack"),
+                }
+            } else {
+                ToCaller::AckBatch { caller, acks }
+            };
+            self.send_now(frame);
+        }
+    }
+
+    fn send_now(&self, frame: ToCaller<R>) {
+        let (stage, code): (AckStage, Option<ErrorCode>) = match &frame {
+            ToCaller::AckBatch { acks, .. } => {
+                for _ in 0..acks.len() {
+                    telemetry::ack_sent(AckStage::Received, None);
+                }
+                let _ = self.transport.send_to_caller(frame);
+                return;
+            }
+            ToCaller::Ack { .. } => (AckStage::Received, None),
+            ToCaller::Read { .. } => (AckStage::Read, None),
+            ToCaller::Progress { .. } => (AckStage::Partial, None),
             ToCaller::Reply { outcome, .. } => (
                 AckStage::terminal_for_outcome(outcome),
-                outcome.as_ref().err().map_or("OK", |e| e.code().as_str()),
+                outcome.as_ref().err().map(AskError::code),
             ),
-            ToCaller::Cancelled { .. } => (AckStage::Failed, ErrorCode::AskCancelled.as_str()),
+            ToCaller::Cancelled { .. } => (AckStage::Failed, Some(ErrorCode::AskCancelled)),
         };
         telemetry::ack_sent(stage, code);
         // A caller that is gone has nobody to tell; its asks already ended.
@@ -328,12 +396,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             }
             InboundAction::Ack => {
                 self.counters.duplicate_acks.fetch_add(1, Ordering::Relaxed);
-                telemetry::dedup_hit("ack");
+                telemetry::dedup_hit(false);
                 ToCaller::Ack { ids }
             }
             InboundAction::Replay(outcome) => {
                 self.counters.replays.fetch_add(1, Ordering::Relaxed);
-                telemetry::dedup_hit("replay");
+                telemetry::dedup_hit(true);
                 ToCaller::Reply { ids, outcome }
             }
             InboundAction::SendCancelled(reason) => ToCaller::Cancelled { ids, reason },
@@ -530,7 +598,12 @@ async fn sweep_expired<M: Send + 'static, R: Clone + Send + 'static>(weak: Weak<
                 let (key, what) = entry.remove_entry();
                 due.push((key, what));
             }
-            index.first_key_value().map(|(key, _)| key.0)
+            let next = index.first_key_value().map(|(key, _)| key.0);
+            pool.sweeper_wakes_at.store(
+                next.map_or(u64::MAX, Timestamp::as_nanos),
+                Ordering::Release,
+            );
+            next
         };
         for (key, what) in due {
             pool.expire(key, what);

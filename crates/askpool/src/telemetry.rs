@@ -16,13 +16,96 @@
 //! | `askpool_breaker_state` | gauge | `pool` (0 closed, 1 open, 2 half-open) |
 //! | `askpool_late_outcomes_total` | counter | — |
 
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 use std::time::Duration;
 
-use askpool_proto::{AckStage, AskError, BreakerState};
+use askpool_proto::{AckStage, AskError, BreakerState, ErrorCode};
 use metrics::{
-    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, Key, Label, Level,
+    Metadata, Unit,
 };
+
+/// The labelled keys of the hot path, built once: the `metrics` macros
+/// build a label vector on every call, even with no recorder installed.
+struct Keys {
+    /// `askpool_acks_sent_total`, by stage then by outcome (codes, then OK).
+    acks_sent: Vec<Key>,
+    /// `askpool_ack_stage_duration_seconds`, by stage.
+    stage_duration: Vec<Key>,
+    /// `askpool_end_to_end_latency_seconds`, by outcome.
+    end_to_end: Vec<Key>,
+    /// `askpool_timeouts_total`, by outcome.
+    timeouts: Vec<Key>,
+    dedup_ack: Key,
+    dedup_replay: Key,
+}
+
+const OUTCOMES: usize = ErrorCode::ALL.len() + 1;
+
+fn outcome_index(code: Option<ErrorCode>) -> usize {
+    code.map_or(ErrorCode::ALL.len(), |c| c as usize)
+}
+
+fn stage_index(stage: AckStage) -> usize {
+    AckStage::ALL
+        .iter()
+        .position(|s| *s == stage)
+        .expect("every stage is in ALL")
+}
+
+fn keys() -> &'static Keys {
+    static KEYS: OnceLock<Keys> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        // Outcome `i`: an error code's name, or `ok` past the last code.
+        let outcome = |i: usize, ok: &'static str| ErrorCode::ALL.get(i).map_or(ok, |c| c.as_str());
+        let by_outcome = |name: &'static str, label: &'static str, ok: &'static str| {
+            (0..OUTCOMES)
+                .map(|i| Key::from_parts(name, vec![Label::new(label, outcome(i, ok))]))
+                .collect::<Vec<_>>()
+        };
+        let by_stage = |name: &'static str| {
+            AckStage::ALL
+                .iter()
+                .map(|s| Key::from_parts(name, vec![Label::new("stage", s.as_str())]))
+                .collect::<Vec<_>>()
+        };
+        Keys {
+            acks_sent: AckStage::ALL
+                .iter()
+                .flat_map(|stage| {
+                    (0..OUTCOMES).map(move |i| {
+                        Key::from_parts(
+                            "askpool_acks_sent_total",
+                            vec![
+                                Label::new("stage", stage.as_str()),
+                                Label::new("code", outcome(i, "OK")),
+                            ],
+                        )
+                    })
+                })
+                .collect(),
+            stage_duration: by_stage("askpool_ack_stage_duration_seconds"),
+            end_to_end: by_outcome("askpool_end_to_end_latency_seconds", "outcome", "ok"),
+            timeouts: by_outcome("askpool_timeouts_total", "code", "OK"),
+            dedup_ack: Key::from_parts("askpool_dedup_hits_total", vec![Label::new("kind", "ack")]),
+            dedup_replay: Key::from_parts(
+                "askpool_dedup_hits_total",
+                vec![Label::new("kind", "replay")],
+            ),
+        }
+    })
+}
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+fn increment(key: &Key) {
+    metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+}
+
+fn record(key: &Key, value: f64) {
+    metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(value));
+}
 
 pub(crate) fn describe() {
     static ONCE: Once = Once::new();
@@ -64,21 +147,23 @@ pub(crate) fn describe() {
     });
 }
 
-pub(crate) fn ack_sent(stage: AckStage, code: &'static str) {
-    counter!("askpool_acks_sent_total", "stage" => stage.as_str(), "code" => code).increment(1);
+/// A frame a pool sent back; `code` is the error code of an error reply.
+pub(crate) fn ack_sent(stage: AckStage, code: Option<ErrorCode>) {
+    increment(&keys().acks_sent[stage_index(stage) * OUTCOMES + outcome_index(code)]);
 }
 
 pub(crate) fn stage_duration(stage: AckStage, since_previous: Duration) {
-    histogram!("askpool_ack_stage_duration_seconds", "stage" => stage.as_str())
-        .record(since_previous.as_secs_f64());
+    record(
+        &keys().stage_duration[stage_index(stage)],
+        since_previous.as_secs_f64(),
+    );
 }
 
 pub(crate) fn end_to_end(error: Option<&AskError>, latency: Duration) {
-    let outcome = error.map_or("ok", |e| e.code().as_str());
-    histogram!("askpool_end_to_end_latency_seconds", "outcome" => outcome)
-        .record(latency.as_secs_f64());
-    if let Some(e @ (AskError::AskTimeout { .. } | AskError::DeadlineExceeded)) = error {
-        counter!("askpool_timeouts_total", "code" => e.code().as_str()).increment(1);
+    let index = outcome_index(error.map(AskError::code));
+    record(&keys().end_to_end[index], latency.as_secs_f64());
+    if let Some(AskError::AskTimeout { .. } | AskError::DeadlineExceeded) = error {
+        increment(&keys().timeouts[index]);
     }
 }
 
@@ -90,8 +175,14 @@ pub(crate) fn retry() {
     counter!("askpool_retries_total").increment(1);
 }
 
-pub(crate) fn dedup_hit(kind: &'static str) {
-    counter!("askpool_dedup_hits_total", "kind" => kind).increment(1);
+/// A duplicate answered without running: an Ack, or a replay.
+pub(crate) fn dedup_hit(replay: bool) {
+    let keys = keys();
+    increment(if replay {
+        &keys.dedup_replay
+    } else {
+        &keys.dedup_ack
+    });
 }
 
 pub(crate) fn dedup_evictions(capacity: u64, ttl: u64) {

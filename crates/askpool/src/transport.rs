@@ -105,7 +105,7 @@ impl<M: Send + 'static, R: Send + 'static> WorkerTransport<M, R> for InProcessTr
     }
 
     fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError> {
-        let endpoint = self.callers.read().get(&frame.ids().caller_id).cloned();
+        let endpoint = self.callers.read().get(&frame.caller()).cloned();
         match endpoint {
             Some(endpoint) => {
                 endpoint.deliver(frame);
