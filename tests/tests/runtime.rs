@@ -686,5 +686,9 @@ async fn acks_within_one_tick_travel_as_one_batch() {
     assert_eq!(batches.len(), 1, "{batches:?}");
     assert_eq!(batches[0].batch_len, 51);
     assert!(tap.sent(FrameKind::Ack).is_empty());
-    assert_eq!(node.stats().retries, 0, "the batch arrived before any re-send");
+    assert_eq!(
+        node.stats().retries,
+        0,
+        "the batch arrived before any re-send"
+    );
 }

@@ -179,3 +179,29 @@ async fn unread_stage_events_are_bounded() {
     assert_eq!(events.len(), 64, "the oldest unread events were dropped");
     assert_eq!(events.last().unwrap().stage, AckStage::Fulfilled);
 }
+
+#[tokio::test(start_paused = true)]
+async fn progress_carries_its_metadata() {
+    let node = node();
+    node.pool("p")
+        .handler(|_m: u64, ctx| async move {
+            ctx.report(askpool::Progress::new(0.45, "2300/5000 records").with("shard", "7"));
+            Ok("ok".to_string())
+        })
+        .unwrap();
+    let h = node.ask("p", 1).send();
+    let s = h.stages();
+    h.await.unwrap();
+    let events = s.collect::<Vec<_>>().await;
+    let partial = events
+        .iter()
+        .find(|e| e.stage == AckStage::Partial)
+        .and_then(|e| e.progress.clone())
+        .expect("a partial event");
+    assert_eq!(partial.fraction, 0.45);
+    assert_eq!(partial.note, "2300/5000 records");
+    assert_eq!(
+        partial.metadata,
+        vec![("shard".to_string(), "7".to_string())]
+    );
+}

@@ -212,6 +212,8 @@ pub struct Progress {
     pub fraction: f32,
     /// Human-readable context, e.g. `"2300/5000 records"`.
     pub note: String,
+    /// Key/value details for tools (SW4RM's partial-ack metadata).
+    pub metadata: Vec<(String, String)>,
 }
 
 impl Progress {
@@ -219,7 +221,14 @@ impl Progress {
         Self {
             fraction,
             note: note.into(),
+            metadata: Vec::new(),
         }
+    }
+
+    #[must_use]
+    pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.push((key.into(), value.into()));
+        self
     }
 }
 

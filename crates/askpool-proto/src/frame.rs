@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::ack::Progress;
 use crate::error::{CancelReason, Outcome};
 use crate::fingerprint::PayloadFingerprint;
 use crate::ids::{AskIds, CallerId};
@@ -124,12 +125,8 @@ pub enum ToCaller<R> {
     Reply { ids: AskIds, outcome: Outcome<R> },
     /// `AskCancelled`: the request was cancelled at the worker.
     Cancelled { ids: AskIds, reason: CancelReason },
-    /// `AskProgress`: a partial ack.
-    Progress {
-        ids: AskIds,
-        fraction: f32,
-        note: String,
-    },
+    /// `AskProgress`: a partial ack (fraction, note, metadata).
+    Progress { ids: AskIds, progress: Progress },
     /// Several `AskAck`s for one caller, sent within one scheduling tick.
     AckBatch { caller: CallerId, acks: Vec<AskIds> },
 }

@@ -46,8 +46,10 @@ struct SlotInner<R> {
 /// The ACK lifecycle of one ask, and the events not yet read by its stream.
 struct StageLog {
     tracker: AckTracker,
-    /// The ask's span: stage events are logged inside it.
+    /// The ask's span; each stage is a span inside it that closes when the
+    /// next stage begins.
     span: tracing::Span,
+    stage_span: tracing::Span,
     unread: VecDeque<StageEvent>,
     waker: Option<Waker>,
 }
@@ -61,12 +63,12 @@ impl StageLog {
         // tracker is unchanged and there is nothing to report.
         if let Ok(event) = event {
             telemetry::stage_duration(event.stage, event.since_previous);
-            tracing::debug!(
-                parent: &self.span,
-                stage = event.stage.as_str(),
-                since_previous_us = event.since_previous.as_micros() as u64,
-                "ack stage"
-            );
+            self.stage_span = if event.stage.is_terminal() {
+                tracing::debug!(parent: &self.span, stage = event.stage.as_str(), "ask ended");
+                tracing::Span::none()
+            } else {
+                tracing::debug_span!(parent: &self.span, "ack_stage", stage = event.stage.as_str())
+            };
             if self.unread.len() == MAX_UNREAD_STAGE_EVENTS {
                 self.unread.pop_front();
             }
@@ -105,6 +107,7 @@ impl<R> AskSlot<R> {
                     Box::new(StageLog {
                         tracker,
                         span: span.clone(),
+                        stage_span: tracing::debug_span!(parent: span, "ack_stage", stage = "SENT"),
                         unread,
                         waker: None,
                     })
@@ -125,7 +128,7 @@ impl<R> AskSlot<R> {
         }
     }
 
-    fn progress(&self, fraction: f32, note: String, now: impl FnOnce() -> Timestamp) {
+    fn progress(&self, progress: Progress, now: impl FnOnce() -> Timestamp) {
         let mut inner = self.inner.lock();
         inner.acked = true;
         if let Some(log) = &mut inner.stages {
@@ -135,9 +138,7 @@ impl<R> AskSlot<R> {
                 let event = log.tracker.advance(AckStage::Received, now);
                 log.push(event);
             }
-            let event = log
-                .tracker
-                .advance_partial(Progress::new(fraction, note), now);
+            let event = log.tracker.advance_partial(progress, now);
             log.push(event);
         }
     }
@@ -445,8 +446,8 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
                 slot.ack(AckStage::Read, now);
                 true
             }
-            ToCaller::Progress { fraction, note, .. } => {
-                slot.progress(fraction, note, now);
+            ToCaller::Progress { progress, .. } => {
+                slot.progress(progress, now);
                 true
             }
             ToCaller::Reply { outcome, .. } => slot.offer(SlotEvent::Reply(outcome)),

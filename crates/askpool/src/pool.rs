@@ -15,7 +15,7 @@ use askpool_dedup::{DedupState, DedupTable};
 use askpool_proto::inbound::{self, InboundAction, InboundEvent, InboundState};
 use askpool_proto::{
     AckStage, AskError, AskIds, CallerId, CancelReason, DedupKey, Envelope, ErrorCode, Outcome,
-    PoolName, RequestMeta, Timestamp, ToCaller, ToWorker, WorkerId,
+    PoolName, Progress, RequestMeta, Timestamp, ToCaller, ToWorker, WorkerId,
 };
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
@@ -493,12 +493,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
     }
 
-    pub(crate) fn progress(&self, ids: AskIds, fraction: f32, note: String) {
-        self.send(ToCaller::Progress {
-            ids,
-            fraction,
-            note,
-        });
+    pub(crate) fn progress(&self, ids: AskIds, progress: Progress) {
+        self.send(ToCaller::Progress { ids, progress });
     }
 
     /// Stops admitting, cancels what is queued, and leaves the transport.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use crate::cancel::CancelSignal;
 use askpool_proto::{
-    AskError, AskIds, CancelReason, CorrelationId, Outcome, PoolName, RequestId, RequestMeta,
-    WorkerId,
+    AskError, AskIds, CancelReason, CorrelationId, Outcome, PoolName, Progress, RequestId,
+    RequestMeta, WorkerId,
 };
 use futures::FutureExt;
 use tracing::Instrument;
@@ -29,12 +29,12 @@ pub struct RequestContext {
 
 /// Where progress reports of a request go (its pool).
 pub(crate) trait ProgressSink: Send + Sync {
-    fn progress(&self, ids: AskIds, fraction: f32, note: String);
+    fn progress(&self, ids: AskIds, progress: Progress);
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> ProgressSink for PoolShared<M, R> {
-    fn progress(&self, ids: AskIds, fraction: f32, note: String) {
-        PoolShared::progress(self, ids, fraction, note);
+    fn progress(&self, ids: AskIds, progress: Progress) {
+        PoolShared::progress(self, ids, progress);
     }
 }
 
@@ -66,8 +66,14 @@ impl RequestContext {
     }
     /// Reports partial progress to the caller (an `AskProgress` frame).
     pub fn progress(&self, fraction: f32, note: impl Into<String>) {
-        self.progress
-            .progress(self.meta.ids, fraction.clamp(0.0, 1.0), note.into());
+        self.report(Progress::new(fraction, note));
+    }
+
+    /// Reports progress with metadata:
+    /// `ctx.report(Progress::new(0.45, "2300/5000").with("shard", "7"))`.
+    pub fn report(&self, mut progress: Progress) {
+        progress.fraction = progress.fraction.clamp(0.0, 1.0);
+        self.progress.progress(self.meta.ids, progress);
     }
 }
 
