@@ -23,7 +23,8 @@ enum Task {
     Build,
     /// fmt check, clippy -D warnings, and every test of the workspace.
     Test {
-        /// Also run the slow tiers (bigger model-check bounds, long soaks).
+        /// Also run the slow tiers: larger loom bounds, the 10-million-entry
+        /// memory test, Miri where a nightly toolchain has it.
         #[arg(long)]
         slow: bool,
     },
@@ -31,7 +32,7 @@ enum Task {
     Demo,
     /// Run the benchmarks and print their ratios to the baselines.
     Bench {
-        /// Which suite: `ask` (default: all).
+        /// Which suite: `ask` or `dedup` (default: all).
         suite: Option<String>,
     },
     /// What CI runs: the full test command.
@@ -101,10 +102,61 @@ fn test(slow: bool) -> Result<(), String> {
     // criterion bench once in its test mode; doc tests need their own pass.
     cargo(&["test", "--workspace", "--all-targets"])?;
     cargo(&["test", "--workspace", "--doc"])?;
+    loom(slow)?;
     if slow {
+        // The long tiers: 10 million entries through the capped dedup
+        // table, and anything else marked #[ignore] as slow.
         cargo(&["test", "--workspace", "--release", "--", "--ignored"])?;
+        miri()?;
     }
     eprintln!("\nxtask test: all green in {:.1?}", started.elapsed());
+    Ok(())
+}
+
+/// The loom models of the dedup table. crossbeam's loom support needs its
+/// own cfg too; a separate target dir keeps these flags from invalidating
+/// the normal build.
+fn loom(slow: bool) -> Result<(), String> {
+    let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target = root().join("target/loom");
+    let target = target.to_string_lossy();
+    let mut envs = vec![
+        ("RUSTFLAGS", "--cfg loom --cfg crossbeam_loom"),
+        ("CARGO_TARGET_DIR", target.as_ref()),
+    ];
+    if slow {
+        envs.push(("ASKPOOL_LOOM_SLOW", "1"));
+    }
+    run(
+        &cargo_bin,
+        &["test", "-p", "askpool-dedup", "--test", "loom", "--release"],
+        &envs,
+    )
+}
+
+/// Miri over the dedup table's unsafe code, where a nightly toolchain with
+/// miri is installed (`rustup toolchain install nightly --component miri`).
+/// Tree Borrows: crossbeam-epoch itself trips Stacked Borrows upstream.
+fn miri() -> Result<(), String> {
+    let has_miri = Command::new("cargo")
+        .args(["+nightly", "miri", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_miri {
+        eprintln!("\nxtask: skipping miri: no nightly toolchain with miri here");
+        return Ok(());
+    }
+    let target = root().join("target/miri");
+    let target = target.to_string_lossy();
+    let envs = [
+        ("MIRIFLAGS", "-Zmiri-tree-borrows -Zmiri-ignore-leaks"),
+        ("CARGO_TARGET_DIR", target.as_ref()),
+    ];
+    for test in [&["--lib"][..], &["--test", "exactly_once"][..]] {
+        let mut args = vec!["+nightly", "miri", "test", "-p", "askpool-dedup"];
+        args.extend_from_slice(test);
+        run("cargo", &args, &envs)?;
+    }
     Ok(())
 }
 
@@ -121,7 +173,7 @@ fn demo() -> Result<(), String> {
 }
 
 fn bench(suite: Option<&str>) -> Result<(), String> {
-    let suites = ["ask"];
+    let suites = ["ask", "dedup"];
     let selected: Vec<&str> = match suite {
         None => suites.to_vec(),
         Some(s) if suites.contains(&s) => vec![s],
@@ -141,6 +193,7 @@ fn bench(suite: Option<&str>) -> Result<(), String> {
                     println!("\n{text}");
                 }
             }
+            "dedup" => cargo(&["bench", "-p", "askpool-dedup", "--bench", "dedup"])?,
             _ => unreachable!(),
         }
     }

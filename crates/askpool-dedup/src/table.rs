@@ -1,0 +1,757 @@
+//! The lock-free table and its intrusive eviction queue. All of the crate's
+//! `unsafe` lives here; see the crate docs for the design.
+
+use std::cell::UnsafeCell;
+use std::hash::BuildHasher;
+use std::mem::MaybeUninit;
+
+use askpool_proto::{CallerId, DedupKey, RequestId, Timestamp};
+use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_utils::CachePadded;
+use rustc_hash::FxBuildHasher;
+
+use crate::sync::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Epoch, NodeLock};
+use crate::{DedupConfig, DedupState, DedupStats};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// Just inserted; its creator holds the lock and runs the transition.
+    /// Nobody else can ever see this phase (they wait on the lock).
+    Reserved,
+    /// In progress: never evicted.
+    Live,
+    /// Terminal: immutable, in the eviction queue.
+    Terminal,
+    /// Removed: the state is dropped; the node waits to be unlinked.
+    Removed,
+}
+
+/// Everything of a node that is read or written only under its lock.
+struct Body<S> {
+    phase: Phase,
+    /// Initialised in `Live` and `Terminal` only.
+    state: MaybeUninit<S>,
+}
+
+/// A `DedupKey` without its alignment padding (24 bytes instead of 32).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct PackedKey([u64; 3]);
+
+impl PackedKey {
+    #[inline]
+    fn new(key: &DedupKey) -> Self {
+        let r = key.request.as_u128();
+        Self([key.caller.as_u64(), (r >> 64) as u64, r as u64])
+    }
+
+    fn unpack(self) -> DedupKey {
+        DedupKey {
+            caller: CallerId::from_u64(self.0[0]),
+            request: RequestId::from_u128(u128::from(self.0[1]) << 64 | u128::from(self.0[2])),
+        }
+    }
+}
+
+/// One entry. It lives in its bucket's chain and, once terminal, also in
+/// the eviction queue (intrusively: no second allocation); `refs` counts
+/// those two memberships and the last one to let go retires the node.
+struct Node<S> {
+    key: PackedKey,
+    /// The next node of the bucket's chain. Tag 1 marks this node as
+    /// logically removed (Harris–Michael list); it is then unlinked by
+    /// whoever meets it first, and the thread whose unlink succeeds drops
+    /// the chain's membership.
+    next: Atomic<Node<S>>,
+    /// The next node of the eviction queue (Michael–Scott).
+    fifo_next: Atomic<Node<S>>,
+    /// When a terminal entry's TTL runs out (nanoseconds); written before
+    /// the node is queued, then never again: the queue reads it lock-free.
+    expires: AtomicU64,
+    /// Chain + queue memberships.
+    refs: AtomicU32,
+    lock: NodeLock,
+    body: UnsafeCell<Body<S>>,
+}
+
+impl<S> Node<S> {
+    fn reserved(key: &DedupKey) -> Self {
+        Self {
+            key: PackedKey::new(key),
+            next: Atomic::null(),
+            fifo_next: Atomic::null(),
+            expires: AtomicU64::new(u64::MAX),
+            refs: AtomicU32::new(1),
+            lock: NodeLock::new_locked(),
+            body: UnsafeCell::new(Body {
+                phase: Phase::Reserved,
+                state: MaybeUninit::uninit(),
+            }),
+        }
+    }
+}
+
+/// Drops one membership of a node; the last one retires it.
+///
+/// # Safety
+/// The caller must own one of the node's memberships and have made the node
+/// unreachable through it (unlinked it from its chain, or moved the queue's
+/// head and tail past it).
+#[inline]
+unsafe fn release<S>(ptr: Shared<'_, Node<S>>, guard: &Guard) {
+    if ptr.deref().refs.fetch_sub(1, AcqRel) == 1 {
+        guard.defer_destroy(ptr);
+    }
+}
+
+/// The eviction queue: a Michael–Scott FIFO threaded through the nodes, in
+/// the order they became terminal. `head` is a sentinel (the last node
+/// popped, or the initial one).
+struct Fifo<S> {
+    head: CachePadded<Atomic<Node<S>>>,
+    tail: CachePadded<Atomic<Node<S>>>,
+}
+
+impl<S> Fifo<S> {
+    fn new() -> Self {
+        let sentinel = Node::reserved(&PackedKey([0; 3]).unpack());
+        sentinel.refs.store(1, Relaxed);
+        // SAFETY: not shared yet.
+        let sentinel = Owned::new(sentinel).into_shared(unsafe { crossbeam_epoch::unprotected() });
+        Self {
+            head: CachePadded::new(Atomic::from(sentinel)),
+            tail: CachePadded::new(Atomic::from(sentinel)),
+        }
+    }
+
+    /// Queues a node that just became terminal (its lock held).
+    fn push(&self, new: Shared<'_, Node<S>>, guard: &Guard) {
+        // SAFETY: the caller holds a pinned reference.
+        unsafe { new.deref() }.refs.fetch_add(1, Relaxed);
+        loop {
+            let tail = self.tail.load(Acquire, guard);
+            // SAFETY: the tail is never null and is protected by `guard`.
+            let t = unsafe { tail.deref() };
+            let next = t.fifo_next.load(Acquire, guard);
+            if !next.is_null() {
+                // The tail lags: help it forward.
+                let _ = self
+                    .tail
+                    .compare_exchange(tail, next, Release, Relaxed, guard);
+                continue;
+            }
+            if t.fifo_next
+                .compare_exchange(Shared::null(), new, AcqRel, Relaxed, guard)
+                .is_ok()
+            {
+                let _ = self
+                    .tail
+                    .compare_exchange(tail, new, Release, Relaxed, guard);
+                return;
+            }
+        }
+    }
+
+    /// Takes the oldest node if `take` says so; `None` when the queue is
+    /// empty or the oldest node was refused. The node stays allocated while
+    /// `guard` lives (it is the new sentinel, and pinned).
+    fn pop_if<'g>(
+        &self,
+        take: impl Fn(&Node<S>) -> bool,
+        guard: &'g Guard,
+    ) -> Option<Shared<'g, Node<S>>> {
+        loop {
+            let head = self.head.load(Acquire, guard);
+            // SAFETY: the head is never null and is protected by `guard`.
+            let h = unsafe { head.deref() };
+            let next = h.fifo_next.load(Acquire, guard);
+            // SAFETY: protected by `guard`.
+            let n = unsafe { next.as_ref() }?;
+            if !take(n) {
+                return None;
+            }
+            if self
+                .head
+                .compare_exchange(head, next, AcqRel, Acquire, guard)
+                .is_ok()
+            {
+                // Keep the tail from pointing at the node let go below.
+                let tail = self.tail.load(Acquire, guard);
+                if tail == head {
+                    let _ = self
+                        .tail
+                        .compare_exchange(tail, next, Release, Relaxed, guard);
+                }
+                // SAFETY: the queue's head moved past the old sentinel, and
+                // so did its tail: the queue's membership of it ends here.
+                unsafe { release(head, guard) };
+                return Some(next);
+            }
+        }
+    }
+
+    /// Frees the queue's memberships (the table is being dropped).
+    ///
+    /// # Safety
+    /// No other thread may reach the table.
+    unsafe fn drop_all(&mut self, guard: &Guard) {
+        let mut cur = self.head.load(Relaxed, guard);
+        while !cur.is_null() {
+            let next = cur.deref().fifo_next.load(Relaxed, guard);
+            if cur.deref().refs.fetch_sub(1, Relaxed) == 1 {
+                drop(cur.into_owned());
+            }
+            cur = next;
+        }
+    }
+}
+
+enum Found<'g, S> {
+    Node(Shared<'g, Node<S>>),
+    /// Not there; the bucket's head at the time it was not there.
+    Absent(Shared<'g, Node<S>>),
+}
+
+#[derive(Clone, Copy)]
+enum Cause {
+    Capacity,
+    Ttl,
+    Clear,
+}
+
+/// The per-entry memory is reported by `size_of::<Node<S>>()`; this is how
+/// the docs and the allocator test name it.
+pub(crate) const fn node_size<S>() -> usize {
+    std::mem::size_of::<Node<S>>()
+}
+
+/// A bounded, lock-free table of per-key protocol states.
+///
+/// See the crate documentation for the design and its guarantees.
+pub struct DedupTable<S> {
+    config: DedupConfig,
+    buckets: Box<[Atomic<Node<S>>]>,
+    mask: usize,
+    fifo: Fifo<S>,
+    in_progress: CachePadded<AtomicUsize>,
+    terminal: CachePadded<AtomicUsize>,
+    evicted_capacity: AtomicU64,
+    evicted_ttl: AtomicU64,
+    epoch: Epoch,
+}
+
+// SAFETY: a state is only ever touched under its entry's lock, by one thread
+// at a time, like `Mutex<S>`; it may be dropped on any thread. Nodes freed by
+// the epoch collector no longer hold a state (it is dropped when the entry is
+// removed), so garbage never outlives the table with an `S` inside.
+unsafe impl<S: Send> Send for DedupTable<S> {}
+// SAFETY: as above.
+unsafe impl<S: Send> Sync for DedupTable<S> {}
+
+/// Buckets for a table: one per terminal entry allowed, rounded up to a power
+/// of two, at least 64, at most 2^22 (chains then grow past 1).
+fn bucket_count(max_terminal: usize) -> usize {
+    max_terminal.clamp(64, 1 << 22).next_power_of_two()
+}
+
+impl<S: DedupState> DedupTable<S> {
+    pub fn new(config: DedupConfig) -> Self {
+        let n = bucket_count(config.max_terminal);
+        Self {
+            config,
+            buckets: (0..n).map(|_| Atomic::null()).collect(),
+            mask: n - 1,
+            fifo: Fifo::new(),
+            in_progress: CachePadded::new(AtomicUsize::new(0)),
+            terminal: CachePadded::new(AtomicUsize::new(0)),
+            evicted_capacity: AtomicU64::new(0),
+            evicted_ttl: AtomicU64::new(0),
+            epoch: Epoch::new(),
+        }
+    }
+
+    pub fn config(&self) -> DedupConfig {
+        self.config
+    }
+
+    /// Applies one transition to `key` atomically: `transition` sees the
+    /// current state (`None` when absent or expired) and returns the state to
+    /// store (`None` leaves it unchanged) and a value handed back to the
+    /// caller. A terminal state is never replaced; only eviction removes it.
+    ///
+    /// `transition` runs exactly once, holding the lock of `key`'s entry
+    /// only: other keys go on undisturbed, a concurrent `apply` on the same
+    /// key waits for it. It must not block or call back into the table. If
+    /// it panics, nothing is stored.
+    pub fn apply<O>(
+        &self,
+        key: DedupKey,
+        now: Timestamp,
+        transition: impl FnOnce(Option<&S>) -> (Option<S>, O),
+    ) -> O {
+        let guard = self.epoch.pin();
+        self.expire(now, &guard);
+        let bucket = self.bucket(&key);
+        let mut spare: Option<Owned<Node<S>>> = None;
+        loop {
+            match self.find(bucket, &key, &guard) {
+                Found::Node(ptr) => {
+                    // SAFETY: protected by `guard`.
+                    let node = unsafe { ptr.deref() };
+                    let lock = node.lock.lock();
+                    // SAFETY: we hold the node's lock.
+                    let body = unsafe { &mut *node.body.get() };
+                    match body.phase {
+                        Phase::Removed | Phase::Reserved => {
+                            debug_assert_ne!(body.phase, Phase::Reserved);
+                            drop(lock);
+                            continue;
+                        }
+                        Phase::Terminal if Self::expired(node, now) => {
+                            let gone = self.remove_locked(node, body, Cause::Ttl, &guard);
+                            drop(lock);
+                            drop(gone);
+                            self.unlink(bucket, &guard);
+                            continue;
+                        }
+                        Phase::Terminal => {
+                            // SAFETY: initialised in this phase.
+                            let current = unsafe { body.state.assume_init_ref() };
+                            let (next, out) = transition(Some(current));
+                            drop(lock);
+                            debug_assert!(next.is_none(), "a terminal state was asked to change");
+                            drop(next);
+                            return out;
+                        }
+                        Phase::Live => {
+                            // SAFETY: initialised in this phase.
+                            let current = unsafe { body.state.assume_init_ref() };
+                            let (next, out) = transition(Some(current));
+                            let Some(next) = next else {
+                                return out;
+                            };
+                            let terminal = next.is_terminal();
+                            // SAFETY: initialised; replaced by an initialised
+                            // value.
+                            let old =
+                                unsafe { std::mem::replace(body.state.assume_init_mut(), next) };
+                            if terminal {
+                                self.in_progress.fetch_sub(1, Relaxed);
+                                self.make_terminal(ptr, body, now, &guard);
+                            }
+                            drop(lock);
+                            drop(old);
+                            if terminal {
+                                self.enforce_capacity(&guard);
+                            }
+                            return out;
+                        }
+                    }
+                }
+                Found::Absent(head) => {
+                    let new = spare
+                        .take()
+                        .unwrap_or_else(|| Owned::new(Node::reserved(&key)));
+                    new.next.store(head, Relaxed);
+                    match bucket.compare_exchange(head, new, AcqRel, Acquire, &guard) {
+                        Err(e) => {
+                            spare = Some(e.new);
+                            continue;
+                        }
+                        Ok(ptr) => return self.fill_reserved(bucket, ptr, now, transition, &guard),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the first transition of a node this thread just inserted, with
+    /// its lock born held: the insert itself waited for nobody.
+    fn fill_reserved<O>(
+        &self,
+        bucket: &Atomic<Node<S>>,
+        ptr: Shared<'_, Node<S>>,
+        now: Timestamp,
+        transition: impl FnOnce(Option<&S>) -> (Option<S>, O),
+        guard: &Guard,
+    ) -> O {
+        // SAFETY: protected by `guard`.
+        let node = unsafe { ptr.deref() };
+        /// Undoes the reservation if the transition panics or stores nothing.
+        struct Reservation<'a, S: DedupState> {
+            node: &'a Node<S>,
+            bucket: &'a Atomic<Node<S>>,
+            table: &'a DedupTable<S>,
+            guard: &'a Guard,
+            filled: bool,
+        }
+        impl<S: DedupState> Drop for Reservation<'_, S> {
+            fn drop(&mut self) {
+                // SAFETY: this thread holds the born-locked node's lock.
+                let lock = unsafe { self.node.lock.adopt() };
+                if !self.filled {
+                    // SAFETY: we hold the lock.
+                    let body = unsafe { &mut *self.node.body.get() };
+                    body.phase = Phase::Removed;
+                    self.node.next.fetch_or(1, AcqRel, self.guard);
+                }
+                drop(lock);
+                if !self.filled {
+                    self.table.unlink(self.bucket, self.guard);
+                }
+            }
+        }
+        let mut reservation = Reservation {
+            node,
+            bucket,
+            table: self,
+            guard,
+            filled: false,
+        };
+        let (next, out) = transition(None);
+        let mut terminal = false;
+        if let Some(next) = next {
+            terminal = next.is_terminal();
+            // SAFETY: we hold the lock (born held, released by `reservation`).
+            let body = unsafe { &mut *node.body.get() };
+            body.state.write(next);
+            if terminal {
+                self.make_terminal(ptr, body, now, guard);
+            } else {
+                body.phase = Phase::Live;
+                self.in_progress.fetch_add(1, Relaxed);
+            }
+            reservation.filled = true;
+        }
+        drop(reservation);
+        if terminal {
+            self.enforce_capacity(guard);
+        }
+        out
+    }
+
+    /// Marks a node (lock held, state written) terminal and queues it.
+    fn make_terminal(
+        &self,
+        ptr: Shared<'_, Node<S>>,
+        body: &mut Body<S>,
+        now: Timestamp,
+        guard: &Guard,
+    ) {
+        body.phase = Phase::Terminal;
+        let expires = now + self.config.terminal_ttl;
+        // SAFETY: protected by `guard`.
+        let node = unsafe { ptr.deref() };
+        node.expires.store(expires.as_nanos(), Relaxed);
+        self.terminal.fetch_add(1, Relaxed);
+        // The queue's publishing CAS orders the store above before any
+        // reader that finds the node through the queue.
+        self.fifo.push(ptr, guard);
+    }
+
+    /// Whether a terminal node's TTL ran out by `now`.
+    #[inline]
+    fn expired(node: &Node<S>, now: Timestamp) -> bool {
+        node.expires.load(Relaxed) <= now.as_nanos()
+    }
+
+    /// The current state of `key`, if any.
+    pub fn get(&self, key: &DedupKey, now: Timestamp) -> Option<S>
+    where
+        S: Clone,
+    {
+        let guard = self.epoch.pin();
+        self.expire(now, &guard);
+        let bucket = self.bucket(key);
+        loop {
+            let Found::Node(ptr) = self.find(bucket, key, &guard) else {
+                return None;
+            };
+            // SAFETY: protected by `guard`.
+            let node = unsafe { ptr.deref() };
+            let lock = node.lock.lock();
+            // SAFETY: we hold the node's lock.
+            let body = unsafe { &mut *node.body.get() };
+            match body.phase {
+                Phase::Removed | Phase::Reserved => continue,
+                Phase::Terminal if Self::expired(node, now) => {
+                    let gone = self.remove_locked(node, body, Cause::Ttl, &guard);
+                    drop(lock);
+                    drop(gone);
+                    self.unlink(bucket, &guard);
+                    return None;
+                }
+                // SAFETY: initialised in these phases.
+                Phase::Live | Phase::Terminal => {
+                    return Some(unsafe { body.state.assume_init_ref() }.clone())
+                }
+            }
+        }
+    }
+
+    /// Removes terminal entries whose TTL passed by `now`.
+    pub fn evict_expired(&self, now: Timestamp) {
+        let guard = self.epoch.pin();
+        self.expire(now, &guard);
+    }
+
+    pub fn stats(&self) -> DedupStats {
+        DedupStats {
+            in_progress: self.in_progress.load(Relaxed),
+            terminal: self.terminal.load(Relaxed),
+            evicted_capacity: self.evicted_capacity.load(Relaxed),
+            evicted_ttl: self.evicted_ttl.load(Relaxed),
+        }
+    }
+
+    /// All entries, in-progress and terminal.
+    pub fn len(&self) -> usize {
+        self.in_progress.load(Relaxed) + self.terminal.load(Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every entry (a worker restart loses its in-memory state).
+    /// Entries inserted while it runs may survive it.
+    pub fn clear(&self) {
+        let guard = self.epoch.pin();
+        for bucket in self.buckets.iter() {
+            let mut cur = bucket.load(Acquire, &guard);
+            // SAFETY: protected by `guard`.
+            while let Some(node) = unsafe { cur.as_ref() } {
+                let lock = node.lock.lock();
+                // SAFETY: we hold the node's lock.
+                let body = unsafe { &mut *node.body.get() };
+                let gone = match body.phase {
+                    Phase::Live | Phase::Terminal => {
+                        Some(self.remove_locked(node, body, Cause::Clear, &guard))
+                    }
+                    Phase::Removed | Phase::Reserved => None,
+                };
+                drop(lock);
+                drop(gone);
+                cur = node.next.load(Acquire, &guard).with_tag(0);
+            }
+            self.unlink(bucket, &guard);
+        }
+        while self.fifo.pop_if(|_| true, &guard).is_some() {}
+    }
+
+    /// Removes a live or terminal node whose lock the caller holds: drops
+    /// nothing itself, hands the state back to be dropped after unlocking.
+    fn remove_locked(&self, node: &Node<S>, body: &mut Body<S>, cause: Cause, guard: &Guard) -> S {
+        let was_terminal = match body.phase {
+            Phase::Terminal => true,
+            Phase::Live => false,
+            Phase::Reserved | Phase::Removed => unreachable!("only live entries are removed"),
+        };
+        body.phase = Phase::Removed;
+        // SAFETY: initialised in `Live` / `Terminal`; `Removed` marks it
+        // moved out.
+        let state = unsafe { body.state.assume_init_read() };
+        node.next.fetch_or(1, AcqRel, guard);
+        if was_terminal {
+            self.terminal.fetch_sub(1, Relaxed);
+        } else {
+            self.in_progress.fetch_sub(1, Relaxed);
+        }
+        match cause {
+            Cause::Capacity => {
+                self.evicted_capacity.fetch_add(1, Relaxed);
+            }
+            Cause::Ttl => {
+                self.evicted_ttl.fetch_add(1, Relaxed);
+            }
+            Cause::Clear => {}
+        }
+        state
+    }
+
+    /// Pops and evicts the entries whose TTL passed.
+    fn expire(&self, now: Timestamp, guard: &Guard) {
+        while let Some(node) = self.fifo.pop_if(|n| Self::expired(n, now), guard) {
+            self.evict(node, Cause::Ttl, guard);
+        }
+    }
+
+    /// Evicts the oldest terminal entries while there are too many.
+    fn enforce_capacity(&self, guard: &Guard) {
+        while self.terminal.load(Relaxed) > self.config.max_terminal {
+            let Some(node) = self.fifo.pop_if(|_| true, guard) else {
+                break;
+            };
+            self.evict(node, Cause::Capacity, guard);
+        }
+    }
+
+    /// Evicts a node just popped from the queue, unless it went already
+    /// (expired when touched, or cleared).
+    fn evict(&self, ptr: Shared<'_, Node<S>>, cause: Cause, guard: &Guard) {
+        // SAFETY: protected by `guard`.
+        let node = unsafe { ptr.deref() };
+        let lock = node.lock.lock();
+        // SAFETY: we hold the node's lock.
+        let body = unsafe { &mut *node.body.get() };
+        if body.phase != Phase::Terminal {
+            return;
+        }
+        let gone = self.remove_locked(node, body, cause, guard);
+        drop(lock);
+        drop(gone);
+        self.unlink(self.bucket(&node.key.unpack()), guard);
+    }
+
+    #[inline]
+    fn bucket(&self, key: &DedupKey) -> &Atomic<Node<S>> {
+        &self.buckets[hash(key) as usize & self.mask]
+    }
+
+    /// Unlinks every removed node of a bucket.
+    fn unlink(&self, bucket: &Atomic<Node<S>>, guard: &Guard) {
+        // No key to look for: walk the whole chain, unlinking as we go.
+        let _ = self.walk(bucket, None, guard);
+    }
+
+    #[inline]
+    fn find<'g>(&self, bucket: &Atomic<Node<S>>, key: &DedupKey, guard: &'g Guard) -> Found<'g, S> {
+        self.walk(bucket, Some(&PackedKey::new(key)), guard)
+    }
+
+    /// Walks a chain looking for `key`, unlinking removed nodes it meets
+    /// (Harris–Michael). Takes no lock.
+    fn walk<'g>(
+        &self,
+        bucket: &Atomic<Node<S>>,
+        key: Option<&PackedKey>,
+        guard: &'g Guard,
+    ) -> Found<'g, S> {
+        'retry: loop {
+            let head = bucket.load(Acquire, guard);
+            let mut prev = bucket;
+            let mut cur = head;
+            // SAFETY: every node reached from the bucket under `guard` stays
+            // allocated until the guard is dropped.
+            while let Some(node) = unsafe { cur.as_ref() } {
+                let next = node.next.load(Acquire, guard);
+                if next.tag() == 1 {
+                    let next = next.with_tag(0);
+                    match prev.compare_exchange(cur, next, AcqRel, Acquire, guard) {
+                        Ok(_) => {
+                            // SAFETY: unlinked by us, exactly once (a CAS
+                            // only succeeds from an unmarked predecessor that
+                            // still points at it); readers are pinned.
+                            unsafe { release(cur, guard) };
+                            if std::ptr::eq(prev, bucket) {
+                                // The head changed: start over so that
+                                // `Absent` carries the current head.
+                                continue 'retry;
+                            }
+                            cur = next;
+                            continue;
+                        }
+                        Err(_) => continue 'retry,
+                    }
+                }
+                if key.is_some_and(|k| *k == node.key) {
+                    return Found::Node(cur);
+                }
+                prev = &node.next;
+                cur = next;
+            }
+            return Found::Absent(head);
+        }
+    }
+
+    /// The bucket `key` lands in (tests build colliding keys with it).
+    #[doc(hidden)]
+    pub fn bucket_index(&self, key: &DedupKey) -> usize {
+        hash(key) as usize & self.mask
+    }
+
+    /// Queued nodes (tests).
+    #[cfg(test)]
+    pub(crate) fn queue_len(&self) -> usize {
+        let guard = self.epoch.pin();
+        let mut n = 0;
+        let head = self.fifo.head.load(Acquire, &guard);
+        // SAFETY: protected by `guard`.
+        let mut cur = unsafe { head.deref() }.fifo_next.load(Acquire, &guard);
+        // SAFETY: protected by `guard`.
+        while let Some(node) = unsafe { cur.as_ref() } {
+            n += 1;
+            cur = node.fifo_next.load(Acquire, &guard);
+        }
+        n
+    }
+
+    /// Removes `key`'s entry if it is in progress and `pred` accepts it
+    /// (an exactly-once computation that panicked gives its key back).
+    pub(crate) fn remove_in_progress(
+        &self,
+        key: &DedupKey,
+        pred: impl FnOnce(&S) -> bool,
+    ) -> Option<S> {
+        let guard = self.epoch.pin();
+        let bucket = self.bucket(key);
+        loop {
+            let Found::Node(ptr) = self.find(bucket, key, &guard) else {
+                return None;
+            };
+            // SAFETY: protected by `guard`.
+            let node = unsafe { ptr.deref() };
+            let lock = node.lock.lock();
+            // SAFETY: we hold the node's lock.
+            let body = unsafe { &mut *node.body.get() };
+            match body.phase {
+                Phase::Removed | Phase::Reserved => continue,
+                Phase::Terminal => return None,
+                Phase::Live => {
+                    // SAFETY: initialised in this phase.
+                    if !pred(unsafe { body.state.assume_init_ref() }) {
+                        return None;
+                    }
+                    let gone = self.remove_locked(node, body, Cause::Clear, &guard);
+                    drop(lock);
+                    self.unlink(bucket, &guard);
+                    return Some(gone);
+                }
+            }
+        }
+    }
+}
+
+impl<S> Drop for DedupTable<S> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no other thread can reach the table. Every
+        // node still reachable from a bucket or from the queue (removed or
+        // not) holds a membership nobody released: drop the states, then
+        // the memberships; a node is freed when its last one goes.
+        unsafe {
+            let guard = crossbeam_epoch::unprotected();
+            for bucket in self.buckets.iter() {
+                let mut cur = bucket.load(Relaxed, guard);
+                while !cur.is_null() {
+                    let node = cur.deref();
+                    let next = node.next.load(Relaxed, guard).with_tag(0);
+                    let body = &mut *node.body.get();
+                    if matches!(body.phase, Phase::Live | Phase::Terminal) {
+                        body.state.assume_init_drop();
+                        body.phase = Phase::Removed;
+                    }
+                    if node.refs.fetch_sub(1, Relaxed) == 1 {
+                        drop(cur.into_owned());
+                    }
+                    cur = next;
+                }
+            }
+            self.fifo.drop_all(guard);
+        }
+    }
+}
+
+#[inline]
+pub(crate) fn hash(key: &DedupKey) -> u64 {
+    FxBuildHasher.hash_one(key)
+}

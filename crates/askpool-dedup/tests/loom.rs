@@ -1,0 +1,198 @@
+//! loom models of the table's races, with crossbeam-epoch's own loom support
+//! and an explicit `Collector` per table (per model).
+//!
+//! `RUSTFLAGS="--cfg loom --cfg crossbeam_loom" cargo test -p askpool-dedup \
+//!   --test loom --release`. Preemption bounds: small by default (fast
+//! tier), larger with `ASKPOOL_LOOM_SLOW=1` (slow tier); an explicit
+//! `LOOM_MAX_PREEMPTIONS` overrides both for every model.
+#![cfg(loom)]
+
+use std::time::Duration;
+
+use askpool_dedup::{DedupConfig, DedupState, DedupTable};
+use askpool_proto::{CallerId, DedupKey, RequestId, Timestamp};
+use loom::sync::Arc;
+use loom::thread;
+
+#[derive(Clone, Debug, PartialEq)]
+enum St {
+    Running,
+    Done(u32),
+}
+
+impl DedupState for St {
+    fn is_terminal(&self) -> bool {
+        matches!(self, St::Done(_))
+    }
+}
+
+/// Runs a model with `fast` preemptions (fast tier) or `slow` ones (slow
+/// tier), unless `LOOM_MAX_PREEMPTIONS` says otherwise.
+fn model_bounded(fast: usize, slow: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        let slow_tier = std::env::var_os("ASKPOOL_LOOM_SLOW").is_some_and(|v| v == "1");
+        builder.preemption_bound = Some(if slow_tier { slow } else { fast });
+    }
+    builder.check(f);
+}
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    model_bounded(2, 3, f);
+}
+
+fn table(max_terminal: usize) -> DedupTable<St> {
+    DedupTable::new(DedupConfig {
+        max_terminal,
+        terminal_ttl: Duration::from_secs(10),
+    })
+}
+
+fn key(n: u64) -> DedupKey {
+    DedupKey {
+        caller: CallerId::from_u64(1),
+        request: RequestId::from_parts(0, n),
+    }
+}
+
+/// Keys `0` and the first other key that land in the same bucket, so that
+/// the races also go through one chain.
+fn colliding(t: &DedupTable<St>) -> (DedupKey, DedupKey) {
+    let a = key(0);
+    let b = (1..)
+        .map(key)
+        .find(|k| t.bucket_index(k) == t.bucket_index(&a))
+        .unwrap();
+    (a, b)
+}
+
+const T0: Timestamp = Timestamp::ZERO;
+
+#[test]
+fn two_threads_inserting_the_same_key_one_wins_the_other_sees_it() {
+    model(|| {
+        let t = Arc::new(table(4));
+        let racer = |t: Arc<DedupTable<St>>| {
+            move || {
+                t.apply(key(0), T0, |cur| match cur {
+                    None => (Some(St::Running), None),
+                    Some(s) => (None, Some(s.clone())),
+                })
+            }
+        };
+        let h = thread::spawn(racer(t.clone()));
+        let mine = racer(t.clone())();
+        let theirs = h.join().unwrap();
+        // Exactly one saw the key absent; the other saw the winner's state.
+        match (mine, theirs) {
+            (None, Some(St::Running)) | (Some(St::Running), None) => {}
+            other => panic!("both or neither won: {other:?}"),
+        }
+        assert_eq!(t.stats().in_progress, 1);
+        assert_eq!(t.len(), 1);
+    });
+}
+
+#[test]
+fn insert_racing_eviction() {
+    model(|| {
+        // One terminal slot: inserting B evicts A (same chain) while another
+        // thread touches A.
+        let t = Arc::new(table(1));
+        let (a, b) = colliding(&t);
+        t.apply(a, T0, |_| (Some(St::Done(1)), ()));
+        let t2 = t.clone();
+        let h = thread::spawn(move || t2.apply(b, T0, |_| (Some(St::Done(2)), ())));
+        let seen = t.apply(a, T0, |cur| match cur {
+            None => (Some(St::Running), None),
+            Some(s) => (None, Some(s.clone())),
+        });
+        h.join().unwrap();
+        // A was either still cached (a replay) or already evicted (then it
+        // came back in progress, which is never evicted).
+        assert!(matches!(seen, None | Some(St::Done(1))), "{seen:?}");
+        assert_eq!(t.get(&b, T0), Some(St::Done(2)));
+        let s = t.stats();
+        assert_eq!(s.terminal, 1);
+        assert_eq!(s.evicted_capacity, 1);
+        match seen {
+            None => {
+                assert_eq!(t.get(&a, T0), Some(St::Running));
+                assert_eq!(s.in_progress, 1);
+            }
+            Some(_) => {
+                assert_eq!(t.get(&a, T0), None);
+                assert_eq!(s.in_progress, 0);
+            }
+        }
+    });
+}
+
+#[test]
+fn transition_to_terminal_racing_lookup() {
+    model(|| {
+        let t = Arc::new(table(4));
+        let (a, b) = colliding(&t);
+        t.apply(a, T0, |_| (Some(St::Running), ()));
+        t.apply(b, T0, |_| (Some(St::Running), ()));
+        let t2 = t.clone();
+        let h = thread::spawn(move || {
+            t2.apply(a, T0, |cur| {
+                assert_eq!(cur, Some(&St::Running));
+                (Some(St::Done(7)), ())
+            })
+        });
+        // A lookup sees the state before or after, never a torn or missing
+        // one; the neighbour in the chain is undisturbed.
+        let got = t.get(&a, T0);
+        assert!(
+            matches!(got, Some(St::Running) | Some(St::Done(7))),
+            "{got:?}"
+        );
+        assert_eq!(t.get(&b, T0), Some(St::Running));
+        h.join().unwrap();
+        assert_eq!(t.get(&a, T0), Some(St::Done(7)));
+        let s = t.stats();
+        assert_eq!((s.in_progress, s.terminal), (1, 1));
+    });
+}
+
+#[test]
+fn ttl_expiry_racing_reinsert_of_the_same_key() {
+    model(|| {
+        let t = Arc::new(table(4));
+        t.apply(key(0), T0, |_| (Some(St::Done(1)), ()));
+        let later = T0 + Duration::from_secs(10);
+        let t2 = t.clone();
+        let h = thread::spawn(move || t2.evict_expired(later));
+        let seen = t.apply(key(0), later, |cur| (Some(St::Done(2)), cur.cloned()));
+        h.join().unwrap();
+        // The expired entry is gone either way, and the new one stays.
+        assert_eq!(seen, None);
+        assert_eq!(t.get(&key(0), later), Some(St::Done(2)));
+        let s = t.stats();
+        assert_eq!((s.terminal, s.evicted_ttl), (1, 1));
+    });
+}
+
+#[test]
+fn concurrent_evictions_share_the_queue() {
+    // Three inserts with evictions: a much larger state space.
+    model_bounded(1, 2, || {
+        // Two inserts into a full table of one: both push onto the queue and
+        // both evict; a node leaves the chain and the queue in either order.
+        let t = Arc::new(table(1));
+        let (a, b) = colliding(&t);
+        let c = key(u64::MAX);
+        t.apply(a, T0, |_| (Some(St::Done(1)), ()));
+        let t2 = t.clone();
+        let h = thread::spawn(move || t2.apply(b, T0, |_| (Some(St::Done(2)), ())));
+        t.apply(c, T0, |_| (Some(St::Done(3)), ()));
+        h.join().unwrap();
+        let s = t.stats();
+        let present = [a, b, c].iter().filter(|k| t.get(k, T0).is_some()).count();
+        assert_eq!(t.get(&a, T0), None, "the oldest goes first");
+        assert!(s.terminal <= 1 && present == s.terminal, "{s:?} {present}");
+        assert_eq!(s.evicted_capacity as usize, 3 - s.terminal);
+    });
+}
