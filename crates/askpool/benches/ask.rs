@@ -228,7 +228,9 @@ fn ratio_report() {
     if args.iter().any(|a| a == "--list") {
         return;
     }
-    let test_mode = args.iter().any(|a| a == "--test");
+    // `cargo bench` passes --bench; `cargo test` (and criterion's --test)
+    // runs the binary as a smoke test: a small report is enough there.
+    let test_mode = !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--test");
     let (trials, round_trips) = if test_mode {
         (TEST_TRIALS, TEST_ROUND_TRIPS)
     } else {
