@@ -104,10 +104,11 @@ async fn main() {
             let id = handle.request_id();
             let first = handle.await;
             // A reply lost after the Ack is not re-sent for (ADR 0007 retries
-            // until the Ack): the ask times out. Asking again with the same
-            // request id is served from the pool's reply cache.
+            // until the Ack): the ask times out and is dead-lettered.
+            // Replaying the letter asks again with the same request id, and
+            // the pool answers from its reply cache without running twice.
             let recovered = match &first {
-                Err(AskError::AskTimeout { .. }) => Some(reask(&node, pool, i, id).await),
+                Err(AskError::AskTimeout { .. }) => Some(replay(&node, id).await),
                 _ => None,
             };
             drop(permit);
@@ -138,7 +139,7 @@ async fn main() {
         println!("  {k:<28} {n:>6}");
     }
     println!(
-        "  timed-out asks re-asked with the same id: {recovered_total}, answered: {recovered_ok}\n"
+        "  timed-out asks replayed from the dead-letter queue: {recovered_total}, answered: {recovered_ok}\n"
     );
 
     let count = |kind, fate| {
@@ -151,6 +152,7 @@ async fn main() {
     for kind in [
         FrameKind::Request,
         FrameKind::Ack,
+        FrameKind::Read,
         FrameKind::Reply,
         FrameKind::Cancel,
     ] {
@@ -194,10 +196,11 @@ async fn main() {
         );
     }
     println!(
-        "\nleft behind: pending {}, timers {}, in flight {}",
+        "\nleft behind: pending {}, timers {}, in flight {}, dead letters {}",
         stats.pending,
         stats.armed_timers,
-        stats.pools.iter().map(|p| p.in_flight).sum::<usize>()
+        stats.pools.iter().map(|p| p.in_flight).sum::<usize>(),
+        stats.dlq_depth
     );
     println!("done in {elapsed:.2?}");
     if metrics_on {
@@ -226,16 +229,8 @@ async fn main() {
     assert_eq!(stats.pending, 0);
 }
 
-async fn reask(
-    node: &Node<u64, String>,
-    pool: &str,
-    msg: u64,
-    id: RequestId,
-) -> Result<String, AskError> {
-    node.ask(pool, msg)
-        .request_id(id)
-        .timeout(Duration::from_secs(2))
-        .await
+async fn replay(node: &Node<u64, String>, id: RequestId) -> Result<String, AskError> {
+    node.replay_dead_letter(id)?.await
 }
 
 /// GET /metrics from the exporter this process serves on loopback.

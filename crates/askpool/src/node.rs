@@ -248,15 +248,15 @@ where
     /// request id, ids and pool (a pool that finished it answers from its
     /// cache). `FailedPrecondition` if there is no such letter.
     pub fn replay_dead_letter(&self, id: RequestId) -> Result<AskHandle<M, R>, AskError> {
-        let letter =
-            self.shared
-                .caller
-                .dlq
-                .lock()
-                .take(id)
-                .ok_or_else(|| AskError::FailedPrecondition {
-                    message: format!("no dead letter with request id {id}"),
-                })?;
+        let taken = {
+            let mut dlq = self.shared.caller.dlq.lock();
+            let taken = dlq.take(id);
+            telemetry::dlq_depth(dlq.len());
+            taken
+        };
+        let letter = taken.ok_or_else(|| AskError::FailedPrecondition {
+            message: format!("no dead letter with request id {id}"),
+        })?;
         let mut ask = self
             .ask(letter.pool, letter.payload)
             .request_id(letter.ids.request_id)
