@@ -98,22 +98,38 @@ impl From<PayloadMismatch> for askpool_proto::AskError {
 }
 
 /// Signalled when an in-progress computation ends (stored or abandoned).
-#[derive(Default)]
-struct Done {
-    flag: Mutex<bool>,
+struct Done<R> {
+    /// `None` while running; `Some(None)` abandoned; `Some(Some(r))` the result.
+    flag: Mutex<Option<Option<Arc<R>>>>,
     cv: Condvar,
 }
 
-impl Done {
-    fn wait(&self) {
+impl<R> Default for Done<R> {
+    fn default() -> Self {
+        Self {
+            flag: Mutex::new(None),
+            cv: Condvar::new(),
+        }
+    }
+}
+
+impl<R> Done<R> {
+    fn wait(&self) -> Option<Arc<R>> {
         let mut done = self.flag.lock();
-        while !*done {
+        loop {
+            if let Some(r) = &*done {
+                return r.clone();
+            }
             self.cv.wait(&mut done);
         }
     }
 
-    fn set(&self) {
-        *self.flag.lock() = true;
+    fn set(&self, r: Option<Arc<R>>) {
+        let mut f = self.flag.lock();
+        if f.is_none() {
+            *f = Some(r);
+        }
+        drop(f);
         self.cv.notify_all();
     }
 }
@@ -121,7 +137,7 @@ impl Done {
 enum Slot<R> {
     InProgress {
         record: FingerprintRecord,
-        done: Arc<Done>,
+        done: Arc<Done<R>>,
     },
     Finished {
         record: FingerprintRecord,
@@ -136,8 +152,8 @@ impl<R> DedupState for Slot<R> {
 }
 
 enum Step<R> {
-    Run(Arc<Done>),
-    Wait(Arc<Done>),
+    Run(Arc<Done<R>>),
+    Wait(Arc<Done<R>>),
     Hit(Arc<R>),
     Mismatch,
 }
@@ -234,7 +250,11 @@ impl<R: Clone> ExactlyOnceDedup<R> {
                 Step::Mismatch => return Err(PayloadMismatch { key }),
                 // Cloned outside the entry's lock.
                 Step::Hit(reply) => return Ok(R::clone(&reply)),
-                Step::Wait(done) => done.wait(),
+                Step::Wait(done) => {
+                    if let Some(reply) = done.wait() {
+                        return Ok(R::clone(&reply));
+                    }
+                }
                 Step::Run(done) => {
                     let compute = compute.take().expect("runs at most once");
                     return Ok(self.compute_and_store(key, fp, done, compute));
@@ -247,14 +267,14 @@ impl<R: Clone> ExactlyOnceDedup<R> {
         &self,
         key: DedupKey,
         fp: Option<PayloadFingerprint>,
-        done: Arc<Done>,
+        done: Arc<Done<R>>,
         compute: impl FnOnce() -> R,
     ) -> R {
         /// Gives the key back if `compute` panics, and wakes the waiters.
         struct Abandon<'a, R> {
             table: &'a DedupTable<Slot<R>>,
             key: DedupKey,
-            done: &'a Arc<Done>,
+            done: &'a Arc<Done<R>>,
             armed: bool,
         }
         impl<R> Drop for Abandon<'_, R> {
@@ -263,7 +283,7 @@ impl<R: Clone> ExactlyOnceDedup<R> {
                     let mine = |slot: &Slot<R>| matches!(slot, Slot::InProgress { done, .. } if Arc::ptr_eq(done, self.done));
                     drop(self.table.remove_in_progress(&self.key, mine));
                 }
-                self.done.set();
+                self.done.set(None);
             }
         }
         let mut abandon = Abandon {
@@ -287,6 +307,7 @@ impl<R: Clone> ExactlyOnceDedup<R> {
             _ => (None, ()),
         });
         abandon.armed = false;
+        done.set(Some(reply.clone()));
         drop(abandon);
         // The record is in place: a panicking `Clone` cannot undo it.
         R::clone(&reply)

@@ -7,7 +7,11 @@
 //!
 //! - Terminal entries are bounded by `max_terminal` (oldest terminal evicted
 //!   first) and by `terminal_ttl`, counted from the moment the entry became
-//!   terminal, not from arrival. A hit does not refresh either.
+//!   terminal, not from arrival. A hit does not refresh either. Expiry stamps
+//!   never go down along the eviction queue: an entry made terminal with an
+//!   earlier `now` than one queued before it (threads whose clocks differ)
+//!   takes that one's stamp, so under clock skew an entry can outlive its TTL
+//!   by the skew, and memory stays bounded whatever clocks callers pass.
 //! - In-progress entries are never evicted: the runtime bounds them with the
 //!   pool's max in-flight and reads [`DedupStats::in_progress`].
 //!

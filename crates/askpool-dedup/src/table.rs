@@ -237,6 +237,8 @@ pub struct DedupTable<S> {
     terminal: CachePadded<AtomicUsize>,
     evicted_capacity: AtomicU64,
     evicted_ttl: AtomicU64,
+    /// The latest expiry stamped on a queued entry (nanos).
+    latest_expiry: AtomicU64,
     epoch: Epoch,
 }
 
@@ -266,6 +268,7 @@ impl<S: DedupState> DedupTable<S> {
             terminal: CachePadded::new(AtomicUsize::new(0)),
             evicted_capacity: AtomicU64::new(0),
             evicted_ttl: AtomicU64::new(0),
+            latest_expiry: AtomicU64::new(0),
             epoch: Epoch::new(),
         }
     }
@@ -439,10 +442,17 @@ impl<S: DedupState> DedupTable<S> {
         guard: &Guard,
     ) {
         body.phase = Phase::Terminal;
-        let expires = now + self.config.terminal_ttl;
+        // Expiry stamps never go down along the queue: an entry made
+        // terminal with an earlier clock than one queued before it (callers
+        // on other threads) is stamped like that one. Expiry then only ever
+        // has to look at the head, and entries removed early on access
+        // cannot pile up behind a head that is not yet due. The price: under
+        // clock skew an entry may outlive its TTL by that skew.
+        let mine = (now + self.config.terminal_ttl).as_nanos();
+        let expires = mine.max(self.latest_expiry.fetch_max(mine, Relaxed));
         // SAFETY: protected by `guard`.
         let node = unsafe { ptr.deref() };
-        node.expires.store(expires.as_nanos(), Relaxed);
+        node.expires.store(expires, Relaxed);
         self.terminal.fetch_add(1, Relaxed);
         // The queue's publishing CAS orders the store above before any
         // reader that finds the node through the queue.
@@ -536,7 +546,9 @@ impl<S: DedupState> DedupTable<S> {
             }
             self.unlink(bucket, &guard);
         }
-        while self.fifo.pop_if(|_| true, &guard).is_some() {}
+        while let Some(node) = self.fifo.pop_if(|_| true, &guard) {
+            self.evict(node, Cause::Clear, &guard);
+        }
     }
 
     /// Removes a live or terminal node whose lock the caller holds: drops

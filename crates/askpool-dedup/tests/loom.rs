@@ -196,3 +196,21 @@ fn concurrent_evictions_share_the_queue() {
         assert_eq!(s.evicted_capacity as usize, 3 - s.terminal);
     });
 }
+
+/// Found in review: `clear()` popped queued nodes without evicting them, so
+/// an entry made terminal after the sweep passed its bucket stayed cached,
+/// counted, and out of reach of TTL and capacity eviction for good.
+#[test]
+fn clear_racing_a_terminal_insert_leaves_nothing_unevictable() {
+    model(|| {
+        let t = Arc::new(table(4));
+        let t2 = t.clone();
+        let inserter = thread::spawn(move || {
+            t2.apply(key(0), Timestamp::ZERO, |_| (Some(St::Done(1)), ()));
+        });
+        t.clear();
+        inserter.join().unwrap();
+        t.evict_expired(Timestamp::ZERO + Duration::from_secs(10));
+        assert_eq!(t.stats().terminal, 0, "orphaned: {:?}", t.stats());
+    });
+}
