@@ -118,6 +118,32 @@ where
         self.log.lock().clear();
     }
 
+    /// Does to `frame` what its fate says, sending it on with `send`.
+    fn carry<F: Clone + Send + 'static>(
+        &self,
+        fate: Fate,
+        frame: F,
+        send: fn(&dyn WorkerTransport<M, R>, F) -> Result<(), AskError>,
+    ) -> Result<(), AskError> {
+        match fate {
+            Fate::Deliver => send(&*self.inner, frame),
+            // A dropped frame looks sent to its sender: that is the fault.
+            Fate::Drop => Ok(()),
+            Fate::Duplicate => {
+                send(&*self.inner, frame.clone())?;
+                send(&*self.inner, frame)
+            }
+            Fate::Delay(d) => {
+                let inner = Arc::clone(&self.inner);
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let _ = send(&*inner, frame);
+                });
+                Ok(())
+            }
+        }
+    }
+
     fn decide(&self, info: FrameInfo) -> Fate {
         let rule = Arc::clone(&self.rule.lock());
         let fate = rule(&info);
@@ -195,41 +221,12 @@ where
     }
 
     fn send_to_pool(&self, frame: ToWorker<M>) -> Result<(), AskError> {
-        match self.decide(worker_info(&frame)) {
-            Fate::Deliver => self.inner.send_to_pool(frame),
-            // A dropped frame looks sent to its sender: that is the fault.
-            Fate::Drop => Ok(()),
-            Fate::Duplicate => {
-                self.inner.send_to_pool(frame.clone())?;
-                self.inner.send_to_pool(frame)
-            }
-            Fate::Delay(d) => {
-                let inner = Arc::clone(&self.inner);
-                tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    let _ = inner.send_to_pool(frame);
-                });
-                Ok(())
-            }
-        }
+        let fate = self.decide(worker_info(&frame));
+        self.carry(fate, frame, |t, f| t.send_to_pool(f))
     }
 
     fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError> {
-        match self.decide(caller_info(&frame)) {
-            Fate::Deliver => self.inner.send_to_caller(frame),
-            Fate::Drop => Ok(()),
-            Fate::Duplicate => {
-                self.inner.send_to_caller(frame.clone())?;
-                self.inner.send_to_caller(frame)
-            }
-            Fate::Delay(d) => {
-                let inner = Arc::clone(&self.inner);
-                tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    let _ = inner.send_to_caller(frame);
-                });
-                Ok(())
-            }
-        }
+        let fate = self.decide(caller_info(&frame));
+        self.carry(fate, frame, |t, f| t.send_to_caller(f))
     }
 }

@@ -155,11 +155,11 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     fn step(
         &self,
         key: DedupKey,
+        now: Timestamp,
         event: InboundEvent<R>,
         expires: Option<(Timestamp, Expiring)>,
         only_if: Option<ExpiryKey>,
     ) -> Option<(InboundAction<R>, Option<CancelSignal>)> {
-        let now = self.clock.now();
         self.table.apply(key, now, |current| {
             if let Some(expected) = only_if {
                 if current.is_none_or(|e| e.is_terminal() || e.expiry != Some(expected)) {
@@ -236,30 +236,15 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// The processing deadline of a request admitted now. Not the caller's
     /// deadline: work that finishes after its caller gave up is a late
     /// outcome the caller reconciles (SW4RM), not something to cut short.
-    fn processing_deadline(&self) -> Option<Timestamp> {
-        self.config.processing_timeout.map(|d| self.clock.now() + d)
+    fn processing_deadline(&self, now: Timestamp) -> Option<Timestamp> {
+        self.config.processing_timeout.map(|d| now + d)
     }
 
-    /// Cancels a running request whose processing deadline passed.
+    /// Cancels a running request whose processing deadline passed, unless
+    /// it is no longer the entry that was indexed under `key`.
     fn expire(&self, key: ExpiryKey, what: Expiring) {
-        let event = InboundEvent::Cancel {
-            reason: CancelReason::ProcessingTimeout,
-        };
-        let Some((action, token)) = self.step(what.ids.dedup_key(), event, None, Some(key)) else {
-            return;
-        };
-        if let InboundAction::SendCancelled(reason) = action {
-            self.counters.expired.fetch_add(1, Ordering::Relaxed);
-            if let Some(token) = token {
-                token.cancel();
-            }
-            if what.expects_reply {
-                self.send(ToCaller::Cancelled {
-                    ids: what.ids,
-                    reason,
-                });
-            }
-        }
+        let reason = CancelReason::ProcessingTimeout;
+        self.cancel_step(what.ids, reason, what.expects_reply, Some(key));
     }
 
     fn send(&self, frame: ToCaller<R>) {
@@ -358,7 +343,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let event = InboundEvent::Request {
             fingerprint: meta.fingerprint,
         };
-        let expires = self.processing_deadline().map(|at| {
+        let now = self.clock.now();
+        let expires = self.processing_deadline(now).map(|at| {
             (
                 at,
                 Expiring {
@@ -367,7 +353,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 },
             )
         });
-        let Some((action, token)) = self.step(ids.dedup_key(), event, expires, None) else {
+        let Some((action, token)) = self.step(ids.dedup_key(), now, event, expires, None) else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
             refuse(AskError::BufferFull {
                 pool: self.name.to_string(),
@@ -438,14 +424,31 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
 
     /// A cancel for `ids`, from the caller or from the worker side.
     pub(crate) fn cancel(&self, ids: AskIds, reason: CancelReason, reply: bool) {
-        let Some((action, token)) =
-            self.step(ids.dedup_key(), InboundEvent::Cancel { reason }, None, None)
-        else {
+        self.cancel_step(ids, reason, reply, None);
+    }
+
+    /// One Cancel step of the table: signals the running handler and
+    /// answers `AskCancelled`, or records a tombstone. With `only_if` it is
+    /// a processing-timeout expiry, counted as such.
+    fn cancel_step(
+        &self,
+        ids: AskIds,
+        reason: CancelReason,
+        reply: bool,
+        only_if: Option<ExpiryKey>,
+    ) {
+        let now = self.clock.now();
+        let event = InboundEvent::Cancel { reason };
+        let Some((action, token)) = self.step(ids.dedup_key(), now, event, None, only_if) else {
             return;
         };
         match action {
             InboundAction::SendCancelled(reason) => {
-                self.counters.cancels.fetch_add(1, Ordering::Relaxed);
+                let counter = match only_if {
+                    Some(_) => &self.counters.expired,
+                    None => &self.counters.cancels,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
                 if let Some(token) = token {
                     token.cancel();
                 }
@@ -467,7 +470,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// The handler of `meta` finished with `outcome`.
     pub(crate) fn finish(&self, meta: &RequestMeta, outcome: Outcome<R>) {
         let event = InboundEvent::HandlerFinished { outcome };
-        let Some((action, _)) = self.step(meta.ids.dedup_key(), event, None, None) else {
+        let now = self.clock.now();
+        let Some((action, _)) = self.step(meta.ids.dedup_key(), now, event, None, None) else {
             return;
         };
         match action {
