@@ -692,3 +692,72 @@ async fn acks_within_one_tick_travel_as_one_batch() {
         "the batch arrived before any re-send"
     );
 }
+
+/// Found by the fault simulation: an ask that reuses a request id with
+/// another payload must not be completed by the stale outcome of the earlier
+/// request; that outcome reconciles the earlier (timed-out) ask instead.
+#[tokio::test(start_paused = true)]
+async fn a_stale_outcome_never_completes_a_reused_id_with_another_payload() {
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    let late = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = late.clone();
+    node.on_late_outcome(move |o| seen.lock().unwrap().push(o.result));
+    echo_pool(&node, "p", Duration::from_secs(2));
+    // The timeout's cancel is lost, so the first request runs to its end.
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Cancel => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let id = RequestId::from_parts(1, 42);
+    let first = node
+        .ask("p", 1)
+        .request_id(id)
+        .fingerprint(PayloadFingerprint::from_u128(1))
+        .timeout(Duration::from_secs(1))
+        .await;
+    assert_eq!(first.unwrap_err().code(), ErrorCode::AskTimeout);
+    // The second request (another payload) reaches the pool only after the
+    // first one's reply reached the caller.
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Cancel => Fate::Drop,
+        FrameKind::Request => Fate::Delay(Duration::from_secs(1)),
+        _ => Fate::Deliver,
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = node
+        .ask("p", 2)
+        .request_id(id)
+        .fingerprint(PayloadFingerprint::from_u128(2))
+        .timeout(Duration::from_secs(5))
+        .await;
+    assert_eq!(
+        second.map_err(|e| e.code()),
+        Err(ErrorCode::PayloadMismatch)
+    );
+    let late = late.lock().unwrap();
+    assert_eq!(late.len(), 1, "the stale reply reconciled the first ask");
+    assert!(
+        matches!(&late[0], askpool::LateResult::Reply(Ok(r)) if r == "echo 1"),
+        "{late:?}"
+    );
+}
+
+/// Found by the fault simulation: an ask refused before it was sent (its id
+/// is already pending) ends its stage stream with REJECTED.
+#[tokio::test(start_paused = true)]
+async fn a_refused_ask_ends_its_stage_stream() {
+    use askpool::AckStage;
+    use futures::StreamExt;
+    let tap = Tap::in_process();
+    let node = node_on(&tap);
+    echo_pool(&node, "p", Duration::from_secs(1));
+    let id = RequestId::from_parts(1, 7);
+    let first = node.ask("p", 1).request_id(id).send();
+    let second = node.ask("p", 1).request_id(id).send();
+    let stages = second.stages();
+    assert_eq!(second.await.unwrap_err().code(), ErrorCode::InvalidArgument);
+    let stages: Vec<AckStage> = stages.map(|e| e.stage).collect().await;
+    assert_eq!(stages, vec![AckStage::Sent, AckStage::Rejected]);
+    assert_eq!(first.await.unwrap(), "echo 1");
+}

@@ -28,8 +28,26 @@ enum Task {
         #[arg(long)]
         slow: bool,
     },
-    /// Run the demo: two pools, a transport that drops and duplicates frames.
+    /// Run the demo: `askpool simulate` with moderate faults, then the
+    /// dead-letter / metrics walkthrough.
     Demo,
+    /// Run the deterministic fault simulation over many seeds (release
+    /// build, paused clock, each seed twice).
+    Sim {
+        /// How many seeds.
+        #[arg(long, default_value_t = 200)]
+        seeds: u64,
+        /// Asks per seed.
+        #[arg(long, default_value_t = 5_000)]
+        asks: u64,
+        /// The first seed.
+        #[arg(long, default_value_t = 1)]
+        first_seed: u64,
+        /// Break the protocol on purpose (ForgeReplay, ForgetDedup) to see
+        /// the checker catch it.
+        #[arg(long)]
+        sabotage: Option<String>,
+    },
     /// Run the benchmarks and print their ratios to the baselines.
     Bench {
         /// Which suite: `ask` or `dedup` (default: all).
@@ -45,6 +63,12 @@ fn main() -> ExitCode {
         Task::Build => cargo(&["build", "--workspace", "--all-targets"]),
         Task::Test { slow } => test(slow),
         Task::Demo => demo(),
+        Task::Sim {
+            seeds,
+            asks,
+            first_seed,
+            sabotage,
+        } => sim(seeds, asks, first_seed, sabotage.as_deref()),
         Task::Bench { suite } => bench(suite.as_deref()),
         Task::Ci => test(false),
     };
@@ -160,7 +184,31 @@ fn miri() -> Result<(), String> {
     Ok(())
 }
 
+/// Runs the `askpool` binary (release build) with `args`.
+fn askpool_cli(args: &[&str]) -> Result<(), String> {
+    let mut all = vec!["run", "--release", "--quiet", "-p", "askpool-cli", "--"];
+    all.extend_from_slice(args);
+    cargo(&all)
+}
+
 fn demo() -> Result<(), String> {
+    askpool_cli(&[
+        "simulate",
+        "--asks",
+        "50000",
+        "--drop",
+        "0.05",
+        "--dup",
+        "0.05",
+        "--reorder",
+        "0.05",
+        "--delay-ms",
+        "0..20",
+        "--workers",
+        "4",
+        "--seed",
+        "42",
+    ])?;
     cargo(&[
         "run",
         "--release",
@@ -170,6 +218,23 @@ fn demo() -> Result<(), String> {
         "--example",
         "demo",
     ])
+}
+
+fn sim(seeds: u64, asks: u64, first_seed: u64, sabotage: Option<&str>) -> Result<(), String> {
+    let (seeds, asks, first_seed) = (seeds.to_string(), asks.to_string(), first_seed.to_string());
+    let mut args = vec![
+        "check",
+        "--seeds",
+        &seeds,
+        "--asks",
+        &asks,
+        "--first-seed",
+        &first_seed,
+    ];
+    if let Some(s) = sabotage {
+        args.extend(["--sabotage", s]);
+    }
+    askpool_cli(&args)
 }
 
 fn bench(suite: Option<&str>) -> Result<(), String> {

@@ -122,7 +122,15 @@ pub enum ToCaller<R> {
     /// A worker took the request (READ).
     Read { ids: AskIds },
     /// `AskReply`: the terminal outcome, live or replayed from the cache.
-    Reply { ids: AskIds, outcome: Outcome<R> },
+    /// `fingerprint` is that of the request the outcome answers: a caller
+    /// whose ask is fingerprinted accepts only an outcome with the same one,
+    /// so the stale outcome of an earlier request that reused the id (with
+    /// another payload) can never complete it.
+    Reply {
+        ids: AskIds,
+        outcome: Outcome<R>,
+        fingerprint: Option<PayloadFingerprint>,
+    },
     /// `AskCancelled`: the request was cancelled at the worker.
     Cancelled { ids: AskIds, reason: CancelReason },
     /// `AskProgress`: a partial ack (fraction, note, metadata).

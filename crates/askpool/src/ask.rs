@@ -174,7 +174,11 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 expects_reply: !b.one_way,
             },
             rng: SmallRng::seed_from_u64(request_id.nonce()),
-            slot: Arc::new(AskSlot::new(node.config.track_stages.then_some(now), &span)),
+            slot: Arc::new(AskSlot::new(
+                node.config.track_stages.then_some(now),
+                b.fingerprint,
+                &span,
+            )),
             payload: Some(b.payload),
             timer: None,
             early: None,
@@ -186,6 +190,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             node,
         };
         if let Err(e) = handle.admit(policy, now) {
+            // A refused ask never reached the wire; its stage stream ends.
+            handle.slot.record_terminal(AckStage::Rejected, now);
             handle.early = Some(Err(e));
             handle.payload = None;
             return handle;
@@ -243,11 +249,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         if self.node.is_closed() {
             return Err(AskError::node_closed());
         }
-        self.permit = self
-            .node
-            .breakers
-            .acquire(&self.meta.pool, now)
-            .inspect_err(|_| self.slot.record_terminal(AckStage::Rejected, now))?;
+        self.permit = self.node.breakers.acquire(&self.meta.pool, now)?;
         let id = self.meta.ids.request_id;
         let inserted = match self.node.caller.pending.entry(id) {
             dashmap::mapref::entry::Entry::Occupied(_) => false,

@@ -15,8 +15,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use askpool_proto::{
-    AckStage, AckTracker, AskError, AskIds, CancelReason, Outcome, PoolName, Progress, RequestId,
-    StageError, StageEvent, Timestamp, ToCaller,
+    AckStage, AckTracker, AskError, AskIds, CancelReason, Outcome, PayloadFingerprint, PoolName,
+    Progress, RequestId, StageError, StageEvent, Timestamp, ToCaller,
 };
 use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
@@ -89,12 +89,19 @@ pub(crate) struct Arrivals<R> {
 
 pub(crate) struct AskSlot<R> {
     inner: Mutex<SlotInner<R>>,
+    /// The ask's payload fingerprint, if it has one.
+    fingerprint: Option<PayloadFingerprint>,
 }
 
 impl<R> AskSlot<R> {
     /// A slot; `track_from` starts its ACK lifecycle at SENT.
-    pub(crate) fn new(track_from: Option<Timestamp>, span: &tracing::Span) -> Self {
+    pub(crate) fn new(
+        track_from: Option<Timestamp>,
+        fingerprint: Option<PayloadFingerprint>,
+        span: &tracing::Span,
+    ) -> Self {
         Self {
+            fingerprint,
             inner: Mutex::new(SlotInner {
                 acked: false,
                 read: false,
@@ -113,6 +120,17 @@ impl<R> AskSlot<R> {
                     })
                 }),
             }),
+        }
+    }
+
+    /// Whether `frame` can be about this ask. A fingerprinted ask takes
+    /// only an outcome of a request with its fingerprint (fail closed: not
+    /// one without any); anything else is the outcome of an earlier request
+    /// that reused the id.
+    fn answers(&self, frame: &ToCaller<R>) -> bool {
+        match (self.fingerprint, frame) {
+            (Some(ours), ToCaller::Reply { fingerprint, .. }) => *fingerprint == Some(ours),
+            _ => true,
         }
     }
 
@@ -374,12 +392,21 @@ impl<M, R> CallerSide<M, R> {
 
     /// A terminal frame for an ask that is no longer pending: if it timed
     /// out recently, reconcile it once; otherwise it is a duplicate.
-    fn reconcile(&self, id: RequestId, result: LateResult<R>) {
+    fn reconcile(&self, frame: ToCaller<R>) {
+        let id = frame.ids().expect("not a batch").request_id;
         let now = self.clock.now();
         let record = {
             let mut t = self.timed_out.lock();
             t.trim(now);
-            t.records.remove(&id)
+            match t.records.get(&id) {
+                Some(r) if r.slot.answers(&frame) => t.records.remove(&id),
+                _ => None,
+            }
+        };
+        let result = match frame {
+            ToCaller::Reply { outcome, .. } => LateResult::Reply(outcome),
+            ToCaller::Cancelled { reason, .. } => LateResult::Cancelled(reason),
+            _ => unreachable!("only terminal frames reconcile"),
         };
         let Some(record) = record else {
             self.ignored();
@@ -425,12 +452,14 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
         };
         let id = ids.request_id;
         // Clone the slot out: a shard guard must not be held while waking.
-        let Some(slot) = self.pending.get(&id).map(|s| Arc::clone(s.value())) else {
+        let slot = self
+            .pending
+            .get(&id)
+            .map(|s| Arc::clone(s.value()))
+            .filter(|slot| slot.answers(&frame));
+        let Some(slot) = slot else {
             match frame {
-                ToCaller::Reply { outcome, .. } => self.reconcile(id, LateResult::Reply(outcome)),
-                ToCaller::Cancelled { reason, .. } => {
-                    self.reconcile(id, LateResult::Cancelled(reason))
-                }
+                ToCaller::Reply { .. } | ToCaller::Cancelled { .. } => self.reconcile(frame),
                 _ => self.ignored(),
             }
             return;

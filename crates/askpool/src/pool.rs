@@ -327,10 +327,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     fn admit(&self, env: Envelope<M>) {
         let Envelope { meta, payload } = env;
         let ids = meta.ids;
+        let fingerprint = meta.fingerprint;
         let refuse = |error: AskError| {
             self.send(ToCaller::Reply {
                 ids,
                 outcome: Err(error),
+                fingerprint,
             })
         };
         if self.is_closed() {
@@ -388,7 +390,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             InboundAction::Replay(outcome) => {
                 self.counters.replays.fetch_add(1, Ordering::Relaxed);
                 telemetry::dedup_hit(true);
-                ToCaller::Reply { ids, outcome }
+                // Admitted: the incoming fingerprint is the cached one's.
+                ToCaller::Reply {
+                    ids,
+                    outcome,
+                    fingerprint,
+                }
             }
             InboundAction::SendCancelled(reason) => ToCaller::Cancelled { ids, reason },
             _ => unreachable!("the inbound table answers a request with none of the other actions"),
@@ -479,6 +486,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 self.send(ToCaller::Reply {
                     ids: meta.ids,
                     outcome,
+                    fingerprint: meta.fingerprint,
                 });
             }
             InboundAction::SuppressReply => {
@@ -612,6 +620,7 @@ async fn sweep_expired<M: Send + 'static, R: Clone + Send + 'static>(weak: Weak<
         match next {
             Some(at) => {
                 tokio::select! {
+                    biased;
                     _ = changed => {}
                     _ = tokio::time::sleep_until(pool.clock.instant(at)) => {}
                 }
