@@ -24,7 +24,8 @@ enum Task {
     /// fmt check, clippy -D warnings, and every test of the workspace.
     Test {
         /// Also run the slow tiers: larger loom bounds, the 10-million-entry
-        /// memory test, Miri where a nightly toolchain has it.
+        /// memory test, a million-ask simulation, Miri where a nightly
+        /// toolchain has it.
         #[arg(long)]
         slow: bool,
     },
@@ -131,6 +132,8 @@ fn test(slow: bool) -> Result<(), String> {
         // The long tiers: 10 million entries through the capped dedup
         // table, and anything else marked #[ignore] as slow.
         cargo(&["test", "--workspace", "--release", "--", "--ignored"])?;
+        // One seed of a million asks through every fault.
+        sim(1, 1_000_000, 1, None)?;
         miri()?;
     }
     eprintln!("\nxtask test: all green in {:.1?}", started.elapsed());

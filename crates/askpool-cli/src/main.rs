@@ -76,10 +76,10 @@ struct SimulateArgs {
     #[arg(long, default_value_t = 4)]
     callers: u32,
     /// Distinct request ids per caller and pool (small, so ids are reused).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 2048)]
     ids_per_caller: u32,
     /// Asks outstanding at once.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 1024)]
     window: u32,
     /// Handler work time (milliseconds, `A..B`).
     #[arg(long, default_value = "0..5", value_parser = ms_range)]
