@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
+
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
@@ -49,10 +51,16 @@ enum Task {
         #[arg(long)]
         sabotage: Option<String>,
     },
-    /// Run the benchmarks and print their ratios to the baselines.
+    /// Run every benchmark suite (or one) and write target/bench/report.md
+    /// and report.json: ratios to baselines measured in the same run, floors,
+    /// targets met or missed. A full run of every suite also regenerates the
+    /// README's performance section.
     Bench {
-        /// Which suite: `ask` or `dedup` (default: all).
+        /// One suite only: floors, dedup, ask, ... (default: all).
         suite: Option<String>,
+        /// Smaller sizes (still >= 7 interleaved trials): under 5 minutes.
+        #[arg(long)]
+        quick: bool,
     },
     /// What CI runs: the full test command.
     Ci,
@@ -70,7 +78,7 @@ fn main() -> ExitCode {
             first_seed,
             sabotage,
         } => sim(seeds, asks, first_seed, sabotage.as_deref()),
-        Task::Bench { suite } => bench(suite.as_deref()),
+        Task::Bench { suite, quick } => bench::run(suite.as_deref(), quick),
         Task::Ci => test(false),
     };
     match result {
@@ -108,8 +116,12 @@ fn run(program: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<(), String
 }
 
 fn cargo(args: &[&str]) -> Result<(), String> {
+    cargo_with_env(args, &[])
+}
+
+fn cargo_with_env(args: &[&str], envs: &[(&str, &str)]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(&cargo, args, &[])
+    run(&cargo, args, envs)
 }
 
 fn test(slow: bool) -> Result<(), String> {
@@ -238,32 +250,4 @@ fn sim(seeds: u64, asks: u64, first_seed: u64, sabotage: Option<&str>) -> Result
         args.extend(["--sabotage", s]);
     }
     askpool_cli(&args)
-}
-
-fn bench(suite: Option<&str>) -> Result<(), String> {
-    let suites = ["ask", "dedup"];
-    let selected: Vec<&str> = match suite {
-        None => suites.to_vec(),
-        Some(s) if suites.contains(&s) => vec![s],
-        Some(other) => {
-            return Err(format!(
-                "unknown bench suite {other:?}; known: {}",
-                suites.join(", ")
-            ))
-        }
-    };
-    for suite in selected {
-        match suite {
-            "ask" => {
-                cargo(&["bench", "-p", "askpool", "--bench", "ask"])?;
-                let ratios = root().join("target/bench/ask_ratios.txt");
-                if let Ok(text) = std::fs::read_to_string(&ratios) {
-                    println!("\n{text}");
-                }
-            }
-            "dedup" => cargo(&["bench", "-p", "askpool-dedup", "--bench", "dedup"])?,
-            _ => unreachable!(),
-        }
-    }
-    Ok(())
 }

@@ -14,19 +14,18 @@
 //! caller is a runtime task as in real use.
 //!
 //! Criterion runs benchmarks one after another, so a noisy shared machine can
-//! skew the comparison. After criterion, an interleaved report runs raw and
-//! askpool trials alternately and prints the median per-trial ratio
-//! askpool/raw per runtime flavour; the same lines go to
-//! `<target>/bench/ask_ratios.txt`.
-//!
-//! `cargo bench -p askpool --bench ask -- --test` runs everything once and
-//! shrinks the ratio report to 2 trials of 1,000 round trips.
+//! skew the comparison. The figures that count come from the interleaved
+//! report after it (`askpool-benchkit`: trials alternate raw, askpool and
+//! untracked askpool; median of per-trial ratios), written to
+//! `<target>/bench/results/ask.json` for `cargo xtask bench`.
+//! `ASKPOOL_BENCH_QUICK=1` skips criterion and shrinks the trials; under
+//! `cargo test` everything runs once at a tiny size.
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use askpool::{Node, NodeConfig, PoolName};
+use askpool_benchkit::{interleave, Comparison, Mode, SuiteResults, Target};
 use criterion::{criterion_group, Criterion};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
@@ -35,12 +34,8 @@ type RawRequest = (u64, oneshot::Sender<u64>);
 
 /// Channel capacity of the raw baseline (a round trip keeps one message in it).
 const RAW_CAPACITY: usize = 1024;
-/// Round trips per trial, trials per flavour in the interleaved report.
+/// Round trips per trial in the interleaved report (full mode).
 const RATIO_ROUND_TRIPS: u64 = 20_000;
-const RATIO_TRIALS: usize = 9;
-/// What `--test` runs instead.
-const TEST_ROUND_TRIPS: u64 = 1_000;
-const TEST_TRIALS: usize = 2;
 /// The ratio the report compares against.
 const TARGET_RATIO: f64 = 1.5;
 /// Issue 4: stage tracking on costs at most 15 % over tracking off.
@@ -190,115 +185,66 @@ criterion_group! {
     targets = bench_round_trip
 }
 
-fn median(sorted: &[f64]) -> f64 {
-    let n = sorted.len();
-    if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    }
-}
-
-/// `<target>/bench`: `$CARGO_TARGET_DIR` (relative paths taken from the
-/// workspace root), else the workspace's `target`.
-fn report_dir() -> PathBuf {
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    let workspace = manifest.join("..").join("..");
-    let workspace = workspace.canonicalize().unwrap_or(workspace);
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => {
-            let dir = PathBuf::from(dir);
-            if dir.is_absolute() {
-                dir
-            } else {
-                workspace.join(dir)
-            }
-        }
-        _ => workspace.join("target"),
-    };
-    target.join("bench")
-}
-
-/// Alternates raw and askpool trials on each flavour and reports the median
-/// per-trial ratio askpool/raw: robust to load that comes and goes.
-fn ratio_report() {
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list") {
-        return;
-    }
-    // `cargo bench` passes --bench; `cargo test` (and criterion's --test)
-    // runs the binary as a smoke test: a small report is enough there.
-    let test_mode = !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--test");
-    let (trials, round_trips) = if test_mode {
-        (TEST_TRIALS, TEST_ROUND_TRIPS)
-    } else {
-        (RATIO_TRIALS, RATIO_ROUND_TRIPS)
-    };
-
-    let mut lines = Vec::new();
+/// Alternates raw, askpool and askpool-untracked trials on each flavour
+/// (`askpool-benchkit`'s method) and writes the comparisons.
+fn ratio_report(mode: Mode) {
+    let trials = mode.trials();
+    let round_trips = mode.scale(RATIO_ROUND_TRIPS);
+    let mut results = SuiteResults::new("ask", mode);
     for flavour in Flavour::ALL {
         let fixture = Fixture::new(flavour);
+        let per_op = |d: Duration| d.as_nanos() as f64 / round_trips as f64;
         // One untimed pass each: tasks spawned, allocator and tables warm.
         fixture.run_raw(round_trips);
         fixture.run_ask(round_trips);
-
         fixture.run_ask_on(&fixture.untracked, round_trips);
-
-        let mut ratios = Vec::with_capacity(trials);
-        let mut tracking = Vec::with_capacity(trials);
-        let mut raw_ns = Vec::with_capacity(trials);
-        let mut ask_ns = Vec::with_capacity(trials);
-        for _ in 0..trials {
-            let raw = fixture.run_raw(round_trips);
-            let ask = fixture.run_ask(round_trips);
-            let untracked = fixture.run_ask_on(&fixture.untracked, round_trips);
-            ratios.push(ask.as_secs_f64() / raw.as_secs_f64());
-            tracking.push(ask.as_secs_f64() / untracked.as_secs_f64());
-            raw_ns.push(raw.as_nanos() as f64 / round_trips as f64);
-            ask_ns.push(ask.as_nanos() as f64 / round_trips as f64);
-        }
-        for v in [&mut ratios, &mut tracking, &mut raw_ns, &mut ask_ns] {
-            v.sort_by(f64::total_cmp);
-        }
-        let tracking_line = format!(
-            "RATIO ask_round_trip/{} tracked/untracked median={:.2} min={:.2} max={:.2} \
-             (target <= {TRACKING_TARGET}) trials={trials} round_trips={round_trips}",
-            flavour.name(),
-            median(&tracking),
-            tracking[0],
-            tracking[tracking.len() - 1],
+        let mut raw = || per_op(fixture.run_raw(round_trips));
+        let mut ask = || per_op(fixture.run_ask(round_trips));
+        let mut untracked = || per_op(fixture.run_ask_on(&fixture.untracked, round_trips));
+        let t = interleave(trials, &mut [&mut raw, &mut ask, &mut untracked]);
+        let floor = format!("tokio mpsc+oneshot round trip ({})", flavour.name());
+        results.comparisons.push(
+            Comparison::time(
+                format!("ask round trip, {}", flavour.name()),
+                "node.ask().await",
+                &t[1],
+                "raw tokio mpsc+oneshot",
+                &t[0],
+            )
+            .target(Target::at_most(TARGET_RATIO, 2))
+            .floor(floor.clone())
+            .note(
+                "every ask does two dedup-table transitions, a pending-map entry, a deadline \
+                 timer, three frames back (Ack, Read, Reply), breaker and expiry bookkeeping; \
+                 the 100,000-entry reply cache misses the CPU caches on each new key",
+            ),
         );
-        let line = format!(
-            "RATIO ask_round_trip/{} askpool/raw median={:.2} min={:.2} max={:.2} \
-             (target <= {TARGET_RATIO}) raw_median={:.0}ns askpool_median={:.0}ns \
-             trials={trials} round_trips={round_trips}",
-            flavour.name(),
-            median(&ratios),
-            ratios[0],
-            ratios[ratios.len() - 1],
-            median(&raw_ns),
-            median(&ask_ns),
+        results.comparisons.push(
+            Comparison::time(
+                format!("ACK stage tracking on vs off, {}", flavour.name()),
+                "tracked ask",
+                &t[1],
+                "untracked ask",
+                &t[2],
+            )
+            .target(Target::at_most(TRACKING_TARGET, 4))
+            .floor(floor),
         );
-        println!("{line}");
-        println!("{tracking_line}");
-        lines.push(line);
-        lines.push(tracking_line);
     }
-
-    let dir = report_dir();
-    let path = dir.join("ask_ratios.txt");
-    let written =
-        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, lines.join("\n") + "\n"));
-    match written {
-        Ok(()) => println!("ratios written to {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
-    }
+    results
+        .facts
+        .push(("round trips per trial".into(), round_trips.to_string()));
+    results.finish(mode);
 }
 
 fn main() {
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    ratio_report();
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let mode = Mode::from_env();
+    if mode.criterion() {
+        benches();
+        Criterion::default().configure_from_args().final_summary();
+    }
+    ratio_report(mode);
 }

@@ -1,0 +1,26 @@
+use askpool::{Node, NodeConfig};
+fn main() {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(300_000);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let node: Node<u64, u64> = Node::with_config(NodeConfig {
+            track_stages: false,
+            ..NodeConfig::default()
+        });
+        node.pool("p")
+            .handler(|m: u64, _ctx| async move { Ok(m + 1) })
+            .unwrap();
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            let r = node.ask("p", i).await.unwrap();
+            assert_eq!(r, i + 1);
+        }
+        println!("{:?} per ask", t.elapsed() / n as u32);
+    });
+}
