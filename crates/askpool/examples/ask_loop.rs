@@ -1,3 +1,7 @@
+//! A tight loop of sequential asks, for profilers:
+//! `cargo build --release -p askpool --example ask_loop &&
+//!  perf record -g target/release/examples/ask_loop 200000`.
+
 use askpool::{Node, NodeConfig};
 fn main() {
     let n: u64 = std::env::args()
