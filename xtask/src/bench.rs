@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: runs every benchmark suite, then merges their
 //! results (`target/bench/results/<suite>.json`, the `askpool-benchkit`
 //! schema) into `target/bench/report.md` and `report.json`, and, after a
-//! full run of every suite, the README's performance section.
+//! run of every suite (full or quick), the README's performance section.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,11 +11,13 @@ use serde_json::{json, Value};
 use crate::{cargo_with_env, root};
 
 /// A suite: its name, the program it needs besides cargo (skipped when
-/// missing), and how to run it.
+/// missing), how to run it, and the result files it writes besides its own
+/// (one bench binary may measure two suites in the same trials).
 struct Suite {
     name: &'static str,
     needs: Option<&'static str>,
     run: fn() -> Result<(), String>,
+    also: &'static [&'static str],
 }
 
 fn cargo_bench(package: &str, bench: &str) -> Result<(), String> {
@@ -40,16 +42,19 @@ const SUITES: &[Suite] = &[
         name: "floors",
         needs: None,
         run: || cargo_bench("askpool-benchkit", "floors"),
+        also: &[],
     },
     Suite {
         name: "dedup",
         needs: None,
         run: || cargo_bench("askpool-dedup", "dedup"),
+        also: &[],
     },
     Suite {
         name: "ask",
         needs: None,
         run: || cargo_bench("askpool", "ask"),
+        also: &["ack"],
     },
 ];
 
@@ -90,40 +95,35 @@ pub fn run(only: Option<&str>, quick: bool) -> Result<(), String> {
     let dir = results_dir();
     let mut outcomes = Vec::new();
     for suite in SUITES.iter().filter(|s| only.is_none_or(|n| n == s.name)) {
-        let file = dir.join(format!("{}.json", suite.name));
-        let _ = std::fs::remove_file(&file);
-        if let Some(program) = suite.needs.filter(|p| !has_program(p)) {
-            eprintln!(
-                "\nxtask bench: skipping {}: `{program}` not found",
-                suite.name
-            );
-            outcomes.push(Outcome {
-                suite: suite.name,
-                status: format!("skipped: `{program}` not found"),
-                results: None,
-            });
-            continue;
+        let names: Vec<&'static str> = std::iter::once(suite.name)
+            .chain(suite.also.iter().copied())
+            .collect();
+        for name in &names {
+            let _ = std::fs::remove_file(dir.join(format!("{name}.json")));
         }
-        let status = match (suite.run)() {
-            Ok(()) => match read_json(&file) {
-                Some(v) => {
-                    outcomes.push(Outcome {
-                        suite: suite.name,
-                        status: "ran".into(),
-                        results: Some(v),
-                    });
-                    continue;
-                }
-                None => format!("failed: wrote no {}", file.display()),
+        let status = match suite.needs.filter(|p| !has_program(p)) {
+            Some(program) => format!("skipped: `{program}` not found"),
+            None => match (suite.run)() {
+                Ok(()) => "ran".to_string(),
+                Err(e) => format!("failed: {e}"),
             },
-            Err(e) => format!("failed: {e}"),
         };
-        eprintln!("\nxtask bench: {}: {status}", suite.name);
-        outcomes.push(Outcome {
-            suite: suite.name,
-            status,
-            results: None,
-        });
+        for name in names {
+            let file = dir.join(format!("{name}.json"));
+            let (status, results) = match (status.as_str(), read_json(&file)) {
+                ("ran", Some(v)) => (status.clone(), Some(v)),
+                ("ran", None) => (format!("failed: wrote no {}", file.display()), None),
+                _ => (status.clone(), None),
+            };
+            if status != "ran" {
+                eprintln!("\nxtask bench: {name}: {status}");
+            }
+            outcomes.push(Outcome {
+                suite: name,
+                status,
+                results,
+            });
+        }
     }
     let report = compose(&outcomes, quick);
     let bench = root().join("target/bench");
@@ -137,8 +137,8 @@ pub fn run(only: Option<&str>, quick: bool) -> Result<(), String> {
     std::fs::write(bench.join("report.md"), &md).map_err(|e| e.to_string())?;
     println!("\n{md}");
     println!("written: target/bench/report.md, target/bench/report.json");
-    let complete = only.is_none() && outcomes.iter().all(|o| o.status != "failed");
-    if complete && !quick {
+    let complete = only.is_none() && outcomes.iter().all(|o| !o.status.starts_with("failed"));
+    if complete {
         update_readme(&report)?;
         println!("README.md performance section regenerated");
     }
@@ -418,11 +418,14 @@ const README_END: &str = "<!-- bench-report:end -->";
 
 /// The README's table of ratios (not absolute times), from the report.
 fn readme_section(r: &Value) -> String {
-    let mut s = String::from(
-        "Ratios from the last full `cargo xtask bench` (every suite, interleaved \
-         trials, median of per-trial ratios; the whole report with absolute \
-         figures, floors and spreads is `target/bench/report.md`).\n\n\
+    let mut s = format!(
+        "Ratios from the last `{}` of every suite on {} CPUs (interleaved trials, \
+         median of per-trial ratios; the whole report with absolute figures, floors \
+         and spreads is `target/bench/report.md`). Time ratios: below 1 askpool is \
+         faster; `thr.` rows are throughput ratios (above 1 is better).\n\n\
          | suite | workload | askpool vs baseline | ratio | target | |\n|---|---|---|---|---|---|\n",
+        r["command"].as_str().unwrap_or("cargo xtask bench"),
+        r["machine"]["cpus"],
     );
     for suite in r["suites"].as_array().cloned().unwrap_or_default() {
         let name = suite["suite"].as_str().unwrap_or("").to_string();

@@ -53,7 +53,7 @@ enum Task {
     },
     /// Run every benchmark suite (or one) and write target/bench/report.md
     /// and report.json: ratios to baselines measured in the same run, floors,
-    /// targets met or missed. A full run of every suite also regenerates the
+    /// targets met or missed. A run of every suite also regenerates the
     /// README's performance section.
     Bench {
         /// One suite only: floors, dedup, ask, ... (default: all).

@@ -13,16 +13,22 @@
 //! Baselines: `Mutex<HashMap>` + FIFO (the previous implementation), dashmap
 //! and papaya (unbounded maps: the bench removes the oldest id itself, which
 //! it knows), quick_cache (bounded, no TTL), moka sync cache with a TTL.
-//! The ratio table at the end is askpool's time over the baseline's
-//! (below 1.0: askpool is faster), and the 2-thread/1-thread throughput.
+//!
+//! The figures that count come from the interleaved report (the
+//! `askpool-benchkit` method: every trial runs every table once, the order
+//! rotating; a ratio is the median of per-trial ratios), written to
+//! `target/bench/results/dedup.json` for `cargo xtask bench`. Criterion's
+//! sequential runs come first in a full run only (not with
+//! `ASKPOOL_BENCH_QUICK=1`); under `cargo test` everything runs once on a
+//! 1,000-entry table.
 
 use std::collections::VecDeque;
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Barrier;
+use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
+use askpool_benchkit::{interleave, Comparison, Mode, SuiteResults, Target};
 use askpool_dedup::{DedupConfig, DedupState, DedupTable};
 use askpool_proto::{CallerId, DedupKey, RequestId, Timestamp};
 use criterion::Criterion;
@@ -31,7 +37,13 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
-const CAP: usize = 100_000;
+/// Table capacity: 100,000 terminal entries, as in the issue; a smoke run
+/// (under `cargo test`, unoptimised) uses 1,000.
+static CAP: OnceLock<usize> = OnceLock::new();
+
+fn cap() -> usize {
+    *CAP.get().expect("cap set in main")
+}
 const NOW: Timestamp = Timestamp::from_nanos(1_000_000_000);
 
 fn key(n: u64) -> DedupKey {
@@ -112,7 +124,7 @@ impl Table for MutexFifo {
         map.insert(k, V { value, done });
         if done {
             fifo.push_back(k);
-            while fifo.len() > CAP {
+            while fifo.len() > cap() {
                 let old = fifo.pop_front().unwrap();
                 map.remove(&old);
             }
@@ -124,7 +136,7 @@ impl Table for MutexFifo {
         let (map, fifo) = &mut *g;
         map.insert(k, V { value, done: true });
         fifo.push_back(k);
-        while fifo.len() > CAP {
+        while fifo.len() > cap() {
             let old = fifo.pop_front().unwrap();
             map.remove(&old);
         }
@@ -241,44 +253,45 @@ impl Table for Moka {
 }
 
 fn tables() -> Vec<Box<dyn Table>> {
+    let cap = cap();
     vec![
         Box::new(Ours(DedupTable::new(DedupConfig {
-            max_terminal: CAP,
+            max_terminal: cap,
             terminal_ttl: Duration::from_secs(120),
         }))),
         Box::new(MutexFifo(Mutex::default())),
         Box::new(Dash(dashmap::DashMap::with_capacity_and_hasher(
-            CAP,
+            cap,
             FxBuildHasher,
         ))),
         Box::new(Papaya(
             papaya::HashMap::builder()
-                .capacity(CAP)
+                .capacity(cap)
                 .hasher(FxBuildHasher)
                 .build(),
         )),
         Box::new(QuickCache(Quick::with(
-            CAP,
-            CAP as u64,
+            cap,
+            cap as u64,
             quick_cache::UnitWeighter,
             FxBuildHasher,
             Default::default(),
         ))),
         Box::new(Moka(
             moka::sync::Cache::builder()
-                .max_capacity(CAP as u64)
+                .max_capacity(cap as u64)
                 .time_to_live(Duration::from_secs(120))
                 .build_with_hasher(FxBuildHasher),
         )),
     ]
 }
 
-/// Fills a table with ids `0..CAP` (terminal); returns the next fresh id.
+/// Fills a table with ids `0..cap` (terminal); returns the next fresh id.
 fn fill(t: &dyn Table) -> u64 {
-    for n in 0..CAP as u64 {
+    for n in 0..cap() as u64 {
         t.insert_if_absent(key(n), n, true, None);
     }
-    CAP as u64
+    cap() as u64
 }
 
 /// `count` indices in `0..n` drawn from Zipf(s) (inverse CDF).
@@ -299,54 +312,131 @@ fn zipf(n: usize, s: f64, count: usize, rng: &mut SmallRng) -> Vec<u32> {
 
 const SAMPLES: usize = 1 << 20;
 
-fn lookups(c: &mut Criterion) {
-    let mut rng = SmallRng::seed_from_u64(1);
-    let uniform: Vec<u32> = (0..SAMPLES)
-        .map(|_| rng.random_range(0..CAP as u32))
-        .collect();
-    // Zipf ranks map to scattered ids.
-    let ranks = zipf(CAP, 0.99, SAMPLES, &mut rng);
-    let perm: Vec<u32> = {
-        let mut p: Vec<u32> = (0..CAP as u32).collect();
-        for i in (1..p.len()).rev() {
-            p.swap(i, rng.random_range(0..=i));
+/// The random inputs every table sees alike.
+struct Inputs {
+    keys: Vec<DedupKey>,
+    uniform: Vec<u32>,
+    /// Zipf(0.99) ranks mapped to scattered ids.
+    zipfian: Vec<u32>,
+    /// (op, offset): 0..90 lookup, 90..99 insert, 99 transition.
+    mixed: Vec<(u8, u32)>,
+}
+
+impl Inputs {
+    fn new() -> Self {
+        let cap = cap();
+        let mut rng = SmallRng::seed_from_u64(1);
+        let uniform = (0..SAMPLES)
+            .map(|_| rng.random_range(0..cap as u32))
+            .collect();
+        let ranks = zipf(cap, 0.99, SAMPLES, &mut rng);
+        let mut perm: Vec<u32> = (0..cap as u32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.random_range(0..=i));
         }
-        p
-    };
-    let zipfian: Vec<u32> = ranks.iter().map(|&r| perm[r as usize]).collect();
-    let keys: Vec<DedupKey> = (0..CAP as u64).map(key).collect();
-    for (group, idx) in [("lookup_uniform", &uniform), ("lookup_zipf", &zipfian)] {
+        let zipfian = ranks.iter().map(|&r| perm[r as usize]).collect();
+        let mixed = (0..SAMPLES)
+            .map(|_| (rng.random_range(0..100u8), rng.random_range(0..cap as u32)))
+            .collect();
+        Self {
+            keys: (0..cap as u64).map(key).collect(),
+            uniform,
+            zipfian,
+            mixed,
+        }
+    }
+}
+
+/// One operation of a workload on a table. `i` walks the samples; `next`
+/// is the table's next fresh id.
+fn lookup(t: &dyn Table, inputs: &Inputs, idx: &[u32], i: usize) {
+    black_box(t.get(&inputs.keys[idx[i & (SAMPLES - 1)] as usize]));
+}
+
+fn insert_evicting(t: &dyn Table, next: u64, done: bool) {
+    let oldest = key(next - cap() as u64);
+    black_box(t.insert_if_absent(key(next), next, done, Some(oldest)));
+}
+
+/// 90% lookup / 9% insert / 1% transition; returns how many fresh ids it
+/// used.
+fn mixed_op(t: &dyn Table, inputs: &Inputs, i: usize, next: u64) -> u64 {
+    let (op, r) = inputs.mixed[i & (SAMPLES - 1)];
+    match op {
+        0..90 => {
+            black_box(t.get(&key(next - 1 - u64::from(r))));
+            0
+        }
+        90..99 => {
+            insert_evicting(t, next, true);
+            1
+        }
+        _ => {
+            insert_evicting(t, next, false);
+            t.finish(key(next), next);
+            1
+        }
+    }
+}
+
+/// `threads` threads insert the same `ops` fresh ids from `base` (the
+/// second finds each id the first inserted); returns the slowest thread's
+/// time.
+fn storm(t: &dyn Table, threads: usize, base: u64, ops: u64) -> Duration {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for n in base..base + ops {
+                        insert_evicting(t, n, true);
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("storm thread"))
+            .max()
+            .expect("at least one thread")
+    })
+}
+
+// ---------------------------------------------------------------------------
+// criterion (full mode only): one sequential run per table and workload.
+
+fn criterion_groups(c: &mut Criterion, inputs: &Inputs) {
+    for (group, idx) in [
+        ("lookup_uniform", &inputs.uniform),
+        ("lookup_zipf", &inputs.zipfian),
+    ] {
         let mut g = c.benchmark_group(group);
         for t in tables() {
             fill(&*t);
             let mut i = 0usize;
             g.bench_function(t.name(), |b| {
                 b.iter(|| {
-                    i = (i + 1) & (SAMPLES - 1);
-                    black_box(t.get(&keys[idx[i] as usize]))
+                    i += 1;
+                    lookup(&*t, inputs, idx, i)
                 })
             });
         }
         g.finish();
     }
-}
-
-fn inserts(c: &mut Criterion) {
     let mut g = c.benchmark_group("insert_at_capacity");
     for t in tables() {
         let mut next = fill(&*t);
         g.bench_function(t.name(), |b| {
             b.iter(|| {
-                let oldest = key(next - CAP as u64);
-                black_box(t.insert_if_absent(key(next), next, true, Some(oldest)));
+                insert_evicting(&*t, next, true);
                 next += 1;
             })
         });
     }
     g.finish();
-}
-
-fn storms(c: &mut Criterion) {
     for threads in [1usize, 2] {
         let mut g = c.benchmark_group(format!("storm_{threads}t"));
         for t in tables() {
@@ -354,157 +444,249 @@ fn storms(c: &mut Criterion) {
             g.bench_function(t.name(), |b| {
                 b.iter_custom(|iters| {
                     let base = next.fetch_add(iters, Ordering::Relaxed);
-                    let barrier = Barrier::new(threads);
-                    let t = &*t;
-                    std::thread::scope(|s| {
-                        let handles: Vec<_> = (0..threads)
-                            .map(|_| {
-                                s.spawn(|| {
-                                    barrier.wait();
-                                    let start = Instant::now();
-                                    for n in base..base + iters {
-                                        let oldest = key(n - CAP as u64);
-                                        black_box(t.insert_if_absent(
-                                            key(n),
-                                            n,
-                                            true,
-                                            Some(oldest),
-                                        ));
-                                    }
-                                    start.elapsed()
-                                })
-                            })
-                            .collect();
-                        handles
-                            .into_iter()
-                            .map(|h| h.join().unwrap())
-                            .max()
-                            .unwrap()
-                    })
+                    storm(&*t, threads, base, iters)
                 })
             });
         }
         g.finish();
     }
-}
-
-fn mixed(c: &mut Criterion) {
-    let mut rng = SmallRng::seed_from_u64(2);
-    // 0..90: lookup, 90..99: insert, 99: transition.
-    let ops: Vec<(u8, u32)> = (0..SAMPLES)
-        .map(|_| (rng.random_range(0..100u8), rng.random_range(0..CAP as u32)))
-        .collect();
     let mut g = c.benchmark_group("mixed");
     for t in tables() {
         let mut next = fill(&*t);
         let mut i = 0usize;
         g.bench_function(t.name(), |b| {
             b.iter(|| {
-                i = (i + 1) & (SAMPLES - 1);
-                let (op, r) = ops[i];
-                match op {
-                    0..90 => {
-                        black_box(t.get(&key(next - 1 - u64::from(r))));
-                    }
-                    90..99 => {
-                        t.insert_if_absent(key(next), next, true, Some(key(next - CAP as u64)));
-                        next += 1;
-                    }
-                    _ => {
-                        t.insert_if_absent(key(next), next, false, Some(key(next - CAP as u64)));
-                        t.finish(key(next), next);
-                        next += 1;
-                    }
-                }
+                i += 1;
+                next += mixed_op(&*t, inputs, i, next);
             })
         });
     }
     g.finish();
 }
 
-fn criterion_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/criterion")
+// ---------------------------------------------------------------------------
+// The interleaved report (every mode): each trial runs every table once, the
+// order rotating, so a noisy neighbour hits all of them alike.
+
+/// Per-op time of `ops` calls of `op`.
+fn per_op(ops: u64, mut op: impl FnMut(u64)) -> f64 {
+    let start = Instant::now();
+    for k in 0..ops {
+        op(k);
+    }
+    start.elapsed().as_nanos() as f64 / ops as f64
 }
 
-/// Mean time per iteration (ns) of one benchmark, from criterion's output.
-fn mean_ns(group: &str, name: &str) -> Option<f64> {
-    let path = criterion_dir()
-        .join(group)
-        .join(name)
-        .join("new/estimates.json");
-    let text = std::fs::read_to_string(path).ok()?;
-    let at = text.find("\"mean\"")?;
-    let rest = &text[at..];
-    let at = rest.find("\"point_estimate\":")? + "\"point_estimate\":".len();
-    let rest = &rest[at..];
-    let end = rest.find([',', '}'])?;
-    rest[..end].trim().parse().ok()
+/// Runs `trials` interleaved trials of one workload over every table
+/// (filled first); `make` builds a table's trial closure (ns per op).
+fn workload<'t>(
+    tables: &'t [Box<dyn Table>],
+    trials: usize,
+    make: impl Fn(&'t dyn Table) -> Box<dyn FnMut() -> f64 + 't>,
+) -> Vec<Vec<f64>> {
+    let mut runs: Vec<Box<dyn FnMut() -> f64 + 't>> = tables
+        .iter()
+        .map(|t| {
+            fill(&**t);
+            let mut run = make(&**t);
+            run(); // warm-up, untimed
+            run
+        })
+        .collect();
+    let mut refs: Vec<&mut dyn FnMut() -> f64> = runs.iter_mut().map(|r| &mut **r as _).collect();
+    interleave(trials, &mut refs)
 }
 
-fn report() {
-    let groups = [
-        "lookup_uniform",
-        "lookup_zipf",
-        "insert_at_capacity",
-        "storm_1t",
-        "storm_2t",
-        "mixed",
-    ];
-    let names = [
-        "askpool",
-        "mutex_fifo",
-        "dashmap",
-        "papaya",
-        "quick_cache",
-        "moka_ttl",
-    ];
-    println!("\nmean ns/op (storm_2t: per op per thread), and askpool / baseline (<= 1.0: askpool as fast or faster)");
-    print!("{:<20}", "workload");
-    for n in names {
-        print!("{n:>14}");
-    }
-    println!();
-    for g in groups {
-        print!("{g:<20}");
-        for n in names {
-            match mean_ns(g, n) {
-                Some(ns) => print!("{ns:>14.1}"),
-                None => print!("{:>14}", "-"),
+const BASELINES: [&str; 5] = ["mutex_fifo", "dashmap", "papaya", "quick_cache", "moka_ttl"];
+
+/// Where the time goes when a lookup or insert target is missed (profile of
+/// `cargo bench` under perf, see the closing note of issue 3).
+const LOOKUP_NOTE: &str = "a hit walks a bucket chain behind an epoch pin: the pin (a fence) \
+     and the cold cache line of the entry dominate; quick_cache probes an open-addressed \
+     array under a shard read lock and keeps no TTL stamp";
+const INSERT_NOTE: &str = "every insert at capacity also unlinks the oldest terminal entry \
+     from the FIFO and defers its free to the epoch collector (TTL + terminal-only \
+     eviction); quick_cache overwrites in place";
+
+fn compare(
+    results: &mut SuiteResults,
+    workload: &str,
+    t: &[Vec<f64>],
+    names: &[&str],
+    target: impl Fn(&str) -> Option<(Target, &'static str)>,
+    floor: &str,
+) {
+    for (k, name) in names.iter().enumerate().skip(1) {
+        let mut c = Comparison::time(workload, "askpool DedupTable", &t[0], *name, &t[k])
+            .floor(floor.to_string());
+        if let Some((target, note)) = target(name) {
+            c = c.target(target);
+            if c.passed() == Some(false) {
+                c = c.note(note);
             }
         }
-        println!();
-        print!("{:<20}", "  ratio");
-        let ours = mean_ns(g, "askpool");
-        for n in names {
-            match (ours, mean_ns(g, n)) {
-                (Some(a), Some(b)) => print!("{:>14.2}", a / b),
-                _ => print!("{:>14}", "-"),
+        results.comparisons.push(c);
+    }
+}
+
+fn interleaved_report(mode: Mode, inputs: &Inputs) {
+    let trials = mode.trials();
+    let ops = mode.scale(400_000);
+    let storm_ops = mode.scale(200_000);
+    let mut results = SuiteResults::new("dedup", mode);
+    let tables = tables();
+    let names: Vec<&str> = tables.iter().map(|t| t.name()).collect();
+    assert_eq!(names[1..], BASELINES, "askpool first, then the baselines");
+    const PIN: &str = "crossbeam_epoch::pin";
+    const BOX: &str = "Box alloc + free";
+
+    for (name, idx) in [
+        ("lookup hit, uniform", &inputs.uniform),
+        ("lookup hit, Zipf 0.99", &inputs.zipfian),
+    ] {
+        let t = workload(&tables, trials, |table| {
+            let mut i = 0usize;
+            Box::new(move || {
+                per_op(ops, |_| {
+                    i += 1;
+                    lookup(table, inputs, idx, i)
+                })
+            })
+        });
+        compare(
+            &mut results,
+            name,
+            &t,
+            &names,
+            |b| (b == "quick_cache").then_some((Target::at_most(1.0, 3), LOOKUP_NOTE)),
+            PIN,
+        );
+    }
+
+    // Fresh tables from here on: the lookups above left them full, but
+    // `workload` fills again and the ids restart at `cap`.
+    let tables = self::tables();
+    let t = workload(&tables, trials, |table| {
+        let mut next = cap() as u64;
+        Box::new(move || {
+            per_op(ops, |_| {
+                insert_evicting(table, next, true);
+                next += 1;
+            })
+        })
+    });
+    compare(
+        &mut results,
+        "insert-if-absent at capacity (evicts)",
+        &t,
+        &names,
+        |b| match b {
+            "quick_cache" => Some((Target::at_most(1.0, 3), INSERT_NOTE)),
+            "moka_ttl" => Some((Target::at_most(0.1, 3), INSERT_NOTE)),
+            _ => None,
+        },
+        BOX,
+    );
+
+    // Duplicate storm: each table on one and on two threads, all twelve
+    // interleaved, so 2t/1t is a per-trial ratio too.
+    let tables = self::tables();
+    let mut runs: Vec<Box<dyn FnMut() -> f64 + '_>> = Vec::new();
+    for table in &tables {
+        let next = std::rc::Rc::new(std::cell::Cell::new(fill(&**table)));
+        for threads in [1usize, 2] {
+            let next = next.clone();
+            let table = &**table;
+            runs.push(Box::new(move || {
+                let base = next.get();
+                next.set(base + storm_ops);
+                let took = storm(table, threads, base, storm_ops);
+                // Per operation over all threads: throughput's inverse.
+                took.as_nanos() as f64 / (storm_ops as f64 * threads as f64)
+            }));
+        }
+    }
+    let mut refs: Vec<&mut dyn FnMut() -> f64> = runs.iter_mut().map(|r| &mut **r as _).collect();
+    let t = interleave(trials, &mut refs);
+    for (threads, offset) in [(1usize, 0usize), (2, 1)] {
+        let per_table: Vec<Vec<f64>> = (0..tables.len())
+            .map(|k| t[2 * k + offset].clone())
+            .collect();
+        compare(
+            &mut results,
+            &format!("duplicate storm, {threads} thread(s), per op"),
+            &per_table,
+            &names,
+            |_| None,
+            BOX,
+        );
+    }
+    for (k, name) in names.iter().enumerate() {
+        let mut c = Comparison::throughput(
+            format!("duplicate storm 2 threads / 1 thread, {name}"),
+            "2 threads",
+            &t[2 * k + 1],
+            "1 thread",
+            &t[2 * k],
+        );
+        if k == 0 {
+            c = c.target(Target::at_least(1.6, 3));
+            if c.passed() == Some(false) {
+                c = c.note(
+                    "both threads insert the same fresh ids: the loser of each insert race \
+                     re-reads the winner's cache line, so the two cores share every line",
+                );
             }
         }
-        println!();
+        results.comparisons.push(c);
     }
-    print!("{:<20}", "2t/1t throughput");
-    for n in names {
-        match (mean_ns("storm_1t", n), mean_ns("storm_2t", n)) {
-            // Two threads each do one op in the 2t time.
-            (Some(one), Some(two)) => print!("{:>14.2}", 2.0 * one / two),
-            _ => print!("{:>14}", "-"),
-        }
-    }
-    println!();
+
+    let tables = self::tables();
+    let t = workload(&tables, trials, |table| {
+        let mut next = cap() as u64;
+        let mut i = 0usize;
+        Box::new(move || {
+            per_op(ops, |_| {
+                i += 1;
+                next += mixed_op(table, inputs, i, next);
+            })
+        })
+    });
+    compare(
+        &mut results,
+        "mixed 90% lookup / 9% insert / 1% transition",
+        &t,
+        &names,
+        |_| None,
+        PIN,
+    );
+
+    results.facts.push(("capacity".into(), cap().to_string()));
+    results
+        .facts
+        .push(("ops per table per trial".into(), ops.to_string()));
+    results
+        .facts
+        .push(("hasher".into(), "FxBuildHasher (all tables)".into()));
+    results.finish(mode);
 }
 
 fn main() {
-    let mut c = Criterion::default()
-        .sample_size(20)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
-        .output_directory(&criterion_dir())
-        .configure_from_args();
-    lookups(&mut c);
-    inserts(&mut c);
-    storms(&mut c);
-    mixed(&mut c);
-    c.final_summary();
-    report();
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let mode = Mode::from_env();
+    CAP.set(if mode == Mode::Smoke { 1_000 } else { 100_000 })
+        .expect("set once");
+    let inputs = Inputs::new();
+    if mode.criterion() {
+        let mut c = Criterion::default()
+            .sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2))
+            .configure_from_args();
+        criterion_groups(&mut c, &inputs);
+        c.final_summary();
+    }
+    interleaved_report(mode, &inputs);
 }
