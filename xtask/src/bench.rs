@@ -56,6 +56,12 @@ const SUITES: &[Suite] = &[
         run: || cargo_bench("askpool", "ask"),
         also: &["ack"],
     },
+    Suite {
+        name: "python",
+        needs: Some("python3"),
+        run: crate::python::bench,
+        also: &[],
+    },
 ];
 
 pub fn names() -> Vec<&'static str> {
