@@ -54,7 +54,9 @@ impl DriverShared {
         }
     }
 
-    fn drain(&self, py: Python<'_>) {
+    /// Reads the wake-up bytes (the loop saw the socket readable), then runs
+    /// the queue.
+    fn drain_signalled(&self, py: Python<'_>) {
         let mut buf = [0u8; 256];
         while let Ok(n) = (&self.rx).read(&mut buf) {
             if n < buf.len() {
@@ -63,6 +65,11 @@ impl DriverShared {
         }
         // After the bytes are read: a push from now on writes a new byte.
         self.signalled.store(false, Ordering::Release);
+        self.run_queue(py);
+    }
+
+    /// Runs every queued task, and the tasks they wake, until none is left.
+    fn run_queue(&self, py: Python<'_>) {
         let previous = DRAINING.with(|d| d.replace(self));
         let _runtime = crate::runtime().enter();
         loop {
@@ -107,9 +114,10 @@ impl LoopDriver {
         self.shared.rx.as_raw_fd()
     }
 
-    /// Runs every queued task, and the tasks they wake, until none is left.
+    /// The loop's reader callback: runs every queued task, and the tasks
+    /// they wake, until none is left.
     fn drain(&self, py: Python<'_>) {
-        self.shared.drain(py);
+        self.shared.drain_signalled(py);
     }
 
     /// Tasks waiting to run (for tests: 0 once the loop is idle).
@@ -119,13 +127,36 @@ impl LoopDriver {
 }
 
 impl LoopDriver {
-    /// Runs the queue now when called on the loop thread outside a drain:
-    /// work an ask handed to a pool on this loop is done before the caller
-    /// awaits.
-    pub(crate) fn pump(&self, py: Python<'_>) {
-        let inside = DRAINING.with(|d| !d.get().is_null());
-        if !inside && !self.shared.queue.lock().is_empty() {
-            self.shared.drain(py);
+    /// Runs `start` (which queues work on this loop, e.g. an ask to a pool
+    /// hosted here), then the queue, on the loop thread: a handler that does
+    /// not await has answered before the caller awaits. Wake-ups inside
+    /// `start` write no byte (no syscall); inside a drain, that drain runs
+    /// the new work instead.
+    pub(crate) fn eager<T>(&self, py: Python<'_>, start: impl FnOnce() -> T) -> T {
+        if DRAINING.with(|d| !d.get().is_null()) {
+            return start();
         }
+        let out = {
+            let _scope = Scope::enter(&self.shared);
+            start()
+        };
+        self.shared.run_queue(py);
+        out
+    }
+}
+
+/// Marks this thread as about to run `shared`'s queue.
+struct Scope;
+
+impl Scope {
+    fn enter(shared: &DriverShared) -> Self {
+        DRAINING.with(|d| d.set(shared));
+        Scope
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        DRAINING.with(|d| d.set(std::ptr::null()));
     }
 }

@@ -68,15 +68,26 @@ impl NativeNode {
     }
 }
 
+fn request_id_str(
+    py: Python<'_>,
+    result: Result<RequestId, AskError>,
+) -> Result<Py<PyAny>, AskError> {
+    let id = result?.to_string();
+    Ok(id
+        .into_pyobject(py)
+        .map_err(|e| AskError::internal(e.to_string()))?
+        .into_any()
+        .unbind())
+}
+
 fn reply(py: Python<'_>, result: Result<Obj, AskError>) -> Result<Py<PyAny>, AskError> {
     result.map(|obj| obj.get(py))
 }
 
-fn spawn_ask(driver: &LoopDriver, py: Python<'_>, handle: Handle, target: Py<PyAny>) -> NativeAsk {
+fn spawn_ask(driver: &LoopDriver, handle: Handle, target: Py<PyAny>) -> NativeAsk {
     let ids = *handle.ids();
     let stages = Arc::new(Mutex::new(handle.stages()));
     let task = FutureTask::spawn(&driver.shared, handle, target, reply);
-    driver.pump(py);
     NativeAsk { task, ids, stages }
 }
 
@@ -139,8 +150,10 @@ impl NativeNode {
             correlation_id,
             causation_id,
         };
-        let handle = to_py(self.start(pool, msg, &options))?;
-        Ok(spawn_ask(driver, py, handle, target))
+        driver.eager(py, || {
+            let handle = to_py(self.start(pool, msg, &options))?;
+            Ok(spawn_ask(driver, handle, target))
+        })
     }
 
     /// Asks and blocks this thread (the GIL released) until the outcome.
@@ -193,16 +206,9 @@ impl NativeNode {
         if let Some(id) = request_id {
             tell = tell.request_id(to_py(parse::<RequestId>("request_id", id))?);
         }
-        FutureTask::spawn(&driver.shared, tell.send(), target, |py, result| {
-            result.map(|id| {
-                id.to_string()
-                    .into_pyobject(py)
-                    .expect("str")
-                    .into_any()
-                    .unbind()
-            })
+        driver.eager(py, || {
+            FutureTask::spawn(&driver.shared, tell.send(), target, request_id_str);
         });
-        driver.pump(py);
         Ok(())
     }
 
@@ -273,8 +279,10 @@ impl NativeNode {
         request_id: &str,
     ) -> PyResult<NativeAsk> {
         let id = to_py(parse::<RequestId>("request_id", request_id))?;
-        let handle = to_py(self.node.replay_dead_letter(id))?;
-        Ok(spawn_ask(driver, py, handle, target))
+        driver.eager(py, || {
+            let handle = to_py(self.node.replay_dead_letter(id))?;
+            Ok(spawn_ask(driver, handle, target))
+        })
     }
 
     fn purge_dead_letters(&self) -> usize {
@@ -341,10 +349,11 @@ impl NativeAsk {
     fn next_stage(&self, py: Python<'_>, driver: &LoopDriver, target: Py<PyAny>) {
         let stages = Arc::clone(&self.stages);
         let next = futures::future::poll_fn(move |cx| stages.lock().poll_next_unpin(cx));
-        FutureTask::spawn(&driver.shared, next, target, |py, event| match event {
-            Some(e) => stage_tuple(py, e),
-            None => Ok(py.None()),
+        driver.eager(py, || {
+            FutureTask::spawn(&driver.shared, next, target, |py, event| match event {
+                Some(e) => stage_tuple(py, e),
+                None => Ok(py.None()),
+            });
         });
-        driver.pump(py);
     }
 }
