@@ -12,7 +12,7 @@ cancellation) in Rust.
         reply = await node.ask("echo", "hi", timeout=5)
 """
 
-from . import _native
+from . import _dispatch, _native
 from ._errors import (
     AskCancelledError,
     AskpoolError,
@@ -37,6 +37,7 @@ from ._node import AskHandle, DeadLetter, Node, Pool, StageEvent
 from ._stats import NodeStats, PoolStats
 
 _native.register_error_factory(from_native)
+_native.register_dispatch(_dispatch.resume, _dispatch.failure)
 
 #: What a handler receives as its second argument.
 Context = _native.Context

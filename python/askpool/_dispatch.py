@@ -1,28 +1,44 @@
-"""Runs a pool's async handlers on the loop thread.
+"""The slow paths of running a pool's handlers, called by the extension.
 
-A handler starts eagerly inside the dispatch call: a handler that finishes
-without awaiting (most of them, in process) replies at once and costs no
-asyncio task. One that awaits continues as a task from where it stopped.
+The extension starts each handler's coroutine itself, on the loop thread; a
+handler that returns without awaiting is answered there and never reaches
+this module. One that awaits continues here as an asyncio task from where it
+stopped (``resume``); an exception is described by ``failure``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Coroutine, Generator
+from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional
 
 from . import _native
 from ._errors import AskpoolError
 
 Handler = Callable[[Any, "_native.Context"], Awaitable[Any]]
 
+#: Handler tasks while they run: the loop keeps only weak references.
+_running: set[asyncio.Task[None]] = set()
 
-def _fail(reply: _native.Reply, exc: BaseException) -> None:
+
+def failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
+    """``(type_name, message, code)`` for a handler's exception; ``None``
+    when the handler was cancelled."""
+    if isinstance(exc, asyncio.CancelledError):
+        return None
     code = exc.code if isinstance(exc, AskpoolError) else None
-    reply.error(type(exc).__name__, str(exc), code)
+    return (type(exc).__name__, str(exc), code)
+
+
+def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:
+    described = failure(exc)
+    if described is None:
+        reply.cancelled()
+    else:
+        reply.error(*described)
 
 
 class _Resume:
-    """Awaitable that drives a coroutine already started by ``dispatcher``."""
+    """Awaitable that drives a coroutine the extension already started."""
 
     __slots__ = ("_coro", "_first")
 
@@ -50,42 +66,16 @@ class _Resume:
 async def _finish(coro: Coroutine[Any, Any, Any], first: Any, reply: _native.Reply) -> None:
     try:
         value = await _Resume(coro, first)
-    except asyncio.CancelledError:
-        reply.cancelled()
-        raise
     except BaseException as exc:
-        _fail(reply, exc)
+        _answer_failure(reply, exc)
         if not isinstance(exc, Exception):
             raise
     else:
         reply.ok(value)
 
 
-def dispatcher(
-    handler: Handler, loop: asyncio.AbstractEventLoop
-) -> Callable[[Any, _native.Context, _native.Reply], None]:
-    """The callable the extension calls with each request of the pool."""
-
-    # Tasks are held here while they run: the loop keeps only weak references.
-    running: set[asyncio.Task[None]] = set()
-
-    def dispatch(msg: Any, ctx: _native.Context, reply: _native.Reply) -> None:
-        try:
-            coro: Coroutine[Any, Any, Any] = handler(msg, ctx)  # type: ignore[assignment]
-            first = coro.send(None)
-        except StopIteration as stop:
-            reply.ok(stop.value)
-            return
-        except asyncio.CancelledError:
-            reply.cancelled()
-            return
-        except BaseException as exc:
-            _fail(reply, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        task = loop.create_task(_finish(coro, first, reply))
-        running.add(task)
-        task.add_done_callback(running.discard)
-
-    return dispatch
+def resume(coro: Coroutine[Any, Any, Any], first: Any, reply: _native.Reply) -> None:
+    """Continues a handler that awaited as a task of the running loop."""
+    task = asyncio.get_running_loop().create_task(_finish(coro, first, reply))
+    _running.add(task)
+    task.add_done_callback(_running.discard)

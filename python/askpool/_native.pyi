@@ -10,12 +10,17 @@ __all__ = [
     "NativeNode",
     "NativePool",
     "Reply",
+    "register_dispatch",
     "register_error_factory",
     "_panic",
 ]
 
 def register_error_factory(
     factory: Callable[[str, str, Optional[str], Optional[str]], BaseException],
+) -> None: ...
+def register_dispatch(
+    resume: Callable[[Any, Any, Reply], None],
+    failure: Callable[[BaseException], Optional[tuple[str, str, Optional[str]]]],
 ) -> None: ...
 def _panic(message: str) -> None: ...
 
@@ -113,7 +118,7 @@ class NativeNode:
         self,
         driver: LoopDriver,
         name: str,
-        dispatch: Callable[[Any, Context, Reply], None],
+        handler: Callable[[Any, Context], Any],
         concurrency: int,
         max_in_flight: Optional[int] = None,
     ) -> NativePool: ...

@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, AsyncIterator, NamedTuple, Optional, TypeVar
 
 from . import _native
-from ._dispatch import Handler, dispatcher
+from ._dispatch import Handler
 from ._errors import AskpoolError, NoRunningLoopError
 from ._stats import NodeStats, PoolStats
 
@@ -68,6 +68,7 @@ class AskHandle(asyncio.Future[Any]):
     """An ask in flight: an asyncio future of the reply. Cancelling it (or
     the task awaiting it) sends the protocol cancel to the pool."""
 
+    __slots__ = ("_native",)
     _native: _native.NativeAsk
 
     @property
@@ -127,11 +128,7 @@ class Pool:
             raise FailedPreconditionError(f"pool {self.name!r} already has a handler")
         loop = _running_loop("Pool.handler")
         self._native = self._node._native.pool(
-            _driver(loop),
-            self.name,
-            dispatcher(fn, loop),
-            self.concurrency,
-            self.max_in_flight,
+            _driver(loop), self.name, fn, self.concurrency, self.max_in_flight
         )
         return fn
 

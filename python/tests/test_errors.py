@@ -167,6 +167,18 @@ async def test_worker_side_cancel_is_ask_cancelled() -> None:
             await node.ask("quitter", 1, timeout=5)
 
 
+async def test_a_handler_cancelled_before_awaiting_is_ask_cancelled() -> None:
+    async with Node() as node:
+        pool = node.pool("quitter")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            raise asyncio.CancelledError()
+
+        with pytest.raises(askpool.AskCancelledError):
+            await node.ask("quitter", 1, timeout=5)
+
+
 async def test_decode_failure_is_poison_and_lands_in_the_dlq() -> None:
     payload = {"garbled": True}
     runs = 0

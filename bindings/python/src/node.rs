@@ -213,14 +213,14 @@ impl NativeNode {
     }
 
     /// Hosts a pool whose `concurrency` worker slots run on `driver`'s loop
-    /// and call `dispatch(msg, ctx, reply)` for each request.
-    #[pyo3(signature = (driver, name, dispatch, concurrency, max_in_flight=None))]
+    /// and run `handler(msg, ctx)` (an `async def`) for each request.
+    #[pyo3(signature = (driver, name, handler, concurrency, max_in_flight=None))]
     fn pool(
         &self,
         py: Python<'_>,
         driver: &LoopDriver,
         name: &str,
-        dispatch: Py<PyAny>,
+        handler: Py<PyAny>,
         concurrency: usize,
         max_in_flight: Option<usize>,
     ) -> PyResult<NativePool> {
@@ -229,7 +229,7 @@ impl NativeNode {
             builder = builder.max_in_flight(n);
         }
         let pool = to_py(builder.build())?;
-        to_py(NativePool::start(pool, driver, concurrency, &dispatch, py))
+        to_py(NativePool::start(pool, driver, concurrency, &handler, py))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {

@@ -1,17 +1,18 @@
 //! A pool whose handlers are Python: each worker slot is a task on the
-//! pool's event loop that pulls the next request and hands it to the
-//! wrapper's dispatcher with a [`Ctx`] and a [`Reply`]. A slot takes its next
-//! request once the previous one is answered, so a handler that finishes
-//! without awaiting lets one slot drain a whole queue in one pass.
+//! pool's event loop that pulls the next request and starts the handler's
+//! coroutine with a [`Ctx`]. A slot takes its next request once the previous
+//! one is answered, so a handler that finishes without awaiting lets one
+//! slot drain a whole queue in one pass.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 
 use askpool::{AskError, Progress, Request, RequestContext, Responder, Worker, WorkerPool};
 use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
 use pyo3::intern;
 use pyo3::prelude::*;
 
@@ -30,7 +31,7 @@ pub(crate) struct SlotTask {
     busy: AtomicBool,
     /// `run` is on the stack: it takes the next request itself.
     running: AtomicBool,
-    dispatch: Py<PyAny>,
+    handler: Py<PyAny>,
 }
 
 struct SlotState {
@@ -42,7 +43,7 @@ impl SlotTask {
     pub(crate) fn start(
         driver: &Arc<DriverShared>,
         worker: Worker<Obj, Obj>,
-        dispatch: Py<PyAny>,
+        handler: Py<PyAny>,
     ) -> Arc<Self> {
         let task = Arc::new(Self {
             queued: AtomicBool::new(false),
@@ -53,7 +54,7 @@ impl SlotTask {
             }),
             busy: AtomicBool::new(false),
             running: AtomicBool::new(false),
-            dispatch,
+            handler,
         });
         driver.schedule(task.clone());
         task
@@ -109,30 +110,91 @@ impl SlotTask {
             let Some(request) = self.next() else {
                 return;
             };
-            self.busy.store(true, Ordering::Release);
-            let Request {
-                message,
-                context,
-                responder,
-            } = request;
-            let reply = Reply {
-                inner: Mutex::new(Some(Pending {
-                    responder,
-                    slot: SlotRelease(Arc::clone(self)),
-                })),
-            };
-            let ctx = Ctx {
-                context,
-                driver: Arc::clone(&self.driver),
-            };
-            if let Err(e) = self.dispatch.call1(py, (message.get(py), ctx, reply)) {
-                // The dispatcher answers every request itself; an error here
-                // is a bug in the wrapper, and the dropped `Reply` fails the
-                // request rather than losing it.
-                e.write_unraisable(py, None);
-            }
+            self.dispatch(py, request);
         }
     }
+
+    /// Starts the handler's coroutine right here. One that returns without
+    /// awaiting is answered at once (no task, no `Reply` object); one that
+    /// awaits goes on as an asyncio task holding the slot until it answers.
+    fn dispatch(self: &Arc<Self>, py: Python<'_>, request: Request<Obj, Obj>) {
+        let Request {
+            message,
+            context,
+            responder,
+        } = request;
+        let ctx = Ctx {
+            context,
+            driver: Arc::clone(&self.driver),
+        };
+        let started = self
+            .handler
+            .bind(py)
+            .call1((message.get(py), ctx))
+            .and_then(|coro| {
+                let first = coro.call_method1(intern!(py, "send"), (py.None(),))?;
+                Ok((coro, first))
+            });
+        match started {
+            Ok((coro, first)) => {
+                self.busy.store(true, Ordering::Release);
+                let reply = Reply {
+                    inner: Mutex::new(Some(Pending {
+                        responder,
+                        slot: SlotRelease(Arc::clone(self)),
+                    })),
+                };
+                if let Err(e) = hooks(py).and_then(|h| h.resume.call1(py, (coro, first, reply))) {
+                    // The dropped `Reply` fails the request: nothing is lost.
+                    e.write_unraisable(py, None);
+                }
+            }
+            Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
+                match e.value(py).getattr(intern!(py, "value")) {
+                    Ok(value) => responder.reply(Obj::new(value.unbind())),
+                    Err(e) => responder.fail(AskError::internal(e.to_string())),
+                }
+            }
+            Err(e) => fail(py, responder, &e),
+        }
+    }
+}
+
+/// Answers a request whose handler raised `error`.
+fn fail(py: Python<'_>, responder: Responder<Obj, Obj>, error: &PyErr) {
+    let described = hooks(py).and_then(|h| {
+        h.failure
+            .call1(py, (error.value(py),))?
+            .extract::<Option<(String, String, Option<String>)>>(py)
+    });
+    match described {
+        Ok(None) => responder.cancel(),
+        Ok(Some((type_name, message, code))) => {
+            responder.fail(errors::from_handler(code.as_deref(), type_name, message))
+        }
+        Err(e) => responder.fail(AskError::internal(e.to_string())),
+    }
+}
+
+/// The wrapper's functions for the two slow paths: `resume(coro, first,
+/// reply)` continues a handler that awaited as a task; `failure(exc)` gives
+/// `(type_name, message, code)`, or `None` for a cancellation.
+pub(crate) struct Hooks {
+    resume: Py<PyAny>,
+    failure: Py<PyAny>,
+}
+
+static HOOKS: OnceLock<Hooks> = OnceLock::new();
+
+fn hooks(_py: Python<'_>) -> PyResult<&'static Hooks> {
+    HOOKS
+        .get()
+        .ok_or_else(|| PyRuntimeError::new_err("askpool._native.register_dispatch was not called"))
+}
+
+#[pyfunction]
+pub(crate) fn register_dispatch(resume: Py<PyAny>, failure: Py<PyAny>) {
+    let _ = HOOKS.set(Hooks { resume, failure });
 }
 
 /// Frees its slot when the request is answered (or its `Reply` dropped).
@@ -280,12 +342,12 @@ impl NativePool {
         pool: WorkerPool<Obj, Obj>,
         driver: &LoopDriver,
         concurrency: usize,
-        dispatch: &Py<PyAny>,
+        handler: &Py<PyAny>,
         py: Python<'_>,
     ) -> Result<Self, AskError> {
         for i in 0..concurrency {
             let worker = pool.worker(format!("w{i}"))?;
-            SlotTask::start(&driver.shared, worker, dispatch.clone_ref(py));
+            SlotTask::start(&driver.shared, worker, handler.clone_ref(py));
         }
         Ok(Self { pool })
     }
