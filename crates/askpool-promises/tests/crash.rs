@@ -91,11 +91,14 @@ fn a_dropped_transaction_at_any_write_leaves_the_store_as_it_was() {
 }
 
 /// The child half of the SIGKILL test, run by the parent (`--ignored`)
-/// with the environment variable set to `point:path`.
+/// with the environment variable set to `point:path`; a no-op otherwise
+/// (`xtask test --slow` runs every ignored test).
 #[test]
 #[ignore = "the child process of the SIGKILL test"]
 fn crash_child() {
-    let spec = std::env::var(CHILD_ENV).expect("run by the SIGKILL test");
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let (point, path) = spec.split_once(':').unwrap();
     let s = SqliteStore::open(path).unwrap();
     setup(&s);

@@ -207,8 +207,20 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 #[test]
 fn sqlite_store_matches_the_reference_model() {
-    let steps = env_u64("ASKPOOL_DIFF_STEPS", 100_000) as usize;
-    let seed = env_u64("ASKPOOL_DIFF_SEED", 0x5EED_0003);
+    run(
+        env_u64("ASKPOOL_DIFF_STEPS", 100_000) as usize,
+        env_u64("ASKPOOL_DIFF_SEED", 0x5EED_0003),
+    );
+}
+
+/// The slow tier (`cargo xtask test --slow`): a million steps, other seed.
+#[test]
+#[ignore = "slow: a million steps"]
+fn sqlite_store_matches_the_reference_model_for_a_million_steps() {
+    run(1_000_000, env_u64("ASKPOOL_DIFF_SEED", 0x5EED_0004));
+}
+
+fn run(steps: usize, seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     let mut successes = BTreeMap::new();
     for episode in 0..steps.div_ceil(EPISODE) {
