@@ -56,6 +56,12 @@ const SUITES: &[Suite] = &[
         run: || cargo_bench("askpool", "ask"),
         also: &["ack"],
     },
+    Suite {
+        name: "promises",
+        needs: None,
+        run: || cargo_bench("askpool-promises", "promises"),
+        also: &[],
+    },
 ];
 
 pub fn names() -> Vec<&'static str> {
