@@ -94,6 +94,15 @@ pub struct DurableHandle<R> {
     inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>>,
 }
 
+impl<R: Send + 'static> DurableHandle<R> {
+    fn ready(id: String, outcome: Result<R, AskError>) -> Self {
+        Self {
+            id,
+            inner: Box::pin(async move { outcome }),
+        }
+    }
+}
+
 impl<R> DurableHandle<R> {
     /// The promise id (also the ask's request id): await it after a restart.
     pub fn id(&self) -> &str {
@@ -200,21 +209,12 @@ where
 {
     let key = id.to_string();
     if promise.state.is_settled() {
-        let outcome = outcome_of(&promise);
-        return DurableHandle {
-            id: key,
-            inner: Box::pin(async move { outcome }),
-        };
+        return DurableHandle::ready(key, outcome_of(&promise));
     }
     let pool = promise.tags.get(POOL_TAG).cloned().unwrap_or_default();
     let msg = match M::from_bytes(&promise.param) {
         Ok(msg) => msg,
-        Err(message) => {
-            return DurableHandle {
-                id: key,
-                inner: Box::pin(async move { Err(AskError::DecodeFailure { message }) }),
-            }
-        }
+        Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
     };
     let ask = node.ask(pool, msg).request_id(id).send();
     let store = Arc::clone(&promises.store);

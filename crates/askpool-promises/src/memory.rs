@@ -13,7 +13,7 @@ use crate::model::{
 use crate::ops::{self, NewCallback, NewTask, Tx};
 use crate::pattern;
 use crate::rules;
-use crate::store::{Result, Store};
+use crate::store::Result;
 
 #[derive(Default)]
 struct State {
@@ -152,35 +152,8 @@ impl Tx for State {
     }
 }
 
-impl Store for MemoryStore {
-    fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created> {
-        self.run(|s| ops::create(s, req, now))
-    }
-    fn get(&self, id: &str, now: Millis) -> Result<Promise> {
-        self.run(|s| ops::get(s, id, now))
-    }
-    fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
-        self.run(|s| ops::complete(s, req, now))
-    }
-    fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
-        self.run(|s| ops::search(s, query, now))
-    }
-    fn register_callback(&self, req: &CallbackRequest, now: Millis) -> Result<CallbackOutcome> {
-        self.run(|s| ops::register_callback(s, req, now))
-    }
-    fn claim_task(&self, req: &ClaimRequest, now: Millis) -> Result<Option<Claimed>> {
-        self.run(|s| ops::claim_task(s, req, now))
-    }
-    fn heartbeat(&self, lease: &Lease, lease_ms: Millis, now: Millis) -> Result<Task> {
-        self.run(|s| ops::heartbeat(s, lease, lease_ms, now))
-    }
-    fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
-        self.run(|s| ops::complete_task(s, lease, now))
-    }
-    fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
-        self.run(|s| ops::sweep(s, now, limit))
-    }
-    fn snapshot(&self) -> Result<Snapshot> {
+impl MemoryStore {
+    fn read_snapshot(&self) -> Result<Snapshot> {
         let s = self.state.lock();
         Ok(Snapshot {
             promises: s.promises.values().cloned().collect(),
@@ -189,3 +162,5 @@ impl Store for MemoryStore {
         })
     }
 }
+
+ops::store_via_ops!(MemoryStore);

@@ -388,3 +388,47 @@ pub(crate) fn complete_task(tx: &mut impl Tx, lease: &Lease, now: Millis) -> Res
     }
     Ok(())
 }
+
+/// `impl Store for $ty` by running each operation of this module through
+/// `$ty::run` (its transaction) and reading `$ty::read_snapshot`.
+macro_rules! store_via_ops {
+    ($ty:ty) => {
+        impl $crate::store::Store for $ty {
+            fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created> {
+                self.run(|t| $crate::ops::create(t, req, now))
+            }
+            fn get(&self, id: &str, now: Millis) -> Result<Promise> {
+                self.run(|t| $crate::ops::get(t, id, now))
+            }
+            fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
+                self.run(|t| $crate::ops::complete(t, req, now))
+            }
+            fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
+                self.run(|t| $crate::ops::search(t, query, now))
+            }
+            fn register_callback(
+                &self,
+                req: &CallbackRequest,
+                now: Millis,
+            ) -> Result<CallbackOutcome> {
+                self.run(|t| $crate::ops::register_callback(t, req, now))
+            }
+            fn claim_task(&self, req: &ClaimRequest, now: Millis) -> Result<Option<Claimed>> {
+                self.run(|t| $crate::ops::claim_task(t, req, now))
+            }
+            fn heartbeat(&self, lease: &Lease, lease_ms: Millis, now: Millis) -> Result<Task> {
+                self.run(|t| $crate::ops::heartbeat(t, lease, lease_ms, now))
+            }
+            fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
+                self.run(|t| $crate::ops::complete_task(t, lease, now))
+            }
+            fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
+                self.run(|t| $crate::ops::sweep(t, now, limit))
+            }
+            fn snapshot(&self) -> Result<Snapshot> {
+                self.read_snapshot()
+            }
+        }
+    };
+}
+pub(crate) use store_via_ops;

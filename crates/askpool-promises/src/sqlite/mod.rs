@@ -20,7 +20,7 @@ use crate::model::{
     CreateRequest, Created, Lease, Millis, Promise, SearchQuery, Snapshot, Task,
 };
 use crate::ops;
-use crate::store::{Result, Store};
+use crate::store::Result;
 use tx::SqlTx;
 
 #[derive(Clone, Debug)]
@@ -160,36 +160,11 @@ pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> PromiseError {
     }
 }
 
-impl Store for SqliteStore {
-    fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created> {
-        self.run(|t| ops::create(t, req, now))
-    }
-    fn get(&self, id: &str, now: Millis) -> Result<Promise> {
-        self.run(|t| ops::get(t, id, now))
-    }
-    fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
-        self.run(|t| ops::complete(t, req, now))
-    }
-    fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
-        self.run(|t| ops::search(t, query, now))
-    }
-    fn register_callback(&self, req: &CallbackRequest, now: Millis) -> Result<CallbackOutcome> {
-        self.run(|t| ops::register_callback(t, req, now))
-    }
-    fn claim_task(&self, req: &ClaimRequest, now: Millis) -> Result<Option<Claimed>> {
-        self.run(|t| ops::claim_task(t, req, now))
-    }
-    fn heartbeat(&self, lease: &Lease, lease_ms: Millis, now: Millis) -> Result<Task> {
-        self.run(|t| ops::heartbeat(t, lease, lease_ms, now))
-    }
-    fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
-        self.run(|t| ops::complete_task(t, lease, now))
-    }
-    fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
-        self.run(|t| ops::sweep(t, now, limit))
-    }
-    fn snapshot(&self) -> Result<Snapshot> {
+impl SqliteStore {
+    fn read_snapshot(&self) -> Result<Snapshot> {
         let guard = self.inner.lock();
         tx::snapshot(&guard.conn, &self.path)
     }
 }
+
+ops::store_via_ops!(SqliteStore);
