@@ -30,6 +30,7 @@ mod pattern;
 pub mod rules;
 mod sqlite;
 mod store;
+mod sweeper;
 
 pub use durable::{now_millis, Durable, DurableAsk, DurableHandle, DurablePromises};
 pub use error::PromiseError;
@@ -43,3 +44,4 @@ pub use model::{
 pub use pattern::matches as pattern_matches;
 pub use sqlite::{CrashHook, SqliteOptions, SqliteStore, APPLICATION_ID, SCHEMA_VERSION};
 pub use store::{Result, Store};
+pub use sweeper::spawn_sweeper;

@@ -172,3 +172,46 @@ async fn a_handler_failure_rejects_the_promise_and_replays_after_the_restart() {
         Err(AskError::InvalidArgument { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_times_out_promises_nobody_touches() {
+    use askpool_promises::{CreateRequest, MemoryStore};
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let now = askpool_promises::now_millis();
+    for i in 0..5 {
+        store
+            .create(&CreateRequest::new(format!("p{i}"), now + 20), now)
+            .unwrap();
+    }
+    store
+        .create(&CreateRequest::new("later", now + 3_600_000), now)
+        .unwrap();
+    let sweeper = askpool_promises::spawn_sweeper(Arc::clone(&store), Duration::from_millis(10), 2);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // The raw snapshot: only the sweeper can have timed them out.
+        let snap = store.snapshot().unwrap();
+        let timed_out = snap
+            .promises
+            .iter()
+            .filter(|p| p.state == State::TimedOut)
+            .count();
+        if timed_out == 5 {
+            assert_eq!(
+                snap.promises
+                    .iter()
+                    .find(|p| p.id == "later")
+                    .unwrap()
+                    .state,
+                State::Pending
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not swept: {snap:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sweeper.abort();
+}

@@ -421,3 +421,37 @@ fn bad_input_gets_typed_errors() {
         assert_eq!(s.get("never", u64::MAX).unwrap().state, State::TimedOut);
     });
 }
+
+/// Tasks and callbacks live only while their promises are pending: after
+/// many full invoke / await / resume cycles nothing is left but promises.
+#[test]
+fn tasks_and_callbacks_do_not_accumulate() {
+    each_store(|s| {
+        for round in 0..100 {
+            let (parent, child) = (format!("parent-{round}"), format!("child-{round}"));
+            s.create(
+                &CreateRequest::new(&parent, T + 60_000).target(Target::pool("ga")),
+                T,
+            )
+            .unwrap();
+            claim(s, "ga", "w1", T).unwrap();
+            s.create(
+                &CreateRequest::new(&child, T + 60_000).target(Target::pool("gb")),
+                T,
+            )
+            .unwrap();
+            s.register_callback(&cb(&child, &parent, "ga", "w1"), T)
+                .unwrap();
+            assert_eq!(claim(s, "gb", "w2", T).unwrap().promise.id, child);
+            s.complete(&resolve(&child), T).unwrap();
+            let resume = claim(s, "ga", "w1", T).unwrap();
+            s.complete_task(&Lease::of(&resume.task), T).unwrap();
+            s.complete(&resolve(&parent), T).unwrap();
+        }
+        let snap = s.snapshot().unwrap();
+        assert_eq!(
+            (snap.tasks.len(), snap.callbacks.len(), snap.promises.len()),
+            (0, 0, 200)
+        );
+    });
+}
