@@ -43,9 +43,12 @@ impl Tx for State {
     fn promise(&mut self, id: &str) -> Result<Option<Promise>> {
         Ok(self.promises.get(id).cloned())
     }
-    fn insert_promise(&mut self, p: &Promise) -> Result<()> {
+    fn insert_promise(&mut self, p: &Promise) -> Result<bool> {
+        if self.promises.contains_key(&p.id) {
+            return Ok(false);
+        }
         self.promises.insert(p.id.clone(), p.clone());
-        Ok(())
+        Ok(true)
     }
     fn update_promise(&mut self, p: &Promise) -> Result<()> {
         self.promises.insert(p.id.clone(), p.clone());
@@ -99,12 +102,13 @@ impl Tx for State {
         self.tasks.remove(&id);
         Ok(())
     }
-    fn invoke_task_of(&mut self, promise_id: &str) -> Result<Option<Task>> {
-        Ok(self
+    fn delete_invoke_task_of(&mut self, promise_id: &str) -> Result<bool> {
+        let found = self
             .tasks
             .values()
             .find(|t| t.kind == TaskKind::Invoke && t.promise_id == promise_id)
-            .cloned())
+            .map(|t| t.id);
+        Ok(found.is_some_and(|id| self.tasks.remove(&id).is_some()))
     }
     fn has_resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<bool> {
         Ok(self.tasks.values().any(|t| {

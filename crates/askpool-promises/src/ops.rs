@@ -72,8 +72,10 @@ impl NewCallback {
 /// count up from 1 and are never reused.
 pub(crate) trait Tx {
     fn promise(&mut self, id: &str) -> Result<Option<Promise>>;
-    fn insert_promise(&mut self, p: &Promise) -> Result<()>;
-    /// Rewrites the stored promise with `p.id`.
+    /// Inserts `p` unless its id exists; whether it did.
+    fn insert_promise(&mut self, p: &Promise) -> Result<bool>;
+    /// Stores what settling and resuming change: state, value, complete
+    /// key, `settled_at`, `resume_epoch`.
     fn update_promise(&mut self, p: &Promise) -> Result<()>;
     /// Ids of pending promises with `timeout_at <= now` (matching `pattern`
     /// if given), by `(timeout_at, id)`, at most `limit`.
@@ -85,7 +87,8 @@ pub(crate) trait Tx {
     fn task(&mut self, id: u64) -> Result<Option<Task>>;
     fn update_task(&mut self, t: &Task) -> Result<()>;
     fn delete_task(&mut self, id: u64) -> Result<()>;
-    fn invoke_task_of(&mut self, promise_id: &str) -> Result<Option<Task>>;
+    /// Deletes the promise's invoke task, if it has one.
+    fn delete_invoke_task_of(&mut self, promise_id: &str) -> Result<bool>;
     fn has_resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<bool>;
     /// The task `worker` claims per [`rules::claimable`]: preferring it
     /// first, then by id.
@@ -140,8 +143,7 @@ fn settle(
     p.settled_at = Some(settled_at);
     tx.update_promise(p)?;
     tx.crash_point()?;
-    if let Some(task) = tx.invoke_task_of(&p.id)? {
-        tx.delete_task(task.id)?;
+    if tx.delete_invoke_task_of(&p.id)? {
         tx.crash_point()?;
     }
     let callbacks = tx.callbacks_on(&p.id)?;
@@ -177,13 +179,6 @@ pub(crate) fn create(tx: &mut impl Tx, req: &CreateRequest, now: Millis) -> Resu
         rules::check_opt_name("preferred worker", t.preferred_worker.as_deref())?;
     }
     let now = rules::clamp(now);
-    if let Some(p) = touch(tx, &req.id, now)? {
-        rules::create_existing(&p, req.key.as_deref())?;
-        return Ok(Created {
-            promise: p,
-            deduplicated: true,
-        });
-    }
     let timeout_at = rules::clamp(req.timeout_at);
     let expired = now >= timeout_at;
     let p = Promise {
@@ -204,7 +199,15 @@ pub(crate) fn create(tx: &mut impl Tx, req: &CreateRequest, now: Millis) -> Resu
         settled_at: expired.then_some(timeout_at),
         resume_epoch: 0,
     };
-    tx.insert_promise(&p)?;
+    // Insert first: a new id (the common case) costs one statement.
+    if !tx.insert_promise(&p)? {
+        let existing = touch_existing(tx, &req.id, now)?;
+        rules::create_existing(&existing, req.key.as_deref())?;
+        return Ok(Created {
+            promise: existing,
+            deduplicated: true,
+        });
+    }
     if let (Some(target), false) = (&req.target, expired) {
         tx.crash_point()?;
         tx.insert_task(NewTask {

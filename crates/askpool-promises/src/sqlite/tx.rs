@@ -135,7 +135,7 @@ impl SqlTx<'_> {
         map_err(self.path, e)
     }
 
-    fn write_promise(&mut self, sql: &str, p: &Promise) -> Result<()> {
+    fn insert_promise_row(&mut self, sql: &str, p: &Promise) -> Result<usize> {
         let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
         stmt.execute(params![
             p.id,
@@ -151,8 +151,7 @@ impl SqlTx<'_> {
             p.settled_at.map(t),
             t(p.resume_epoch),
         ])
-        .map_err(|e| self.err(e))?;
-        Ok(())
+        .map_err(|e| self.err(e))
     }
 
     fn one_task(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<Option<Task>> {
@@ -172,20 +171,32 @@ impl Tx for SqlTx<'_> {
             .map_err(|e| self.err(e))
     }
 
-    fn insert_promise(&mut self, p: &Promise) -> Result<()> {
+    fn insert_promise(&mut self, p: &Promise) -> Result<bool> {
         let sql = format!(
-            "INSERT INTO promises ({PROMISE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+            "INSERT INTO promises ({PROMISE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+             ON CONFLICT (id) DO NOTHING"
         );
-        self.write_promise(&sql, p)
+        Ok(self.insert_promise_row(&sql, p)? == 1)
     }
 
     fn update_promise(&mut self, p: &Promise) -> Result<()> {
-        self.write_promise(
-            "UPDATE promises SET state = ?2, param = ?3, value = ?4, timeout_at = ?5, \
-             create_key = ?6, complete_key = ?7, strict = ?8, tags = ?9, created_at = ?10, \
-             settled_at = ?11, resume_epoch = ?12 WHERE id = ?1",
-            p,
-        )
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "UPDATE promises SET state = ?2, value = ?3, complete_key = ?4, settled_at = ?5, \
+                 resume_epoch = ?6 WHERE id = ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        stmt.execute(params![
+            p.id,
+            p.state.code(),
+            p.value,
+            p.complete_key,
+            p.settled_at.map(t),
+            t(p.resume_epoch),
+        ])
+        .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     fn expired(&mut self, now: Millis, pat: Option<&str>, n: usize) -> Result<Vec<String>> {
@@ -281,9 +292,13 @@ impl Tx for SqlTx<'_> {
         Ok(())
     }
 
-    fn invoke_task_of(&mut self, promise_id: &str) -> Result<Option<Task>> {
-        let sql = format!("SELECT {TASK_COLS} FROM tasks WHERE promise_id = ?1 AND kind = 0");
-        self.one_task(&sql, [promise_id])
+    fn delete_invoke_task_of(&mut self, promise_id: &str) -> Result<bool> {
+        let mut stmt = self
+            .tx
+            .prepare_cached("DELETE FROM tasks WHERE promise_id = ?1 AND kind = 0")
+            .map_err(|e| self.err(e))?;
+        let deleted = stmt.execute([promise_id]).map_err(|e| self.err(e))?;
+        Ok(deleted > 0)
     }
 
     fn has_resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<bool> {
