@@ -10,9 +10,12 @@
 //!
 //! What "the handler runs once" rests on: a settled promise is never asked
 //! again, and a re-sent ask carries the same request id, so a pool that is
-//! still running deduplicates it for the same caller id. A pool that
-//! restarted meanwhile has lost its dedup cache and runs the handler again
-//! (handler-once across processes holds within one worker process only).
+//! still running deduplicates it, joining a run in progress, provided the
+//! restarted caller has the same caller id (dedup keys are per caller; today
+//! a node's caller id follows from `NodeConfig::seed`). A caller with a new
+//! caller id, or a pool that restarted meanwhile (its dedup cache is gone),
+//! runs the handler again: handler-once across processes holds within one
+//! worker process only.
 //!
 //! Transient failures (timeouts, an unavailable pool, a cancelled ask)
 //! leave the promise pending for a later await; permanent ones reject it.

@@ -215,3 +215,75 @@ async fn the_sweeper_times_out_promises_nobody_touches() {
     }
     sweeper.abort();
 }
+
+/// The worker process lives on while the caller restarts (same caller
+/// identity, here from the same seed): the re-sent ask carries the same
+/// request id, joins the run still in progress, and the handler starts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_caller_joins_the_run_in_progress() {
+    use askpool::{InProcessTransport, NodeConfig, WorkerTransport};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("durable.db");
+    let transport: Arc<dyn WorkerTransport<String, String>> = Arc::new(InProcessTransport::new());
+    let starts = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let worker = N::with_transport(Arc::clone(&transport), NodeConfig::default());
+    {
+        let (starts, started, gate) =
+            (Arc::clone(&starts), Arc::clone(&started), Arc::clone(&gate));
+        worker
+            .pool("slow")
+            .handler(move |msg: String, _ctx| {
+                starts.fetch_add(1, Ordering::SeqCst);
+                started.notify_one();
+                let gate = Arc::clone(&gate);
+                async move {
+                    let _permit = gate.acquire().await;
+                    Ok(msg.to_uppercase())
+                }
+            })
+            .unwrap();
+    }
+    let caller = || {
+        let config = NodeConfig {
+            seed: Some(7),
+            ..NodeConfig::default()
+        };
+        N::with_transport(Arc::clone(&transport), config)
+    };
+    let id = {
+        let first = caller();
+        let ask = first
+            .ask_durable(&promises(&path), "slow", "hi".into())
+            .unwrap();
+        let id = ask.id().to_owned();
+        let waiting = tokio::spawn(ask);
+        started.notified().await;
+        first.shutdown();
+        assert!(
+            waiting.await.unwrap().is_err(),
+            "the first caller went down"
+        );
+        id
+    };
+    let second = caller();
+    let ask = second.await_durable(&promises(&path), &id).unwrap();
+    let waiting = tokio::spawn(ask);
+    gate.add_permits(1);
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply, "HI");
+    assert_eq!(starts.load(Ordering::SeqCst), 1, "the handler started once");
+    let p = promises(&path)
+        .store()
+        .get(&id, askpool_promises::now_millis())
+        .unwrap();
+    assert_eq!(
+        (p.state, p.value.as_deref()),
+        (State::Resolved, Some(&b"HI"[..]))
+    );
+}
