@@ -62,6 +62,12 @@ const SUITES: &[Suite] = &[
         run: || cargo_bench("askpool-promises", "promises"),
         also: &[],
     },
+    Suite {
+        name: "python",
+        needs: Some("python3"),
+        run: crate::python::bench,
+        also: &[],
+    },
 ];
 
 pub fn names() -> Vec<&'static str> {

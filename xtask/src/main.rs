@@ -8,6 +8,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod python;
 
 #[derive(Parser)]
 #[command(
@@ -62,6 +63,8 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Build the Python wheel (target/wheels) and install it into .venv.
+    Python,
     /// What CI runs: the full test command.
     Ci,
 }
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
             sabotage,
         } => sim(seeds, asks, first_seed, sabotage.as_deref()),
         Task::Bench { suite, quick } => bench::run(suite.as_deref(), quick),
+        Task::Python => python::build().map(|_| ()),
         Task::Ci => test(false),
     };
     match result {
@@ -140,6 +144,7 @@ fn test(slow: bool) -> Result<(), String> {
     cargo(&["test", "--workspace", "--all-targets"])?;
     cargo(&["test", "--workspace", "--doc"])?;
     loom(slow)?;
+    python::test()?;
     if slow {
         // The long tiers: 10 million entries through the capped dedup
         // table, and anything else marked #[ignore] as slow.
