@@ -56,6 +56,12 @@ const SUITES: &[Suite] = &[
         run: || cargo_bench("askpool", "ask"),
         also: &["ack"],
     },
+    Suite {
+        name: "node",
+        needs: Some("node"),
+        run: crate::node::bench,
+        also: &[],
+    },
 ];
 
 pub fn names() -> Vec<&'static str> {

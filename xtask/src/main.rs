@@ -8,6 +8,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod node;
 
 #[derive(Parser)]
 #[command(
@@ -64,6 +65,8 @@ enum Task {
     },
     /// What CI runs: the full test command.
     Ci,
+    /// Install the Node package's tools (`npm ci`) and build its addon.
+    Node,
 }
 
 fn main() -> ExitCode {
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
         } => sim(seeds, asks, first_seed, sabotage.as_deref()),
         Task::Bench { suite, quick } => bench::run(suite.as_deref(), quick),
         Task::Ci => test(false),
+        Task::Node => node::build(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -140,6 +144,7 @@ fn test(slow: bool) -> Result<(), String> {
     cargo(&["test", "--workspace", "--all-targets"])?;
     cargo(&["test", "--workspace", "--doc"])?;
     loom(slow)?;
+    node::test()?;
     if slow {
         // The long tiers: 10 million entries through the capped dedup
         // table, and anything else marked #[ignore] as slow.

@@ -301,6 +301,12 @@ impl Core {
         self.shared.release();
     }
 
+    /// Panics, so tests can show a panic reaches JS as an error.
+    #[napi(catch_unwind)]
+    pub fn debug_panic(&self) {
+        panic!("debug_panic called: a test of the panic boundary");
+    }
+
     #[napi(catch_unwind)]
     pub fn is_closed(&self) -> bool {
         self.node.is_closed()
