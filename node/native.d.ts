@@ -75,6 +75,8 @@ export declare class Core {
   closePool(pool: number): void
   /** Answers a request with the object in table slot `reply`. */
   reply(request: number, reply: number): void
+  /** `reply`, then `drain`: one call where a reply resolves an ask. */
+  replyDrain(request: number, reply: number, buf: Uint32Array): number
   /**
    * Fails a request with what the handler threw: `code` if it threw an
    * `AskError`, else `HANDLER_FAILED` with the thrown value's name.

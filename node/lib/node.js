@@ -173,6 +173,7 @@ class Node {
   #outstanding = 0;
   #keepAlive = null;
   #draining = false;
+  #dirty = false;
   #drainQueued = false;
   #drainNow = () => this.#drain();
   #closed = false;
@@ -344,8 +345,12 @@ class Node {
     }
   }
 
+  // After a call into the addon that may have woken a future on this thread
+  // (those wakes do not call back): drain soon, or, while draining, once more.
   #schedule() {
-    if (!this.#drainQueued && !this.#draining) {
+    if (this.#draining) {
+      this.#dirty = true;
+    } else if (!this.#drainQueued) {
       this.#drainQueued = true;
       queueMicrotask(this.#drainNow);
     }
@@ -355,14 +360,23 @@ class Node {
     this.#drainQueued = false;
     if (this.#draining) return;
     this.#draining = true;
+    this.#consume(this.#core.drain(this.#buf));
+  }
+
+  // Dispatches `n` events already in the buffer, and drains again while the
+  // buffer came back full or a dispatched event called into the addon.
+  // Entered with #draining set.
+  #consume(n) {
     try {
       const core = this.#core;
       const buf = this.#buf;
-      let n;
-      while ((n = core.drain(buf)) > 0) {
+      for (;;) {
+        this.#dirty = false;
         for (let i = 0; i < n * 4; i += 4) {
           this.#dispatch(buf[i], buf[i + 1], buf[i + 2], buf[i + 3]);
         }
+        if (n < EVENTS && !this.#dirty) break;
+        n = core.drain(buf);
       }
     } finally {
       this.#draining = false;
@@ -449,8 +463,23 @@ class Node {
   #reply(request, value) {
     this.#end(request);
     if (this.#closed) return;
-    this.#core.reply(request, this.#table.put(value));
-    this.#schedule();
+    const slot = this.#table.put(value);
+    if (this.#draining) {
+      this.#core.reply(request, slot);
+      this.#dirty = true;
+      return;
+    }
+    // Reply and drain in one call: the ask this answers resolves right here.
+    this.#drainQueued = false;
+    this.#draining = true;
+    let n;
+    try {
+      n = this.#core.replyDrain(request, slot, this.#buf);
+    } catch (e) {
+      this.#draining = false;
+      throw e;
+    }
+    this.#consume(n);
   }
 
   #fail(request, thrown) {

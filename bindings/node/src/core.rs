@@ -221,39 +221,7 @@ impl Core {
     pub fn drain(&mut self, mut buf: Uint32ArraySlice) -> u32 {
         // SAFETY: the JS thread is inside this call, so nothing else touches
         // the array while the slice lives.
-        let buf = unsafe { buf.as_mut() };
-        let _enter = self.rt.enter();
-        self.held.clear();
-        self.errors.clear();
-        self.stages.clear();
-        let mut out = Out { buf, n: 0 };
-        let mut freed = std::mem::take(&mut self.freed_scratch);
-        self.freed.take_into(&mut freed, out.buf.len() / 4);
-        for id in freed.drain(..) {
-            out.push(event::FREE, id, 0, 0);
-        }
-        self.freed_scratch = freed;
-        let mut batch = std::mem::take(&mut self.batch);
-        while !out.full() {
-            self.shared.take_ready(&mut batch);
-            if batch.is_empty() {
-                break;
-            }
-            let mut polled = 0;
-            for &id in &batch {
-                if out.full() {
-                    break;
-                }
-                self.poll_task(id, &mut out);
-                polled += 1;
-            }
-            if polled < batch.len() {
-                self.shared.requeue(&batch[polled..]);
-            }
-            batch.clear();
-        }
-        self.batch = batch;
-        out.n as u32
+        self.drain_into(unsafe { buf.as_mut() })
     }
 
     /// The error of an `ASK_ERR` event of the last drain.
@@ -314,6 +282,41 @@ impl Core {
 }
 
 impl Core {
+    pub(crate) fn drain_into(&mut self, buf: &mut [u32]) -> u32 {
+        let _enter = self.rt.enter();
+        self.held.clear();
+        self.errors.clear();
+        self.stages.clear();
+        let mut out = Out { buf, n: 0 };
+        let mut freed = std::mem::take(&mut self.freed_scratch);
+        self.freed.take_into(&mut freed, out.buf.len() / 4);
+        for id in freed.drain(..) {
+            out.push(event::FREE, id, 0, 0);
+        }
+        self.freed_scratch = freed;
+        let mut batch = std::mem::take(&mut self.batch);
+        while !out.full() {
+            self.shared.take_ready(&mut batch);
+            if batch.is_empty() {
+                break;
+            }
+            let mut polled = 0;
+            for &id in &batch {
+                if out.full() {
+                    break;
+                }
+                self.poll_task(id, &mut out);
+                polled += 1;
+            }
+            if polled < batch.len() {
+                self.shared.requeue(&batch[polled..]);
+            }
+            batch.clear();
+        }
+        self.batch = batch;
+        out.n as u32
+    }
+
     pub(crate) fn pool_name(&self, pool_ref: u32) -> Result<PoolName> {
         self.pool_names
             .get(pool_ref as usize)

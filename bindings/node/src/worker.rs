@@ -92,6 +92,19 @@ impl Core {
         Ok(())
     }
 
+    /// `reply`, then `drain`: one call where a reply resolves an ask.
+    #[napi(catch_unwind)]
+    pub fn reply_drain(
+        &mut self,
+        request: u32,
+        reply: u32,
+        mut buf: Uint32ArraySlice,
+    ) -> Result<u32> {
+        self.reply(request, reply)?;
+        // SAFETY: as in `drain`.
+        Ok(self.drain_into(unsafe { buf.as_mut() }))
+    }
+
     /// Fails a request with what the handler threw: `code` if it threw an
     /// `AskError`, else `HANDLER_FAILED` with the thrown value's name.
     #[napi(catch_unwind)]
