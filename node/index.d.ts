@@ -184,6 +184,8 @@ export interface NodeStats {
   tasks: number;
   requests: number;
   streams: number;
+  /** Wakes that came from another thread (tokio timers) and called into JS. */
+  threadWakes: number;
   pools: PoolStats[];
   /** Host objects the addon still references. */
   objects: number;

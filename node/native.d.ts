@@ -61,6 +61,8 @@ export declare class Core {
   /** Panics, so tests can show a panic reaches JS as an error. */
   debugPanic(): void
   isClosed(): boolean
+  /** Registers this core for the `fast*` functions; returns its number. */
+  fastPath(): number
   /**
    * Declares a pool hosted by this node; returns its id. Requests queue
    * (up to `maxInFlight`) until `handle` starts its workers.
@@ -123,6 +125,15 @@ export interface ErrorInfo {
   /** For `HANDLER_FAILED`: its message. */
   handlerMessage?: string
 }
+
+/** `Core.ask`. */
+export declare function fastAsk(core: number, pool: number, msg: number, timeoutMs: number): number
+
+/** `Core.drain`. */
+export declare function fastDrain(core: number, buf: Uint32Array): number
+
+/** `Core.replyDrain`. */
+export declare function fastReplyDrain(core: number, request: number, reply: number, buf: Uint32Array): number
 
 export interface NodeOptions {
   /** Timeout of an ask that sets none (default 30 s). */
@@ -195,5 +206,10 @@ export interface StatsInfo {
   requests: number
   /** Stage streams open. */
   streams: number
+  /**
+   * Times a future woke on another thread (a tokio timer) and the JS
+   * thread had to be called.
+   */
+  threadWakes: number
   pools: Array<PoolStatsInfo>
 }

@@ -163,6 +163,8 @@ const unreadStreams = new FinalizationRegistry(({ stream, core }) => {
 
 class Node {
   #core;
+  // The core's number for the plain-function hot path (native.fast*).
+  #fast;
   #table = new ObjectTable();
   #buf = new Uint32Array(EVENTS * 4);
   #waiting = [];
@@ -184,6 +186,7 @@ class Node {
    */
   constructor(options = {}) {
     this.#core = call(() => new native.Core(this.#drainNow, options));
+    this.#fast = this.#core.fastPath();
   }
 
   /** Declares a pool hosted by this node. */
@@ -304,7 +307,7 @@ class Node {
       if (kind === 2) {
         task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options)));
       } else if (options === undefined) {
-        task = call(() => this.#core.ask(ref, slot, 0));
+        task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
       } else {
         task = call(() => this.#core.askWith(ref, slot, nativeAskOptions(options)));
       }
@@ -360,7 +363,7 @@ class Node {
     this.#drainQueued = false;
     if (this.#draining) return;
     this.#draining = true;
-    this.#consume(this.#core.drain(this.#buf));
+    this.#consume(native.fastDrain(this.#fast, this.#buf));
   }
 
   // Dispatches `n` events already in the buffer, and drains again while the
@@ -368,7 +371,7 @@ class Node {
   // Entered with #draining set.
   #consume(n) {
     try {
-      const core = this.#core;
+      const fast = this.#fast;
       const buf = this.#buf;
       for (;;) {
         this.#dirty = false;
@@ -376,7 +379,7 @@ class Node {
           this.#dispatch(buf[i], buf[i + 1], buf[i + 2], buf[i + 3]);
         }
         if (n < EVENTS && !this.#dirty) break;
-        n = core.drain(buf);
+        n = native.fastDrain(fast, buf);
       }
     } finally {
       this.#draining = false;
@@ -474,7 +477,7 @@ class Node {
     this.#draining = true;
     let n;
     try {
-      n = this.#core.replyDrain(request, slot, this.#buf);
+      n = native.fastReplyDrain(this.#fast, request, slot, this.#buf);
     } catch (e) {
       this.#draining = false;
       throw e;

@@ -106,6 +106,8 @@ pub struct Core {
     stages: Vec<StageEvent>,
     batch: Vec<u32>,
     freed_scratch: Vec<u32>,
+    /// This core's entry in the fast-path registry (see `fast`).
+    pub(crate) fast_id: Option<u32>,
 }
 
 fn millis(ms: f64) -> Result<Duration> {
@@ -199,6 +201,7 @@ impl Core {
             stages: Vec::new(),
             batch: Vec::new(),
             freed_scratch: Vec::new(),
+            fast_id: None,
         })
     }
 
@@ -249,6 +252,7 @@ impl Core {
             self.tasks.len(),
             self.requests.len(),
             self.streams.len(),
+            self.shared.thread_wakes.load(Ordering::Relaxed),
         )
     }
 

@@ -136,10 +136,19 @@ pub struct StatsInfo {
     pub requests: u32,
     /// Stage streams open.
     pub streams: u32,
+    /// Times a future woke on another thread (a tokio timer) and the JS
+    /// thread had to be called.
+    pub thread_wakes: f64,
     pub pools: Vec<PoolStatsInfo>,
 }
 
-pub fn stats(node: NodeStats, tasks: usize, requests: usize, streams: usize) -> StatsInfo {
+pub fn stats(
+    node: NodeStats,
+    tasks: usize,
+    requests: usize,
+    streams: usize,
+    thread_wakes: u64,
+) -> StatsInfo {
     let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
     StatsInfo {
         pending: n(node.pending),
@@ -150,6 +159,7 @@ pub fn stats(node: NodeStats, tasks: usize, requests: usize, streams: usize) -> 
         tasks: n(tasks),
         requests: n(requests),
         streams: n(streams),
+        thread_wakes: thread_wakes as f64,
         pools: node
             .pools
             .into_iter()

@@ -9,6 +9,7 @@
 mod caller;
 mod core;
 mod errors;
+mod fast;
 mod info;
 mod slots;
 mod tok;

@@ -4,7 +4,7 @@
 //! the wrapper drains after every call into the addon. A wake from another
 //! thread (a tokio timer) calls the threadsafe function once per batch.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Wake;
 use std::thread::ThreadId;
@@ -24,6 +24,8 @@ thread_local! {
 pub struct Shared {
     ready: Mutex<Vec<u32>>,
     scheduled: AtomicBool,
+    /// Calls of the threadsafe function: wakes that crossed threads.
+    pub thread_wakes: AtomicU64,
     js_thread: ThreadId,
     wake: RwLock<Option<WakeFn>>,
 }
@@ -33,6 +35,7 @@ impl Shared {
         Self {
             ready: Mutex::default(),
             scheduled: AtomicBool::new(false),
+            thread_wakes: AtomicU64::new(0),
             js_thread: THREAD.with(|t| *t),
             wake: RwLock::new(Some(wake)),
         }
@@ -45,6 +48,7 @@ impl Shared {
         }
         if !self.scheduled.swap(true, Ordering::AcqRel) {
             if let Some(wake) = self.wake.read().as_ref() {
+                self.thread_wakes.fetch_add(1, Ordering::Relaxed);
                 wake.call((), ThreadsafeFunctionCallMode::NonBlocking);
             }
         }
