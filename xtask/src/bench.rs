@@ -68,6 +68,12 @@ const SUITES: &[Suite] = &[
         run: crate::python::bench,
         also: &[],
     },
+    Suite {
+        name: "node",
+        needs: Some("node"),
+        run: crate::node::bench,
+        also: &[],
+    },
 ];
 
 pub fn names() -> Vec<&'static str> {
