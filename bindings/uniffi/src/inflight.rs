@@ -1,7 +1,9 @@
-//! What a node's binding tracks while Kotlin awaits: asks by the caller's
-//! token (to cancel them) and requests by the handler's token (to reply).
+//! What the binding tracks while Kotlin works: asks by the caller's token
+//! (per node, to cancel them) and running requests by a process-wide token
+//! (to reply to them with one top-level call, no object handle to clone).
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::LazyLock;
 
 use askpool::{Outcome, RequestContext};
 use dashmap::DashMap;
@@ -14,28 +16,23 @@ pub struct Running {
     pub context: RequestContext,
 }
 
-#[derive(Default)]
-pub struct Inflight {
-    pub asks: DashMap<i64, oneshot::Sender<()>>,
-    pub requests: DashMap<i64, Running>,
-    next_request: AtomicI64,
+static REQUESTS: LazyLock<DashMap<i64, Running>> = LazyLock::new(DashMap::new);
+static NEXT_REQUEST: AtomicI64 = AtomicI64::new(1);
+
+pub fn requests() -> &'static DashMap<i64, Running> {
+    &REQUESTS
 }
 
-impl Inflight {
-    pub fn request_token(&self) -> i64 {
-        self.next_request.fetch_add(1, Ordering::Relaxed)
-    }
+pub fn request_token() -> i64 {
+    NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Removes a request's entry however its handler future ends (a reply, a
 /// panic in the callback, the pool dropping it).
-pub struct RequestGuard<'a> {
-    pub inflight: &'a Inflight,
-    pub token: i64,
-}
+pub struct RequestGuard(pub i64);
 
-impl Drop for RequestGuard<'_> {
+impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.inflight.requests.remove(&self.token);
+        REQUESTS.remove(&self.0);
     }
 }

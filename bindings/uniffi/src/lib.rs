@@ -14,8 +14,11 @@ mod payload;
 mod runtime;
 
 pub use error::{CancelCause, Failure, Fault, NativeError};
+pub use handler::RequestInfo;
 pub use host::{AskListener, HostHandler, Stage};
-pub use node::{AskArgs, DeadLetterInfo, NativeNode, NativeStats, NodeOptions, PoolOptions};
+pub use node::{
+    node_ask, AskArgs, DeadLetterInfo, NativeNode, NativeStats, NodeOptions, PoolOptions,
+};
 pub use payload::{live_host_refs, take_released, Payload};
 pub use runtime::runtime_worker_threads;
 

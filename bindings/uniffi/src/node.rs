@@ -3,21 +3,22 @@
 //! suspend API, handles and flows on top.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, DedupConfig, Node, NodeConfig, PoolConfig, PoolName, RequestId,
     RetryPolicy, WorkerPool,
 };
+use dashmap::DashMap;
 use futures::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
-use crate::error::{Failure, Fault, NativeError};
+use crate::error::{Failure, NativeError};
 use crate::host::{AskListener, HostHandler, Stage};
-use crate::inflight::Inflight;
 use crate::payload::{released_len, Msg, Payload};
 use crate::runtime::runtime;
 
@@ -53,15 +54,6 @@ pub struct AskArgs {
 }
 
 #[derive(Clone, Debug, uniffi::Record)]
-pub struct RequestInfo {
-    pub request_id: String,
-    pub correlation_id: String,
-    pub pool: String,
-    pub attempt: u32,
-    pub cancelled: bool,
-}
-
-#[derive(Clone, Debug, uniffi::Record)]
 pub struct DeadLetterInfo {
     pub request_id: String,
     pub pool: String,
@@ -78,7 +70,6 @@ pub struct NativeStats {
     pub pending: u64,
     pub armed_timers: u64,
     pub asks_in_flight: u64,
-    pub requests_in_flight: u64,
     pub dlq_depth: u64,
     pub timed_out_records: u64,
 }
@@ -87,7 +78,9 @@ pub struct NativeStats {
 pub struct NativeNode {
     node: Node<Msg, Msg>,
     listener: Arc<dyn AskListener>,
-    inflight: Arc<Inflight>,
+    id: i64,
+    /// Cancel switches of running asks, by the caller's token.
+    asks: Arc<DashMap<i64, oneshot::Sender<()>>>,
     /// Pool names interned for the primitive-only ask path.
     pool_ids: Mutex<(Vec<PoolName>, FxHashMap<String, i64>)>,
     pools: Mutex<FxHashMap<String, WorkerPool<Msg, Msg>>>,
@@ -125,13 +118,21 @@ impl NativeNode {
             ..NodeConfig::default()
         };
         let _rt = runtime().enter();
-        Arc::new(Self {
+        let node = Arc::new(Self {
             node: Node::with_config(config),
             listener,
-            inflight: Arc::default(),
+            id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+            asks: Arc::default(),
             pool_ids: Mutex::default(),
             pools: Mutex::default(),
-        })
+        });
+        NODES.insert(node.id, Arc::clone(&node));
+        node
+    }
+
+    /// The node's id for [`node_ask`]; valid until `shutdown`.
+    pub fn id(&self) -> i64 {
+        self.id
     }
 
     /// A pool run by a Kotlin handler (`concurrency` requests at a time).
@@ -156,7 +157,7 @@ impl NativeNode {
             .node
             .pool(name.as_str())
             .config(config)
-            .handler(crate::handler::bridge(Arc::clone(&self.inflight), handler))?;
+            .handler(crate::handler::bridge(handler))?;
         self.pools.lock().insert(name, pool);
         Ok(())
     }
@@ -179,32 +180,6 @@ impl NativeNode {
         id
     }
 
-    /// The hot path: an ask of a host object with a timeout, all primitives.
-    /// The outcome goes to the listener under `token`. Returns how many
-    /// released handles wait in `take_released`.
-    pub fn ask(&self, pool: i64, handle: i64, timeout_ms: u64, token: i64) -> u64 {
-        let msg = Msg::host(handle);
-        let pool = self.pool_ids.lock().0.get(pool as usize).cloned();
-        match pool {
-            Some(pool) => {
-                let _rt = runtime().enter();
-                let mut ask = self.node.ask(pool, msg);
-                if timeout_ms > 0 {
-                    ask = ask.timeout(millis(timeout_ms));
-                }
-                self.drive(Started::Ask(ask.send()), token, false);
-            }
-            None => {
-                drop(msg);
-                let error = AskError::InvalidArgument {
-                    message: format!("unknown pool id {pool:?}"),
-                };
-                self.listener.on_failure(token, Failure::from(&error));
-            }
-        }
-        released_len() as u64
-    }
-
     /// An ask (or a tell) with every option; returns its request id.
     pub fn ask_with(
         &self,
@@ -213,6 +188,8 @@ impl NativeNode {
         args: AskArgs,
         token: i64,
     ) -> Result<String, NativeError> {
+        // Adopted first: the handle is released even if the options are bad.
+        let msg = Msg::from(payload);
         let request_id: Option<RequestId> = match &args.request_id {
             Some(text) => Some(parse_id("request id", text)?),
             None => None,
@@ -225,7 +202,6 @@ impl NativeNode {
             max_attempts: n.max(1),
             ..RetryPolicy::default()
         });
-        let msg = Msg::from(payload);
         let _rt = runtime().enter();
         let started = if args.one_way {
             let mut tell = self.node.tell(pool.as_str(), msg);
@@ -269,41 +245,9 @@ impl NativeNode {
     /// Cancels the ask started under `token`; its outcome (`AskCancelled`,
     /// or whatever came first) still goes to the listener.
     pub fn cancel(&self, token: i64) {
-        if let Some((_, tx)) = self.inflight.asks.remove(&token) {
+        if let Some((_, tx)) = self.asks.remove(&token) {
             let _ = tx.send(());
         }
-    }
-
-    pub fn reply(&self, request: i64, handle: i64) {
-        self.complete(request, Ok(Msg::host(handle)));
-    }
-
-    pub fn reply_bytes(&self, request: i64, data: Vec<u8>) {
-        self.complete(request, Ok(Msg::Bytes(data.into())));
-    }
-
-    /// Fails a request; `HandlerFailed` carries the exception's class name.
-    pub fn fail(&self, request: i64, fault: Fault) {
-        self.complete(request, Err(AskError::from(fault)));
-    }
-
-    pub fn progress(&self, request: i64, fraction: f32, note: String) {
-        if let Some(running) = self.inflight.requests.get(&request) {
-            running.context.progress(fraction, note);
-        }
-    }
-
-    pub fn request_info(&self, request: i64) -> Option<RequestInfo> {
-        self.inflight.requests.get(&request).map(|r| {
-            let c = &r.context;
-            RequestInfo {
-                request_id: c.request_id().to_string(),
-                correlation_id: c.correlation_id().to_string(),
-                pool: c.pool().to_string(),
-                attempt: c.attempt(),
-                cancelled: c.is_cancelled(),
-            }
-        })
     }
 
     pub fn dead_letters(&self) -> Vec<DeadLetterInfo> {
@@ -344,8 +288,7 @@ impl NativeNode {
         NativeStats {
             pending: s.pending as u64,
             armed_timers: s.armed_timers as u64,
-            asks_in_flight: self.inflight.asks.len() as u64,
-            requests_in_flight: self.inflight.requests.len() as u64,
+            asks_in_flight: self.asks.len() as u64,
             dlq_depth: s.dlq_depth as u64,
             timed_out_records: s.timed_out_records as u64,
         }
@@ -353,23 +296,59 @@ impl NativeNode {
 
     /// Fails pending asks (`Unavailable`), stops the pools. Idempotent.
     pub fn shutdown(&self) {
+        NODES.remove(&self.id);
         let pools: Vec<_> = self.pools.lock().drain().map(|(_, p)| p).collect();
         drop(pools);
         self.node.shutdown();
     }
 }
 
+/// Nodes by id, for the hot path: a top-level call with primitives costs
+/// one crossing, a method call two (the generated code clones the object
+/// handle first).
+static NODES: LazyLock<DashMap<i64, Arc<NativeNode>>> = LazyLock::new(DashMap::new);
+static NEXT_NODE: AtomicI64 = AtomicI64::new(1);
+
+/// The hot path: an ask of a host object with a timeout (0: the node's
+/// default), all primitives. The outcome goes to the node's listener under
+/// `token`. Returns how many released handles wait in `take_released`, or
+/// `u64::MAX` if the node is shut down (nothing will be reported).
+#[uniffi::export]
+pub fn node_ask(node: i64, pool: i64, handle: i64, timeout_ms: u64, token: i64) -> u64 {
+    let msg = Msg::host(handle);
+    let Some(node) = NODES.get(&node).map(|n| Arc::clone(&n)) else {
+        return u64::MAX;
+    };
+    node.ask(pool, msg, timeout_ms, token);
+    released_len() as u64
+}
+
 impl NativeNode {
-    fn complete(&self, request: i64, outcome: askpool::Outcome<Msg>) {
-        if let Some((_, running)) = self.inflight.requests.remove(&request) {
-            let _ = running.reply.send(outcome);
+    fn ask(&self, pool: i64, msg: Msg, timeout_ms: u64, token: i64) {
+        let name = usize::try_from(pool)
+            .ok()
+            .and_then(|i| self.pool_ids.lock().0.get(i).cloned());
+        let Some(name) = name else {
+            let error = AskError::InvalidArgument {
+                message: format!("unknown pool id {pool}"),
+            };
+            // Callbacks come from runtime threads only (they stay attached).
+            let listener = Arc::clone(&self.listener);
+            runtime().spawn(async move { listener.on_failure(token, Failure::from(&error)) });
+            return;
+        };
+        let _rt = runtime().enter();
+        let mut ask = self.node.ask(name, msg);
+        if timeout_ms > 0 {
+            ask = ask.timeout(millis(timeout_ms));
         }
+        self.drive(Started::Ask(ask.send()), token, false);
     }
 
     /// Runs an ask to its end on the runtime and reports the outcome.
     fn drive(&self, started: Started, token: i64, stages: bool) {
         let (cancel_tx, cancel_rx) = oneshot::channel();
-        self.inflight.asks.insert(token, cancel_tx);
+        self.asks.insert(token, cancel_tx);
         if stages {
             if let Started::Ask(h) = &started {
                 let mut stream = h.stages();
@@ -382,14 +361,14 @@ impl NativeNode {
                 });
             }
         }
-        let inflight = Arc::clone(&self.inflight);
+        let asks = Arc::clone(&self.asks);
         let listener = Arc::clone(&self.listener);
         runtime().spawn(async move {
             let outcome = AssertUnwindSafe(finish(started, cancel_rx))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| Err(AskError::internal(panic_message(panic.as_ref()))));
-            inflight.asks.remove(&token);
+            asks.remove(&token);
             match outcome {
                 Ok(Some(Msg::Host(r))) => listener.on_reply(token, r.handle()),
                 Ok(Some(Msg::Bytes(b))) => listener.on_reply_bytes(token, b.to_vec()),
@@ -402,10 +381,7 @@ impl NativeNode {
 
 /// The outcome of an ask (`Some(reply)`) or tell (`None`), cancelling it
 /// when the caller asks to.
-async fn finish(
-    started: Started,
-    cancel: oneshot::Receiver<()>,
-) -> Result<Option<Msg>, AskError> {
+async fn finish(started: Started, cancel: oneshot::Receiver<()>) -> Result<Option<Msg>, AskError> {
     match started {
         Started::Ask(mut h) => tokio::select! {
             biased;
