@@ -29,6 +29,8 @@ pub struct NodeOptions {
     pub max_attempts: u32,
     pub track_stages: bool,
     pub dlq_capacity: u64,
+    /// A circuit breaker per target pool (the runtime's default settings).
+    pub circuit_breaker: bool,
 }
 
 #[derive(Clone, Debug, uniffi::Record)]
@@ -115,6 +117,9 @@ impl NativeNode {
             },
             track_stages: options.track_stages,
             dlq_capacity: usize::try_from(options.dlq_capacity).unwrap_or(usize::MAX),
+            breaker: options
+                .circuit_breaker
+                .then(askpool::BreakerConfig::default),
             ..NodeConfig::default()
         };
         let _rt = runtime().enter();

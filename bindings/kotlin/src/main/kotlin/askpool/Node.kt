@@ -31,6 +31,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             maxAttempts = options.maxAttempts.toUInt(),
             trackStages = options.trackStages,
             dlqCapacity = options.dlqCapacity.toULong(),
+            circuitBreaker = options.circuitBreaker,
         ),
         completions,
     )

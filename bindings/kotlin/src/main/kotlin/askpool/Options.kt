@@ -14,6 +14,8 @@ data class NodeOptions(
     /** Whether asks record their ACK stages ([AskHandle.stages]). */
     val trackStages: Boolean = true,
     val dlqCapacity: Int = 1_000,
+    /** A circuit breaker per target pool: failures open it, asks then fail fast (`Unavailable`). */
+    val circuitBreaker: Boolean = true,
 )
 
 data class PoolOptions(

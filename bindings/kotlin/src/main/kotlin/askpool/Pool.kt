@@ -10,6 +10,7 @@ import askpool.ffi.requestReply
 import askpool.ffi.requestReplyBytes
 import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
+import kotlinx.coroutines.CoroutineStart
 import kotlinx.coroutines.Job
 import kotlinx.coroutines.launch
 import java.util.concurrent.ConcurrentHashMap
@@ -100,7 +101,9 @@ class Pool internal constructor(
     private fun start(request: Long, msg: Any?) {
         val entry = Running(RequestContext(request))
         running[request] = entry
-        entry.job = node.scope.launch(options.dispatcher) {
+        // ATOMIC: a request cancelled before its coroutine ran still runs the
+        // block, so it still replies (the runtime waits for that reply).
+        entry.job = node.scope.launch(options.dispatcher, CoroutineStart.ATOMIC) {
             try {
                 when (val reply = handler.handle(msg, entry.context)) {
                     is ByteArray -> requestReplyBytes(request, reply)

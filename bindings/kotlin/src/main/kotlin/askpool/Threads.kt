@@ -16,7 +16,12 @@ internal object JvmThreads {
     /** Java threads created for native callback threads and kept attached. */
     val attached = AtomicInteger()
 
+    /** Set by tests: record every distinct thread that calls back. */
+    @Volatile var observe = false
+    val observed: MutableSet<Thread> = java.util.Collections.newSetFromMap(java.util.concurrent.ConcurrentHashMap())
+
     fun stayAttached() {
+        if (observe) observed.add(Thread.currentThread())
         if (kept.get()) return
         kept.set(true)
         Native.detach(false)
