@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod python;
+mod node;
 
 #[derive(Parser)]
 #[command(
@@ -67,6 +68,8 @@ enum Task {
     Python,
     /// What CI runs: the full test command.
     Ci,
+    /// Install the Node package's tools (`npm ci`) and build its addon.
+    Node,
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
         Task::Bench { suite, quick } => bench::run(suite.as_deref(), quick),
         Task::Python => python::build().map(|_| ()),
         Task::Ci => test(false),
+        Task::Node => node::build(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -145,6 +149,7 @@ fn test(slow: bool) -> Result<(), String> {
     cargo(&["test", "--workspace", "--doc"])?;
     loom(slow)?;
     python::test()?;
+    node::test()?;
     if slow {
         // The long tiers: 10 million entries through the capped dedup
         // table, and anything else marked #[ignore] as slow.
