@@ -33,7 +33,8 @@ from ._errors import (
     ValidationError,
     from_native,
 )
-from ._node import AskHandle, DeadLetter, Node, Pool, StageEvent
+from ._node import AskHandle, DeadLetter, DurableHandle, Node, Pool, StageEvent
+from ._promises import Promise, Promises
 from ._stats import NodeStats, PoolStats
 
 _native.register_error_factory(from_native)
@@ -51,6 +52,7 @@ __all__ = [
     "Context",
     "DeadLetter",
     "DeadlineExceededError",
+    "DurableHandle",
     "DecodeFailureError",
     "FailedPreconditionError",
     "HandlerError",
@@ -64,6 +66,8 @@ __all__ = [
     "PayloadMismatchError",
     "PermissionDeniedError",
     "Pool",
+    "Promise",
+    "Promises",
     "PoolStats",
     "StageEvent",
     "UnavailableError",

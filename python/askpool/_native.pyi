@@ -9,6 +9,7 @@ __all__ = [
     "NativeAsk",
     "NativeNode",
     "NativePool",
+    "NativePromises",
     "Reply",
     "register_dispatch",
     "register_error_factory",
@@ -125,6 +126,22 @@ class NativeNode:
         max_in_flight: Optional[int] = None,
     ) -> NativePool: ...
     def stats(self) -> dict[str, Any]: ...
+    def ask_durable(
+        self,
+        driver: LoopDriver,
+        target: asyncio.Future[Any],
+        promises: NativePromises,
+        pool: str,
+        msg: Any,
+        request_id: Optional[str] = None,
+    ) -> str: ...
+    def await_durable(
+        self,
+        driver: LoopDriver,
+        target: asyncio.Future[Any],
+        promises: NativePromises,
+        id: str,
+    ) -> None: ...
     def dead_letters(
         self,
     ) -> list[tuple[str, str, str, Any, Any, int, str]]: ...
@@ -133,3 +150,27 @@ class NativeNode:
     ) -> NativeAsk: ...
     def purge_dead_letters(self) -> int: ...
     def shutdown(self) -> None: ...
+
+_PromiseTuple = tuple[
+    str, str, bytes, Optional[bytes], int, dict[str, str], int, Optional[int]
+]
+
+@final
+class NativePromises:
+    @staticmethod
+    def sqlite(path: str, durable_timeout: float = 3600.0) -> NativePromises: ...
+    @staticmethod
+    def memory() -> NativePromises: ...
+    def create(
+        self,
+        id: str,
+        timeout: float,
+        param: bytes = ...,
+        key: Optional[str] = None,
+        strict: bool = False,
+        tags: Optional[dict[str, str]] = None,
+    ) -> _PromiseTuple: ...
+    def get(self, id: str) -> _PromiseTuple: ...
+    def complete(
+        self, id: str, how: str, value: bytes = ..., key: Optional[str] = None
+    ) -> _PromiseTuple: ...

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, NamedTuple, Optional, TypeVar
 from . import _native
 from ._dispatch import Handler
 from ._errors import AskpoolError, NoRunningLoopError
+from ._promises import Promises
 from ._stats import NodeStats, PoolStats
 
 H = TypeVar("H", bound=Handler)
@@ -100,6 +101,14 @@ class AskHandle(asyncio.Future[Any]):
             yield StageEvent(*event)
 
 
+class DurableHandle(asyncio.Future[Any]):
+    """A durable ask in flight: an asyncio future of the reply, with the id
+    of the promise that records it."""
+
+    __slots__ = ("id",)
+    id: str
+
+
 class Pool:
     """A pool hosted by a node; give it a handler with ``@pool.handler``."""
 
@@ -155,7 +164,7 @@ class Node:
     ``dlq_capacity``: dead letters kept (1,000). ``track_stages``: record
     each ask's ACK lifecycle for ``AskHandle.stages()``. ``circuit_breaker``:
     a breaker per target pool that fails asks fast (``UnavailableError``)
-    after repeated failures."""
+    after repeated failures. ``promises``: the store of durable asks."""
 
     def __init__(
         self,
@@ -164,10 +173,12 @@ class Node:
         dlq_capacity: Optional[int] = None,
         track_stages: bool = True,
         circuit_breaker: bool = True,
+        promises: Optional[Promises] = None,
     ) -> None:
         self._native = _native.NativeNode(
             default_timeout, dlq_capacity, track_stages, circuit_breaker
         )
+        self.promises = promises
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._driver: Optional[_native.LoopDriver] = None
 
@@ -278,6 +289,38 @@ class Node:
             causation_id,
             fingerprint,
         )
+
+    def ask_durable(
+        self, pool: str, msg: Any, *, request_id: Optional[str] = None
+    ) -> DurableHandle:
+        """An ask whose outcome is recorded in ``self.promises``: its promise
+        id (``handle.id``, also the request id) can be awaited with
+        ``await_durable`` after this process restarts, without running the
+        handler again. ``msg`` and the reply are pickled into the store."""
+        loop, driver = self._here("Node.ask_durable")
+        handle = DurableHandle(loop=loop)
+        handle.id = self._native.ask_durable(
+            driver, handle, self._store(), pool, msg, request_id
+        )
+        return handle
+
+    def await_durable(self, id: str) -> DurableHandle:
+        """The outcome of durable ask ``id``: at once if its promise is
+        settled, else the ask is made again under the same id."""
+        loop, driver = self._here("Node.await_durable")
+        handle = DurableHandle(loop=loop)
+        handle.id = id
+        self._native.await_durable(driver, handle, self._store(), id)
+        return handle
+
+    def _store(self) -> _native.NativePromises:
+        if self.promises is None:
+            from ._errors import FailedPreconditionError
+
+            raise FailedPreconditionError(
+                "durable asks need a promise store: Node(promises=Promises.open(path))"
+            )
+        return self.promises._native
 
     def tell(
         self,

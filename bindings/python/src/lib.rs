@@ -11,6 +11,7 @@ mod errors;
 mod node;
 mod obj;
 mod pool;
+mod promises;
 mod stats;
 mod task;
 
@@ -44,6 +45,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::NativePool>()?;
     m.add_class::<pool::Ctx>()?;
     m.add_class::<pool::Reply>()?;
+    m.add_class::<promises::NativePromises>()?;
     m.add_function(wrap_pyfunction!(errors::register_error_factory, m)?)?;
     m.add_function(wrap_pyfunction!(pool::register_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;

@@ -16,7 +16,9 @@ use crate::driver::LoopDriver;
 use crate::errors::{self, to_py};
 use crate::obj::Obj;
 use crate::pool::NativePool;
+use crate::promises::NativePromises;
 use crate::task::FutureTask;
+use askpool_promises::DurableAsk;
 
 type Handle = AskHandle<Obj, Obj>;
 
@@ -239,6 +241,61 @@ impl NativeNode {
         }
         let pool = to_py(builder.build())?;
         to_py(NativePool::start(pool, driver, concurrency, &handler, py))
+    }
+
+    /// A durable ask: a promise in `promises` (its id is the request id)
+    /// records the outcome, so after a restart `await_durable(id)` gets it
+    /// without running the handler again. Returns the id.
+    #[pyo3(signature = (driver, target, promises, pool, msg, request_id=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn ask_durable(
+        &self,
+        py: Python<'_>,
+        driver: &LoopDriver,
+        target: Py<PyAny>,
+        promises: &NativePromises,
+        pool: &str,
+        msg: Py<PyAny>,
+        request_id: Option<&str>,
+    ) -> PyResult<String> {
+        if let Err(e) = crate::promises::dumps(py, msg.bind(py)) {
+            return to_py(Err(AskError::InvalidArgument {
+                message: format!("a durable ask's message must be picklable: {e}"),
+            }));
+        }
+        let id = request_id
+            .map(|id| to_py(parse::<RequestId>("request_id", id)))
+            .transpose()?;
+        let msg = Obj::new(msg);
+        driver.eager(py, || {
+            let handle = match id {
+                Some(id) => self
+                    .node
+                    .ask_durable_with_id(&promises.durable, id, pool, msg),
+                None => self.node.ask_durable(&promises.durable, pool, msg),
+            };
+            let handle = to_py(handle)?;
+            let id = handle.id().to_owned();
+            FutureTask::spawn(&driver.shared, handle, target, reply);
+            Ok(id)
+        })
+    }
+
+    /// The outcome of durable ask `id`: at once if its promise settled, else
+    /// asked again under the same id.
+    fn await_durable(
+        &self,
+        py: Python<'_>,
+        driver: &LoopDriver,
+        target: Py<PyAny>,
+        promises: &NativePromises,
+        id: &str,
+    ) -> PyResult<()> {
+        driver.eager(py, || {
+            let handle = to_py(self.node.await_durable(&promises.durable, id))?;
+            FutureTask::spawn(&driver.shared, handle, target, reply);
+            Ok(())
+        })
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {

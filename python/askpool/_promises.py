@@ -1,0 +1,92 @@
+"""Durable promises: records that outlive processes (SQLite by default)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import NamedTuple, Optional, Union
+
+from . import _native
+
+
+class Promise(NamedTuple):
+    id: str
+    #: "pending", "resolved", "rejected", "canceled" or "timedout".
+    state: str
+    param: bytes
+    value: Optional[bytes]
+    #: Unix milliseconds.
+    timeout_at: int
+    tags: dict[str, str]
+    created_at: int
+    settled_at: Optional[int]
+
+    @property
+    def settled(self) -> bool:
+        return self.state != "pending"
+
+
+class Promises:
+    """A promise store: ``Promises.open(path)`` (SQLite, shared by processes
+    that open the same file) or ``Promises.memory()``. Pass it to
+    ``Node(promises=...)`` for durable asks."""
+
+    def __init__(self, native: _native.NativePromises) -> None:
+        self._native = native
+
+    @classmethod
+    def open(
+        cls, path: Union[str, os.PathLike[str]], *, durable_timeout: float = 3600.0
+    ) -> Promises:
+        """``durable_timeout``: seconds a durable ask's promise stays pending
+        at most."""
+        return cls(_native.NativePromises.sqlite(os.fspath(path), durable_timeout))
+
+    @classmethod
+    def memory(cls) -> Promises:
+        return cls(_native.NativePromises.memory())
+
+    def create(
+        self,
+        id: str,
+        *,
+        timeout: float,
+        param: bytes = b"",
+        key: Optional[str] = None,
+        strict: bool = False,
+        tags: Optional[dict[str, str]] = None,
+    ) -> Promise:
+        """A promise pending for ``timeout`` seconds. A repeat with the same
+        ``key`` returns the existing promise; another key is refused
+        (``FailedPreconditionError``)."""
+        return Promise(*self._native.create(id, timeout, param, key, strict, tags))
+
+    def get(self, id: str) -> Promise:
+        """The promise (``InvalidArgumentError`` if there is none)."""
+        return Promise(*self._native.get(id))
+
+    def resolve(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        return Promise(*self._native.complete(id, "resolve", value, key))
+
+    def reject(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        return Promise(*self._native.complete(id, "reject", value, key))
+
+    def cancel(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        return Promise(*self._native.complete(id, "cancel", value, key))
+
+    async def wait(
+        self, id: str, *, timeout: Optional[float] = None, poll: float = 0.01
+    ) -> Promise:
+        """Waits until the promise is settled (by this process or another
+        one sharing the store) and returns it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            promise = self.get(id)
+            if promise.settled:
+                return promise
+            if deadline is not None and time.monotonic() >= deadline:
+                from ._errors import AskTimeoutError
+
+                raise AskTimeoutError(f"promise {id!r} still pending after {timeout} s")
+            await asyncio.sleep(poll)

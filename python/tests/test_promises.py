@@ -1,0 +1,199 @@
+"""Durable promises and durable asks, including a restart across two
+processes sharing one SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import askpool
+from askpool import Context, Node, Promises
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def promises(request: pytest.FixtureRequest, tmp_path: Path) -> Promises:
+    if request.param == "memory":
+        return Promises.memory()
+    return Promises.open(tmp_path / "promises.db")
+
+
+def test_create_get_and_settle(promises: Promises) -> None:
+    p = promises.create("order-1", timeout=60, param=b"in", key="c1", tags={"k": "v"})
+    assert (p.id, p.state, p.param, p.value, p.tags) == ("order-1", "pending", b"in", None, {"k": "v"})
+    assert not p.settled
+    # An idempotent create: the same key gives the same promise back.
+    assert promises.create("order-1", timeout=60, param=b"in", key="c1") == p
+    with pytest.raises(askpool.FailedPreconditionError):
+        promises.create("order-1", timeout=60, key="another")
+    done = promises.resolve("order-1", b"out", key="r1")
+    assert (done.state, done.value, done.settled) == ("resolved", b"out", True)
+    assert done.settled_at is not None
+    # The same completion key replays; any other completion is refused.
+    assert promises.resolve("order-1", b"out", key="r1") == done
+    with pytest.raises(askpool.FailedPreconditionError):
+        promises.reject("order-1", b"no")
+    assert promises.get("order-1") == done
+
+
+def test_reject_cancel_and_unknown_ids(promises: Promises) -> None:
+    promises.create("a", timeout=60)
+    promises.create("b", timeout=60)
+    assert promises.reject("a", b"why").state == "rejected"
+    assert promises.cancel("b").state == "canceled"
+    with pytest.raises(askpool.InvalidArgumentError):
+        promises.get("missing")
+    with pytest.raises(askpool.InvalidArgumentError):
+        promises.resolve("missing")
+    with pytest.raises(askpool.InvalidArgumentError):
+        promises.create("c", timeout=-1)
+
+
+def test_a_pending_promise_times_out(promises: Promises) -> None:
+    promises.create("short", timeout=0)
+    assert promises.get("short").state == "timedout"
+
+
+async def test_wait_returns_once_settled(promises: Promises) -> None:
+    promises.create("w", timeout=60)
+
+    async def settle_later() -> None:
+        await asyncio.sleep(0.05)
+        promises.resolve("w", b"done")
+
+    task = asyncio.ensure_future(settle_later())
+    settled = await promises.wait("w", timeout=5)
+    await task
+    assert (settled.state, settled.value) == ("resolved", b"done")
+    promises.create("never", timeout=60)
+    with pytest.raises(askpool.AskTimeoutError):
+        await promises.wait("never", timeout=0.05)
+
+
+def test_a_corrupt_database_is_a_typed_error(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(askpool.AskpoolError) as info:
+        Promises.open(path)
+    assert "corrupt" in str(info.value)
+
+
+async def test_ask_durable_records_the_outcome(promises: Promises) -> None:
+    runs = 0
+    async with Node(promises=promises) as node:
+        pool = node.pool("double")
+
+        @pool.handler
+        async def handle(msg: dict[str, int], ctx: Context) -> dict[str, int]:
+            nonlocal runs
+            runs += 1
+            return {"n": msg["n"] * 2}
+
+        handle_ = node.ask_durable("double", {"n": 21})
+        assert await handle_ == {"n": 42}
+        record = promises.get(handle_.id)
+        assert record.state == "resolved"
+        # Asked again by id: answered from the promise, the handler not rerun.
+        assert await node.await_durable(handle_.id) == {"n": 42}
+        assert runs == 1
+
+
+async def test_durable_failures_and_bad_input(promises: Promises) -> None:
+    async with Node(promises=promises) as node:
+        pool = node.pool("bad")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            raise KeyError("nope")
+
+        handle_ = node.ask_durable("bad", 1)
+        with pytest.raises(askpool.HandlerError) as info:
+            await handle_
+        assert info.value.type_name == "KeyError"
+        assert promises.get(handle_.id).state == "rejected"
+        # The stored rejection comes back as the same error.
+        with pytest.raises(askpool.HandlerError) as again:
+            await node.await_durable(handle_.id)
+        assert again.value.type_name == "KeyError"
+
+        with pytest.raises(askpool.InvalidArgumentError):
+            node.ask_durable("bad", lambda: None)
+        with pytest.raises(askpool.InvalidArgumentError):
+            node.await_durable("not an id")
+    with pytest.raises(askpool.FailedPreconditionError):
+        async with Node() as plain:
+            plain.ask_durable("bad", 1)
+
+
+PROCESS = textwrap.dedent(
+    """
+    import asyncio, sys
+    import askpool
+
+    db, runs, mode, request_id = sys.argv[1:5]
+
+    async def main():
+        promises = askpool.Promises.open(db)
+        async with askpool.Node(promises=promises) as node:
+            pool = node.pool("work")
+
+            @pool.handler
+            async def work(msg, ctx):
+                with open(runs, "a") as f:
+                    f.write(f"{mode}\\n")
+                if mode == "crash":
+                    await asyncio.sleep(60)
+                return {"n": msg["n"] * 2}
+
+            if mode in ("ask", "crash"):
+                handle = node.ask_durable("work", {"n": 21}, request_id=request_id)
+                if mode == "crash":
+                    await asyncio.sleep(0.1)
+                    import os
+                    os._exit(3)
+                print(await handle)
+            else:
+                print(await node.await_durable(request_id))
+
+    asyncio.run(main())
+    """
+)
+
+
+def _run(tmp_path: Path, mode: str, request_id: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PROCESS, str(tmp_path / "p.db"), str(tmp_path / "runs"), mode, request_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # not python/: `-c` would import the sources, not the wheel
+    )
+
+
+def test_a_restarted_process_gets_the_outcome_without_rerunning(tmp_path: Path) -> None:
+    rid = "00000000000000aa00000000000000aa"
+    first = _run(tmp_path, "ask", rid)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "{'n': 42}"
+    second = _run(tmp_path, "await", rid)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "{'n': 42}"
+    assert (tmp_path / "runs").read_text().split() == ["ask"]
+
+
+def test_a_process_that_died_mid_ask_is_resumed_by_the_next(tmp_path: Path) -> None:
+    rid = "00000000000000bb00000000000000bb"
+    crashed = _run(tmp_path, "crash", rid)
+    assert crashed.returncode == 3, crashed.stderr
+    resumed = _run(tmp_path, "await", rid)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == "{'n': 42}"
+    # Started in the crashed process, run again (at least once) by the new one.
+    assert (tmp_path / "runs").read_text().split() == ["crash", "await"]
+    db = Promises.open(tmp_path / "p.db")
+    assert db.get(rid).state == "resolved"
