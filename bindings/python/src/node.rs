@@ -268,12 +268,13 @@ impl NativeNode {
             .transpose()?;
         let msg = Obj::new(msg);
         driver.eager(py, || {
-            let handle = match id {
+            // The store may wait for another process's lock: without the GIL.
+            let handle = py.detach(|| match id {
                 Some(id) => self
                     .node
                     .ask_durable_with_id(&promises.durable, id, pool, msg),
                 None => self.node.ask_durable(&promises.durable, pool, msg),
-            };
+            });
             let handle = to_py(handle)?;
             let id = handle.id().to_owned();
             FutureTask::spawn(&driver.shared, handle, target, reply);
@@ -292,7 +293,8 @@ impl NativeNode {
         id: &str,
     ) -> PyResult<()> {
         driver.eager(py, || {
-            let handle = to_py(self.node.await_durable(&promises.durable, id))?;
+            let handle = py.detach(|| self.node.await_durable(&promises.durable, id));
+            let handle = to_py(handle)?;
             FutureTask::spawn(&driver.shared, handle, target, reply);
             Ok(())
         })
