@@ -97,11 +97,14 @@ async def test_100k_asks_with_timeouts_and_cancels_leave_nothing_behind() -> Non
             assert pool["queued"] == 0, pool
             assert pool["dedup_in_progress"] == 0, pool
         assert not [o for o in gc.get_objects() if isinstance(o, AskHandle)]
+        # No task is left queued on the loop's driver.
+        assert node._driver is not None and node._driver.queued() == 0
         handler_tasks = [
             t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "_finish"
         ]
         assert handler_tasks == []
         growth = rss_bytes() - warm
+        print(f"RSS growth after warm-up: {growth / 2**20:.1f} MiB")
         # Bounded caches (reply cache, timeout records, DLQ) may still fill
         # after warm-up; unbounded growth would be ~1 KiB per ask (~90 MiB).
         assert growth < 48 * 1024 * 1024, f"RSS grew {growth / 2**20:.1f} MiB"
