@@ -124,6 +124,8 @@ class NativeNode:
         handler: Callable[[Any, Context], Any],
         concurrency: int,
         max_in_flight: Optional[int] = None,
+        reply_cache: Optional[int] = None,
+        reply_ttl: Optional[float] = None,
     ) -> NativePool: ...
     def stats(self) -> dict[str, Any]: ...
     def ask_durable(

@@ -113,7 +113,13 @@ class Pool:
     """A pool hosted by a node; give it a handler with ``@pool.handler``."""
 
     def __init__(
-        self, node: Node, name: str, concurrency: int, max_in_flight: Optional[int]
+        self,
+        node: Node,
+        name: str,
+        concurrency: int,
+        max_in_flight: Optional[int],
+        reply_cache: Optional[int] = None,
+        reply_ttl: Optional[float] = None,
     ) -> None:
         if concurrency < 1:
             from ._errors import InvalidArgumentError
@@ -123,6 +129,8 @@ class Pool:
         self.name = name
         self.concurrency = concurrency
         self.max_in_flight = max_in_flight
+        self.reply_cache = reply_cache
+        self.reply_ttl = reply_ttl
         self._native: Optional[_native.NativePool] = None
 
     def handler(self, fn: H) -> H:
@@ -137,7 +145,13 @@ class Pool:
             raise FailedPreconditionError(f"pool {self.name!r} already has a handler")
         loop = _running_loop("Pool.handler")
         self._native = self._node._native.pool(
-            _driver(loop), self.name, fn, self.concurrency, self.max_in_flight
+            _driver(loop),
+            self.name,
+            fn,
+            self.concurrency,
+            self.max_in_flight,
+            self.reply_cache,
+            self.reply_ttl,
         )
         return fn
 
@@ -214,9 +228,19 @@ class Node:
         return loop, self._driver
 
     def pool(
-        self, name: str, *, concurrency: int = 1, max_in_flight: Optional[int] = None
+        self,
+        name: str,
+        *,
+        concurrency: int = 1,
+        max_in_flight: Optional[int] = None,
+        reply_cache: Optional[int] = None,
+        reply_ttl: Optional[float] = None,
     ) -> Pool:
-        return Pool(self, name, concurrency, max_in_flight)
+        """A pool hosted here. ``concurrency``: handlers running at once (1).
+        ``max_in_flight``: admitted, unfinished requests before
+        ``BufferFullError``. ``reply_cache`` / ``reply_ttl``: bounds of the
+        cache that answers duplicates (100,000 replies, 120 s)."""
+        return Pool(self, name, concurrency, max_in_flight, reply_cache, reply_ttl)
 
     def ask(
         self,

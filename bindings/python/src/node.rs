@@ -225,7 +225,9 @@ impl NativeNode {
 
     /// Hosts a pool whose `concurrency` worker slots run on `driver`'s loop
     /// and run `handler(msg, ctx)` (an `async def`) for each request.
-    #[pyo3(signature = (driver, name, handler, concurrency, max_in_flight=None))]
+    #[pyo3(signature = (driver, name, handler, concurrency, max_in_flight=None,
+        reply_cache=None, reply_ttl=None))]
+    #[allow(clippy::too_many_arguments)]
     fn pool(
         &self,
         py: Python<'_>,
@@ -234,11 +236,21 @@ impl NativeNode {
         handler: Py<PyAny>,
         concurrency: usize,
         max_in_flight: Option<usize>,
+        reply_cache: Option<usize>,
+        reply_ttl: Option<f64>,
     ) -> PyResult<NativePool> {
         let mut builder = self.node.pool(name).concurrency(concurrency);
         if let Some(n) = max_in_flight {
             builder = builder.max_in_flight(n);
         }
+        let mut dedup = askpool::DedupConfig::default();
+        if let Some(n) = reply_cache {
+            dedup.max_terminal = n;
+        }
+        if let Some(t) = reply_ttl {
+            dedup.terminal_ttl = to_py(seconds("reply_ttl", t))?;
+        }
+        builder = builder.dedup(dedup);
         let pool = to_py(builder.build())?;
         to_py(NativePool::start(pool, driver, concurrency, &handler, py))
     }
