@@ -8,8 +8,8 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 
 mod bench;
-mod python;
 mod node;
+mod python;
 
 #[derive(Parser)]
 #[command(
