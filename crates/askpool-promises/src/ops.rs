@@ -336,6 +336,9 @@ pub(crate) fn claim_task(
         };
         let promise = touch_existing(tx, &task.promise_id, now)?;
         if task.kind == TaskKind::Invoke && promise.state.is_settled() {
+            // Normally gone with the timeout the touch applied; a stray one
+            // (an edited file) must not make this loop forever.
+            tx.delete_invoke_task_of(&promise.id)?;
             continue;
         }
         task.state = TaskState::Claimed;
@@ -347,10 +350,16 @@ pub(crate) fn claim_task(
     }
 }
 
+/// The task of a lease, after the timeout of its promise (which ends an
+/// invoke task) and of a resume task's awaiter.
 fn held_task(tx: &mut impl Tx, lease: &Lease, now: Millis) -> Result<Task> {
-    let task = tx
-        .task(lease.task_id)?
-        .ok_or(PromiseError::TaskNotFound { id: lease.task_id })?;
+    let not_found = PromiseError::TaskNotFound { id: lease.task_id };
+    let task = tx.task(lease.task_id)?.ok_or(not_found.clone())?;
+    touch(tx, &task.promise_id, now)?;
+    if let Some(awaiter) = &task.awaiter {
+        touch(tx, awaiter, now)?;
+    }
+    let task = tx.task(lease.task_id)?.ok_or(not_found)?;
     if !rules::holds_lease(&task, &lease.worker, lease.claim, now) {
         return Err(PromiseError::LeaseLost { id: task.id });
     }

@@ -455,3 +455,27 @@ fn tasks_and_callbacks_do_not_accumulate() {
         );
     });
 }
+
+/// A lease touches its promise too: once the promise has timed out, its
+/// invoke task is gone and the worker hears so at its next heartbeat.
+#[test]
+fn a_timed_out_promise_ends_its_task_at_the_next_heartbeat() {
+    each_store(|s| {
+        s.create(
+            &CreateRequest::new("p", T + 500).target(Target::pool("gb")),
+            T,
+        )
+        .unwrap();
+        let claimed = claim(s, "gb", "w1", T).unwrap();
+        let lease = Lease::of(&claimed.task);
+        s.heartbeat(&lease, 10_000, T + 499).unwrap();
+        assert_eq!(
+            s.heartbeat(&lease, 10_000, T + 500),
+            Err(PromiseError::TaskNotFound {
+                id: claimed.task.id
+            })
+        );
+        assert_eq!(s.snapshot().unwrap().promises[0].state, State::TimedOut);
+        assert!(s.snapshot().unwrap().tasks.is_empty());
+    });
+}
