@@ -69,6 +69,30 @@ impl Tx for State {
             .map(|(_, id)| id.clone())
             .collect())
     }
+    fn prunable(&mut self, before: Millis, limit: usize) -> Result<Vec<String>> {
+        let named = |id: &str| {
+            self.tasks
+                .values()
+                .any(|t| t.promise_id == id || t.awaiter.as_deref() == Some(id))
+        };
+        let mut hits: Vec<(Millis, &String)> = self
+            .promises
+            .values()
+            .filter_map(|p| Some((p.settled_at?, &p.id)))
+            .filter(|(at, id)| *at < before && !named(id))
+            .collect();
+        hits.sort();
+        Ok(hits
+            .into_iter()
+            .take(limit)
+            .map(|(_, id)| id.clone())
+            .collect())
+    }
+    fn delete_promise(&mut self, id: &str) -> Result<()> {
+        self.promises.remove(id);
+        self.callbacks.retain(|_, c| c.awaiter != id);
+        Ok(())
+    }
     fn search(&mut self, q: &SearchQuery) -> Result<Vec<Promise>> {
         use std::ops::Bound;
         let start = match &q.after {

@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
         resume_epoch INTEGER NOT NULL
     );
     CREATE INDEX promises_pending_timeout ON promises(timeout_at, id) WHERE state = 0;
+    CREATE INDEX promises_settled ON promises(settled_at, id) WHERE state != 0;
     CREATE TABLE tasks (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         kind INTEGER NOT NULL,
@@ -56,7 +57,8 @@ const MIGRATIONS: &[&str] = &[
         preferred_worker TEXT,
         created_at INTEGER NOT NULL
     );
-    CREATE INDEX callbacks_awaited ON callbacks(awaited, id);",
+    CREATE INDEX callbacks_awaited ON callbacks(awaited, id);
+    CREATE INDEX callbacks_awaiter ON callbacks(awaiter);",
 ];
 
 /// The schema version this build writes.

@@ -215,6 +215,34 @@ impl Tx for SqlTx<'_> {
             .map_err(|e| self.err(e))
     }
 
+    fn prunable(&mut self, before: Millis, n: usize) -> Result<Vec<String>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT id FROM promises p WHERE state != 0 AND settled_at < ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM tasks WHERE promise_id = p.id) \
+                 AND NOT EXISTS (SELECT 1 FROM tasks WHERE kind = 1 AND awaiter = p.id) \
+                 ORDER BY settled_at, id LIMIT ?2",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![t(before), limit(n)], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<String>>>()
+            .map_err(|e| self.err(e))
+    }
+
+    fn delete_promise(&mut self, id: &str) -> Result<()> {
+        for sql in [
+            "DELETE FROM promises WHERE id = ?1",
+            "DELETE FROM callbacks WHERE awaiter = ?1",
+        ] {
+            let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
+            stmt.execute([id]).map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
     fn search(&mut self, q: &SearchQuery) -> Result<Vec<Promise>> {
         let sql = format!(
             "SELECT {PROMISE_COLS} FROM promises WHERE id GLOB ?1 AND (?2 IS NULL OR state = ?2) \
