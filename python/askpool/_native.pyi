@@ -94,6 +94,7 @@ class NativeNode:
         request_id: Optional[str] = None,
         correlation_id: Optional[str] = None,
         causation_id: Optional[str] = None,
+        fingerprint: Optional[int] = None,
     ) -> NativeAsk: ...
     def ask_sync(
         self,
@@ -104,6 +105,7 @@ class NativeNode:
         request_id: Optional[str] = None,
         correlation_id: Optional[str] = None,
         causation_id: Optional[str] = None,
+        fingerprint: Optional[int] = None,
     ) -> Any: ...
     def tell(
         self,

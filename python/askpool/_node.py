@@ -217,10 +217,21 @@ class Node:
         request_id: Optional[str] = None,
         correlation_id: Optional[str] = None,
         causation_id: Optional[str] = None,
+        fingerprint: Optional[int] = None,
     ) -> AskHandle:
         """Asks ``pool`` with ``msg``; await the handle for the reply (the
-        handler's returned object itself)."""
-        loop, driver = self._here("Node.ask")
+        handler's returned object itself).
+
+        ``request_id`` (32 hex digits) makes a retry across a restart
+        deduplicated; ``fingerprint`` (an int < 2**128, e.g. a hash of the
+        payload) makes reusing that id for another payload fail with
+        ``PayloadMismatchError`` instead of returning the other reply."""
+        # The common case inline (no call): the same loop as last time.
+        loop = asyncio._get_running_loop()
+        if loop is None or loop is not self._loop or self._driver is None:
+            loop, driver = self._here("Node.ask")
+        else:
+            driver = self._driver
         handle = AskHandle(loop=loop)
         handle._native = self._native.ask(
             driver,
@@ -232,6 +243,7 @@ class Node:
             request_id,
             correlation_id,
             causation_id,
+            fingerprint,
         )
         return handle
 
@@ -245,6 +257,7 @@ class Node:
         request_id: Optional[str] = None,
         correlation_id: Optional[str] = None,
         causation_id: Optional[str] = None,
+        fingerprint: Optional[int] = None,
     ) -> Any:
         """Asks from a thread without a running loop: blocks this thread (not
         others: the GIL is released) until the reply. The pool's handlers must
@@ -256,7 +269,14 @@ class Node:
                 "ask_sync() would block the running event loop; await ask() instead"
             )
         return self._native.ask_sync(
-            pool, msg, timeout, preferred_worker, request_id, correlation_id, causation_id
+            pool,
+            msg,
+            timeout,
+            preferred_worker,
+            request_id,
+            correlation_id,
+            causation_id,
+            fingerprint,
         )
 
     def tell(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 import askpool
 from askpool import Context, Node
 
@@ -170,3 +172,54 @@ async def test_a_handler_can_ask_another_pool() -> None:
 def test_version_and_exports() -> None:
     for name in askpool.__all__:
         assert hasattr(askpool, name), name
+
+
+async def test_stages_are_empty_when_not_tracked() -> None:
+    async with Node(track_stages=False) as node:
+        pool = node.pool("p")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        handle_ = node.ask("p", 1, timeout=5)
+        assert [e async for e in handle_.stages()] == []
+        assert await handle_ == 1
+
+
+async def test_a_handler_must_be_async_and_registered_once() -> None:
+    async with Node() as node:
+        pool = node.pool("p", concurrency=2)
+
+        def not_async(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        with pytest.raises(TypeError):
+            pool.handler(not_async)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        with pytest.raises(askpool.FailedPreconditionError):
+            pool.handler(handle)
+        with pytest.raises(askpool.InvalidArgumentError):
+            node.pool("q", concurrency=0)
+        assert await node.ask("p", "x", timeout=5) == "x"
+        stats = pool.stats()
+        assert stats["name"] == "p"
+        assert stats["admitted"] == 1
+        assert stats["in_flight"] == 0
+
+
+async def test_a_second_pool_with_the_same_name_is_refused() -> None:
+    async with Node() as node:
+        first = node.pool("dup")
+        second = node.pool("dup")
+
+        @first.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        with pytest.raises(askpool.InvalidArgumentError):
+            second.handler(handle)

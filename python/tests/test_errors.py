@@ -120,6 +120,22 @@ async def test_bad_arguments_are_invalid_argument_value_errors() -> None:
             node.ask("p", 1, timeout=float("nan"))
 
 
+async def test_a_reused_request_id_with_another_payload_is_payload_mismatch() -> None:
+    rid = "00000000000000020000000000000002"
+    async with Node() as node:
+        pool = node.pool("once")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        assert await node.ask("once", "a", timeout=5, request_id=rid, fingerprint=1) == "a"
+        with pytest.raises(askpool.PayloadMismatchError) as info:
+            await node.ask("once", "b", timeout=5, request_id=rid, fingerprint=2)
+        assert isinstance(info.value, ValueError)
+        assert node.stats()["pools"]["once"]["handler_runs"] == 1
+
+
 async def test_a_full_pool_refuses_with_buffer_full() -> None:
     release = asyncio.Event()
     async with Node() as node:

@@ -83,6 +83,7 @@ impl DriverShared {
             }
         }
         DRAINING.with(|d| d.set(previous));
+        crate::obj::release_dropped(py);
     }
 }
 

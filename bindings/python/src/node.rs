@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use askpool::{
-    AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, RequestId,
-    StageEvent, StageStream,
+    AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, PayloadFingerprint,
+    RequestId, StageEvent, StageStream,
 };
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -39,6 +39,7 @@ struct Options<'a> {
     request_id: Option<&'a str>,
     correlation_id: Option<&'a str>,
     causation_id: Option<&'a str>,
+    fingerprint: Option<u128>,
 }
 
 #[pyclass(frozen, module = "askpool._native")]
@@ -63,6 +64,9 @@ impl NativeNode {
         }
         if let Some(id) = o.causation_id {
             ask = ask.causation_id(parse::<CausationId>("causation_id", id)?);
+        }
+        if let Some(f) = o.fingerprint {
+            ask = ask.fingerprint(PayloadFingerprint::from_u128(f));
         }
         Ok(ask.send())
     }
@@ -128,7 +132,7 @@ impl NativeNode {
     /// Starts an ask; `target` (an asyncio future of `driver`'s loop) gets
     /// the reply or the error.
     #[pyo3(signature = (driver, target, pool, msg, timeout=None, preferred_worker=None,
-        request_id=None, correlation_id=None, causation_id=None))]
+        request_id=None, correlation_id=None, causation_id=None, fingerprint=None))]
     #[allow(clippy::too_many_arguments)]
     fn ask(
         &self,
@@ -142,6 +146,7 @@ impl NativeNode {
         request_id: Option<&str>,
         correlation_id: Option<&str>,
         causation_id: Option<&str>,
+        fingerprint: Option<u128>,
     ) -> PyResult<NativeAsk> {
         let options = Options {
             timeout,
@@ -149,6 +154,7 @@ impl NativeNode {
             request_id,
             correlation_id,
             causation_id,
+            fingerprint,
         };
         driver.eager(py, || {
             let handle = to_py(self.start(pool, msg, &options))?;
@@ -158,7 +164,7 @@ impl NativeNode {
 
     /// Asks and blocks this thread (the GIL released) until the outcome.
     #[pyo3(signature = (pool, msg, timeout=None, preferred_worker=None,
-        request_id=None, correlation_id=None, causation_id=None))]
+        request_id=None, correlation_id=None, causation_id=None, fingerprint=None))]
     #[allow(clippy::too_many_arguments)]
     fn ask_sync(
         &self,
@@ -170,6 +176,7 @@ impl NativeNode {
         request_id: Option<&str>,
         correlation_id: Option<&str>,
         causation_id: Option<&str>,
+        fingerprint: Option<u128>,
     ) -> PyResult<Py<PyAny>> {
         let options = Options {
             timeout,
@@ -177,9 +184,11 @@ impl NativeNode {
             request_id,
             correlation_id,
             causation_id,
+            fingerprint,
         };
         let handle = to_py(self.start(pool, msg, &options))?;
         let result = py.detach(|| crate::runtime().block_on(handle));
+        crate::obj::release_dropped(py);
         result
             .map(|obj| obj.get(py))
             .map_err(|e| errors::exception(py, &e))

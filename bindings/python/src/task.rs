@@ -113,17 +113,15 @@ where
     }
 }
 
-/// Sets `target`'s result or exception unless it is already done
-/// (cancelled). A failure to set it is reported to the loop, not lost.
+/// Sets `target`'s result or exception. One already done (cancelled by
+/// other means than `AskHandle.cancel`) keeps its state; any other failure
+/// to set it is reported as unraisable, not lost.
 pub(crate) fn complete(
     py: Python<'_>,
     target: &Bound<'_, PyAny>,
     result: Result<Py<PyAny>, AskError>,
 ) {
     let outcome = (|| -> PyResult<()> {
-        if target.call_method0(intern!(py, "done"))?.is_truthy()? {
-            return Ok(());
-        }
         match result {
             Ok(value) => target.call_method1(intern!(py, "set_result"), (value,))?,
             Err(error) => {
@@ -134,6 +132,12 @@ pub(crate) fn complete(
         Ok(())
     })();
     if let Err(e) = outcome {
-        e.write_unraisable(py, Some(target));
+        let done = target
+            .call_method0(intern!(py, "done"))
+            .and_then(|d| d.is_truthy())
+            .unwrap_or(false);
+        if !done {
+            e.write_unraisable(py, Some(target));
+        }
     }
 }
