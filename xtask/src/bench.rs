@@ -56,6 +56,12 @@ const SUITES: &[Suite] = &[
         run: || cargo_bench("askpool", "ask"),
         also: &["ack"],
     },
+    Suite {
+        name: "kotlin",
+        needs: Some("mvn"),
+        run: crate::kotlin::bench,
+        also: &[],
+    },
 ];
 
 pub fn names() -> Vec<&'static str> {

@@ -8,6 +8,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod kotlin;
 
 #[derive(Parser)]
 #[command(
@@ -62,6 +63,13 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// The Kotlin binding: build the uniffi cdylib, generate its Kotlin,
+    /// run the JUnit tests with Maven.
+    Kotlin {
+        /// Asks of the leak check (default 100,000).
+        #[arg(long)]
+        leak_asks: Option<u64>,
+    },
     /// What CI runs: the full test command.
     Ci,
 }
@@ -79,6 +87,7 @@ fn main() -> ExitCode {
             sabotage,
         } => sim(seeds, asks, first_seed, sabotage.as_deref()),
         Task::Bench { suite, quick } => bench::run(suite.as_deref(), quick),
+        Task::Kotlin { leak_asks } => kotlin::test(leak_asks),
         Task::Ci => test(false),
     };
     match result {
@@ -140,6 +149,7 @@ fn test(slow: bool) -> Result<(), String> {
     cargo(&["test", "--workspace", "--all-targets"])?;
     cargo(&["test", "--workspace", "--doc"])?;
     loom(slow)?;
+    kotlin::test(None)?;
     if slow {
         // The long tiers: 10 million entries through the capped dedup
         // table, and anything else marked #[ignore] as slow.
