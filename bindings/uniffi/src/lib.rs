@@ -30,3 +30,10 @@ uniffi::setup_scaffolding!();
 pub fn panic_for_test(message: String) {
     panic!("{message}");
 }
+
+/// Returns its argument: the cost of one generated call with primitives,
+/// the floor under every crossing of the hot path (the Kotlin bench).
+#[uniffi::export]
+pub fn ffi_probe(x: i64) -> i64 {
+    x
+}
