@@ -222,7 +222,7 @@ impl Tx for SqlTx<'_> {
                 "SELECT id FROM promises p WHERE state != 0 AND settled_at < ?1 \
                  AND NOT EXISTS (SELECT 1 FROM tasks WHERE promise_id = p.id) \
                  AND NOT EXISTS (SELECT 1 FROM tasks WHERE kind = 1 AND awaiter = p.id) \
-                 ORDER BY settled_at, id LIMIT ?2",
+                 ORDER BY id LIMIT ?2",
             )
             .map_err(|e| self.err(e))?;
         let rows = stmt
