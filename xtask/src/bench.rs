@@ -62,6 +62,24 @@ const SUITES: &[Suite] = &[
         run: || cargo_bench("askpool-promises", "promises"),
         also: &[],
     },
+    Suite {
+        name: "python",
+        needs: Some("python3"),
+        run: crate::python::bench,
+        also: &[],
+    },
+    Suite {
+        name: "node",
+        needs: Some("node"),
+        run: crate::node::bench,
+        also: &[],
+    },
+    Suite {
+        name: "kotlin",
+        needs: Some("mvn"),
+        run: crate::kotlin::bench,
+        also: &[],
+    },
 ];
 
 pub fn names() -> Vec<&'static str> {

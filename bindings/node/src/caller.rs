@@ -1,0 +1,187 @@
+//! The caller's side: asks, tells, cancellation, stage streams, the DLQ.
+
+use std::str::FromStr;
+
+use askpool::{CorrelationId, RequestId, RetryPolicy};
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+use crate::core::{opt_millis, Core, Task};
+use crate::errors;
+use crate::info::{AskOptions, DeadLetterInfo};
+
+fn parse_id<T: FromStr>(what: &str, text: &str) -> Result<T> {
+    text.parse()
+        .map_err(|_| errors::invalid(format!("{what} must be 32 hex digits, got {text:?}")))
+}
+
+#[napi]
+impl Core {
+    /// Asks `pool` with the object in table slot `msg`; returns the task id
+    /// its outcome is reported under. `timeout_ms` 0 means the node's default.
+    #[napi(catch_unwind)]
+    pub fn ask(&mut self, pool: u32, msg: u32, timeout_ms: f64) -> Result<u32> {
+        let msg = self.tok(msg);
+        let pool = self.pool_name(pool)?;
+        let timeout = opt_millis(Some(timeout_ms).filter(|&t| t != 0.0))?;
+        let handle = {
+            let _enter = self.rt.enter();
+            let mut ask = self.node.ask(pool, msg);
+            if let Some(t) = timeout {
+                ask = ask.timeout(t);
+            }
+            ask.send()
+        };
+        Ok(self.spawn(Task::Ask(handle)))
+    }
+
+    /// An ask with every option.
+    #[napi(catch_unwind)]
+    pub fn ask_with(&mut self, pool: u32, msg: u32, options: AskOptions) -> Result<u32> {
+        let msg = self.tok(msg);
+        let pool = self.pool_name(pool)?;
+        let timeout = opt_millis(options.timeout_ms)?;
+        let request_id: Option<RequestId> = options
+            .request_id
+            .as_deref()
+            .map(|t| parse_id("requestId", t))
+            .transpose()?;
+        let correlation_id: Option<CorrelationId> = options
+            .correlation_id
+            .as_deref()
+            .map(|t| parse_id("correlationId", t))
+            .transpose()?;
+        let handle = {
+            let _enter = self.rt.enter();
+            let mut ask = self.node.ask(pool, msg);
+            if let Some(t) = timeout {
+                ask = ask.timeout(t);
+            }
+            if let Some(w) = options.preferred_worker {
+                ask = ask.preferred_worker(w);
+            }
+            if let Some(id) = request_id {
+                ask = ask.request_id(id);
+            }
+            if let Some(id) = correlation_id {
+                ask = ask.correlation_id(id);
+            }
+            if let Some(n) = options.max_attempts {
+                ask = ask.retry(RetryPolicy {
+                    max_attempts: n,
+                    ..RetryPolicy::default()
+                });
+            }
+            ask.send()
+        };
+        Ok(self.spawn(Task::Ask(handle)))
+    }
+
+    /// A one-way message; its task reports `TELL_OK` once the pool took it.
+    #[napi(catch_unwind)]
+    pub fn tell(&mut self, pool: u32, msg: u32, options: Option<AskOptions>) -> Result<u32> {
+        let msg = self.tok(msg);
+        let pool = self.pool_name(pool)?;
+        let options = options.unwrap_or(AskOptions {
+            timeout_ms: None,
+            preferred_worker: None,
+            request_id: None,
+            correlation_id: None,
+            max_attempts: None,
+        });
+        let timeout = opt_millis(options.timeout_ms)?;
+        let request_id: Option<RequestId> = options
+            .request_id
+            .as_deref()
+            .map(|t| parse_id("requestId", t))
+            .transpose()?;
+        let handle = {
+            let _enter = self.rt.enter();
+            let mut tell = self.node.tell(pool, msg);
+            if let Some(t) = timeout {
+                tell = tell.timeout(t);
+            }
+            if let Some(id) = request_id {
+                tell = tell.request_id(id);
+            }
+            if let Some(n) = options.max_attempts {
+                tell = tell.retry(RetryPolicy {
+                    max_attempts: n,
+                    ..RetryPolicy::default()
+                });
+            }
+            tell.send()
+        };
+        Ok(self.spawn(Task::Tell(handle)))
+    }
+
+    /// The request id of a running ask or tell.
+    #[napi(catch_unwind)]
+    pub fn request_id(&mut self, task: u32) -> Result<String> {
+        match self.task_mut(task) {
+            Some(Task::Ask(h)) => Ok(h.request_id().to_string()),
+            Some(Task::Tell(h)) => Ok(h.request_id().to_string()),
+            _ => Err(errors::invalid(format!("task {task} is not a running ask"))),
+        }
+    }
+
+    /// Cancels a running ask (a protocol cancel goes to the pool); it ends
+    /// with `ASK_CANCELLED` at the next drain. Nothing if it already ended.
+    #[napi(catch_unwind)]
+    pub fn cancel(&mut self, task: u32) {
+        let _enter = self.rt.enter();
+        if let Some(Task::Ask(h)) = self.task_mut(task) {
+            h.cancel();
+            self.wake_task(task);
+        }
+    }
+
+    /// Opens the stage stream of a running ask; returns its stream id.
+    #[napi(catch_unwind)]
+    pub fn open_stages(&mut self, task: u32) -> Result<u32> {
+        let stream = match self.task_mut(task) {
+            Some(Task::Ask(h)) => h.stages(),
+            _ => return Err(errors::invalid(format!("task {task} is not a running ask"))),
+        };
+        Ok(self.streams.insert_with(|_| stream))
+    }
+
+    /// Reads the next stage event of `stream` (reported as `STAGE` or
+    /// `STAGE_END`, after which the stream is gone).
+    #[napi(catch_unwind)]
+    pub fn next_stage(&mut self, stream: u32) {
+        self.spawn(Task::Stage { stream });
+    }
+
+    /// Closes a stream nobody will read to its end.
+    #[napi(catch_unwind)]
+    pub fn drop_stream(&mut self, stream: u32) {
+        self.streams.remove(stream);
+    }
+
+    /// The dead letters, oldest first.
+    #[napi(catch_unwind)]
+    pub fn dead_letters(&self) -> Vec<DeadLetterInfo> {
+        self.node
+            .dead_letters()
+            .iter()
+            .map(DeadLetterInfo::from)
+            .collect()
+    }
+
+    /// Asks a dead letter again with its ids; returns the new task id.
+    #[napi(catch_unwind)]
+    pub fn replay_dead_letter(&mut self, request_id: String) -> Result<u32> {
+        let id: RequestId = parse_id("requestId", &request_id)?;
+        let handle = {
+            let _enter = self.rt.enter();
+            self.node.replay_dead_letter(id).map_err(errors::throw)?
+        };
+        Ok(self.spawn(Task::Ask(handle)))
+    }
+
+    #[napi(catch_unwind)]
+    pub fn purge_dead_letters(&self) -> u32 {
+        self.node.purge_dead_letters() as u32
+    }
+}

@@ -1,0 +1,473 @@
+//! [`Core`]: one askpool node, the futures it drives on the JS thread, and
+//! [`Core::drain`], which polls the woken ones and reports what finished.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use askpool::{
+    AskError, AskHandle, BreakerConfig, Node, NodeConfig, PoolName, Request, RequestContext,
+    Responder, StageEvent, StageStream, TellHandle, Worker, WorkerPool,
+};
+use futures::Stream;
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use tokio::runtime::Runtime;
+
+use crate::errors::{self, ErrorInfo};
+use crate::info::{self, NodeOptions, StageInfo, StatsInfo};
+use crate::slots::Slots;
+use crate::tok::{FreeList, Tok};
+use crate::wake::{Shared, TaskWaker, WakeFn};
+
+/// Event kinds written by `drain`, four words each: `[kind, a, b, c]`.
+pub mod event {
+    /// `a` = object slot no longer referenced by Rust.
+    pub const FREE: u32 = 0;
+    /// `a` = task, `b` = reply slot.
+    pub const ASK_OK: u32 = 1;
+    /// `a` = task, `b` = index for `Core.error`.
+    pub const ASK_ERR: u32 = 2;
+    /// `a` = task.
+    pub const TELL_OK: u32 = 3;
+    /// `a` = request, `b` = message slot, `c` = pool.
+    pub const REQUEST: u32 = 4;
+    /// `a` = stream, `b` = index for `Core.stage`.
+    pub const STAGE: u32 = 5;
+    /// `a` = stream.
+    pub const STAGE_END: u32 = 6;
+    /// `a` = request whose cancellation was watched.
+    pub const CANCELLED: u32 = 7;
+}
+
+pub(crate) type JsNode = Node<Tok, Tok>;
+type PullFuture = Pin<Box<dyn Future<Output = (Worker<Tok, Tok>, Option<Request<Tok, Tok>>)>>>;
+
+pub(crate) enum Task {
+    Ask(AskHandle<Tok, Tok>),
+    Tell(TellHandle<Tok, Tok>),
+    /// A worker waiting for its next request.
+    Pull {
+        pool: u32,
+        fut: PullFuture,
+    },
+    /// One read of a stage stream.
+    Stage {
+        stream: u32,
+    },
+    /// Fires when a request being handled is cancelled.
+    CancelWatch {
+        request: u32,
+        fut: Pin<Box<dyn Future<Output = ()>>>,
+    },
+}
+
+struct TaskSlot {
+    task: Task,
+    state: Arc<TaskWaker>,
+    waker: Waker,
+}
+
+/// A request a JS handler is working on.
+pub(crate) struct Handling {
+    pub responder: Responder<Tok, Tok>,
+    pub context: RequestContext,
+    pub worker: Worker<Tok, Tok>,
+    pub pool: u32,
+    pub watch: Option<u32>,
+}
+
+pub(crate) struct HostedPool {
+    pub pool: WorkerPool<Tok, Tok>,
+    pub concurrency: u32,
+    pub handled: bool,
+}
+
+/// One askpool node with objects passed by reference to the JS table.
+#[napi]
+pub struct Core {
+    pub(crate) rt: Runtime,
+    pub(crate) node: JsNode,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) freed: Arc<FreeList>,
+    tasks: Slots<TaskSlot>,
+    pub(crate) requests: Slots<Handling>,
+    pub(crate) streams: Slots<StageStream<Tok>>,
+    pub(crate) pools: Slots<HostedPool>,
+    pool_names: Vec<PoolName>,
+    pool_refs: HashMap<String, u32>,
+    /// Objects referenced by the last drain's events, kept until the next.
+    held: Vec<Tok>,
+    errors: Vec<AskError>,
+    stages: Vec<StageEvent>,
+    batch: Vec<u32>,
+    freed_scratch: Vec<u32>,
+    /// This core's entry in the fast-path registry (see `fast`).
+    pub(crate) fast_id: Option<u32>,
+}
+
+fn millis(ms: f64) -> Result<Duration> {
+    if ms.is_finite() && ms >= 0.0 {
+        Ok(Duration::from_secs_f64(ms / 1e3))
+    } else {
+        Err(errors::invalid(format!(
+            "a duration must be a finite number of milliseconds >= 0, got {ms}"
+        )))
+    }
+}
+
+pub(crate) fn opt_millis(ms: Option<f64>) -> Result<Option<Duration>> {
+    ms.map(millis).transpose()
+}
+
+struct Out<'a> {
+    buf: &'a mut [u32],
+    n: usize,
+}
+
+impl Out<'_> {
+    fn full(&self) -> bool {
+        (self.n + 1) * 4 > self.buf.len()
+    }
+    fn push(&mut self, kind: u32, a: u32, b: u32, c: u32) {
+        self.buf[self.n * 4..self.n * 4 + 4].copy_from_slice(&[kind, a, b, c]);
+        self.n += 1;
+    }
+}
+
+#[napi]
+impl Core {
+    /// `wake` is called (from any thread) when a future woke off the JS
+    /// thread; the wrapper then calls `drain`.
+    #[napi(constructor, catch_unwind)]
+    pub fn new(wake: WakeFn, options: Option<NodeOptions>) -> Result<Self> {
+        let o = options.unwrap_or(NodeOptions {
+            default_timeout_ms: None,
+            dlq_capacity: None,
+            track_stages: None,
+            breaker: None,
+            reconcile_capacity: None,
+            processing_timeout_ms: None,
+        });
+        let mut config = NodeConfig::default();
+        if let Some(t) = opt_millis(o.default_timeout_ms)? {
+            config.default_timeout = t;
+        }
+        if let Some(n) = o.dlq_capacity {
+            config.dlq_capacity = n as usize;
+        }
+        if let Some(track) = o.track_stages {
+            config.track_stages = track;
+        }
+        if o.breaker == Some(false) {
+            config.breaker = None;
+        } else {
+            config.breaker = Some(BreakerConfig::default());
+        }
+        if let Some(n) = o.reconcile_capacity {
+            config.reconcile_capacity = n as usize;
+        }
+        if let Some(t) = opt_millis(o.processing_timeout_ms)? {
+            config.timeouts.processing = Some(t);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("askpool-node")
+            .enable_time()
+            .build()
+            .map_err(|e| errors::throw(AskError::internal(format!("tokio runtime: {e}"))))?;
+        let node = {
+            let _enter = rt.enter();
+            Node::try_with_transport(Arc::new(askpool::InProcessTransport::new()), config)
+                .map_err(errors::throw)?
+        };
+        Ok(Self {
+            rt,
+            node,
+            shared: Arc::new(Shared::new(wake)),
+            freed: Arc::default(),
+            tasks: Slots::default(),
+            requests: Slots::default(),
+            streams: Slots::default(),
+            pools: Slots::default(),
+            pool_names: Vec::new(),
+            pool_refs: HashMap::new(),
+            held: Vec::new(),
+            errors: Vec::new(),
+            stages: Vec::new(),
+            batch: Vec::new(),
+            freed_scratch: Vec::new(),
+            fast_id: None,
+        })
+    }
+
+    /// A small number standing for a pool name, so asks pass no string.
+    #[napi(catch_unwind)]
+    pub fn pool_ref(&mut self, name: String) -> u32 {
+        if let Some(&r) = self.pool_refs.get(&name) {
+            return r;
+        }
+        let r = self.pool_names.len() as u32;
+        self.pool_names.push(PoolName::new(&name));
+        self.pool_refs.insert(name, r);
+        r
+    }
+
+    /// Polls the woken futures and writes what happened into `buf` (four
+    /// words per event, see `event`); returns the number of events. The
+    /// wrapper calls it until it returns 0.
+    #[napi(catch_unwind)]
+    pub fn drain(&mut self, mut buf: Uint32ArraySlice) -> u32 {
+        // SAFETY: the JS thread is inside this call, so nothing else touches
+        // the array while the slice lives.
+        self.drain_into(unsafe { buf.as_mut() })
+    }
+
+    /// The error of an `ASK_ERR` event of the last drain.
+    #[napi(catch_unwind)]
+    pub fn error(&self, index: u32) -> Result<ErrorInfo> {
+        self.errors
+            .get(index as usize)
+            .map(ErrorInfo::from)
+            .ok_or_else(|| errors::invalid("no such error in the last drain"))
+    }
+
+    /// The stage of a `STAGE` event of the last drain.
+    #[napi(catch_unwind)]
+    pub fn stage(&self, index: u32) -> Result<StageInfo> {
+        self.stages
+            .get(index as usize)
+            .map(StageInfo::from)
+            .ok_or_else(|| errors::invalid("no such stage in the last drain"))
+    }
+
+    #[napi(catch_unwind)]
+    pub fn stats(&self) -> StatsInfo {
+        info::stats(
+            self.node.stats(),
+            self.tasks.len(),
+            self.requests.len(),
+            self.streams.len(),
+            self.shared.thread_wakes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Drops reply-cache entries whose TTL passed, in every pool.
+    #[napi(catch_unwind)]
+    pub fn evict_expired(&self) {
+        self.node.evict_expired();
+    }
+
+    /// Shuts the node down: pending asks fail with `UNAVAILABLE`, pools
+    /// close, and the threadsafe function is released. The wrapper drains
+    /// once more afterwards to settle everything.
+    #[napi(catch_unwind)]
+    pub fn close(&mut self) {
+        let _enter = self.rt.enter();
+        self.node.shutdown();
+        self.pools.clear();
+        // Requests still with a handler: their answers will not be sent (the
+        // wrapper drops them once closed); dropping the responders cancels
+        // them now.
+        self.requests.clear();
+        self.shared.release();
+    }
+
+    /// Panics, so tests can show a panic reaches JS as an error.
+    #[napi(catch_unwind)]
+    pub fn debug_panic(&self) {
+        panic!("debug_panic called: a test of the panic boundary");
+    }
+
+    #[napi(catch_unwind)]
+    pub fn is_closed(&self) -> bool {
+        self.node.is_closed()
+    }
+}
+
+impl Core {
+    pub(crate) fn drain_into(&mut self, buf: &mut [u32]) -> u32 {
+        let _enter = self.rt.enter();
+        self.held.clear();
+        self.errors.clear();
+        self.stages.clear();
+        let mut out = Out { buf, n: 0 };
+        let mut freed = std::mem::take(&mut self.freed_scratch);
+        self.freed.take_into(&mut freed, out.buf.len() / 4);
+        for id in freed.drain(..) {
+            out.push(event::FREE, id, 0, 0);
+        }
+        self.freed_scratch = freed;
+        let mut batch = std::mem::take(&mut self.batch);
+        while !out.full() {
+            self.shared.take_ready(&mut batch);
+            if batch.is_empty() {
+                break;
+            }
+            let mut polled = 0;
+            for &id in &batch {
+                if out.full() {
+                    break;
+                }
+                self.poll_task(id, &mut out);
+                polled += 1;
+            }
+            if polled < batch.len() {
+                self.shared.requeue(&batch[polled..]);
+            }
+            batch.clear();
+        }
+        self.batch = batch;
+        out.n as u32
+    }
+
+    pub(crate) fn pool_name(&self, pool_ref: u32) -> Result<PoolName> {
+        self.pool_names
+            .get(pool_ref as usize)
+            .cloned()
+            .ok_or_else(|| errors::invalid(format!("unknown pool reference {pool_ref}")))
+    }
+
+    pub(crate) fn tok(&self, slot: u32) -> Tok {
+        Tok::new(slot, &self.freed)
+    }
+
+    /// Starts driving `task`; it is polled at the next drain.
+    pub(crate) fn spawn(&mut self, task: Task) -> u32 {
+        let shared = &self.shared;
+        let id = self.tasks.insert_with(|id| {
+            let state = Arc::new(TaskWaker {
+                id,
+                queued: AtomicBool::new(false),
+                shared: Arc::clone(shared),
+            });
+            TaskSlot {
+                task,
+                waker: Waker::from(Arc::clone(&state)),
+                state,
+            }
+        });
+        self.wake_task(id);
+        id
+    }
+
+    pub(crate) fn wake_task(&self, id: u32) {
+        if let Some(slot) = self.tasks.get(id) {
+            slot.waker.wake_by_ref();
+        }
+    }
+
+    pub(crate) fn task_mut(&mut self, id: u32) -> Option<&mut Task> {
+        self.tasks.get_mut(id).map(|slot| &mut slot.task)
+    }
+
+    pub(crate) fn remove_task(&mut self, id: u32) {
+        self.tasks.remove(id);
+    }
+
+    pub(crate) fn pull(&mut self, pool: u32, worker: Worker<Tok, Tok>) {
+        let fut: PullFuture = Box::pin(async move {
+            let request = worker.next_request().await;
+            (worker, request)
+        });
+        self.spawn(Task::Pull { pool, fut });
+    }
+
+    fn poll_task(&mut self, id: u32, out: &mut Out<'_>) {
+        let Some(slot) = self.tasks.get_mut(id) else {
+            return;
+        };
+        slot.state.queued.store(false, Ordering::Release);
+        let mut cx = Context::from_waker(&slot.waker);
+        match &mut slot.task {
+            Task::Ask(handle) => {
+                let Poll::Ready(result) = Pin::new(handle).poll(&mut cx) else {
+                    return;
+                };
+                self.tasks.remove(id);
+                match result {
+                    Ok(reply) => {
+                        out.push(event::ASK_OK, id, reply.id(), 0);
+                        self.held.push(reply);
+                    }
+                    Err(error) => {
+                        out.push(event::ASK_ERR, id, self.errors.len() as u32, 0);
+                        self.errors.push(error);
+                    }
+                }
+            }
+            Task::Tell(handle) => {
+                let Poll::Ready(result) = Pin::new(handle).poll(&mut cx) else {
+                    return;
+                };
+                self.tasks.remove(id);
+                match result {
+                    Ok(_) => out.push(event::TELL_OK, id, 0, 0),
+                    Err(error) => {
+                        out.push(event::ASK_ERR, id, self.errors.len() as u32, 0);
+                        self.errors.push(error);
+                    }
+                }
+            }
+            Task::Pull { pool, fut } => {
+                let pool = *pool;
+                let Poll::Ready((worker, request)) = fut.as_mut().poll(&mut cx) else {
+                    return;
+                };
+                self.tasks.remove(id);
+                // `None`: the pool closed; the worker leaves with it.
+                if let Some(Request {
+                    message,
+                    context,
+                    responder,
+                }) = request
+                {
+                    let request = self.requests.insert_with(|_| Handling {
+                        responder,
+                        context,
+                        worker,
+                        pool,
+                        watch: None,
+                    });
+                    out.push(event::REQUEST, request, message.id(), pool);
+                    self.held.push(message);
+                }
+            }
+            Task::Stage { stream } => {
+                let stream = *stream;
+                let polled = match self.streams.get_mut(stream) {
+                    Some(s) => Pin::new(s).poll_next(&mut cx),
+                    None => Poll::Ready(None),
+                };
+                match polled {
+                    Poll::Pending => {}
+                    Poll::Ready(Some(stage)) => {
+                        self.tasks.remove(id);
+                        out.push(event::STAGE, stream, self.stages.len() as u32, 0);
+                        self.stages.push(stage);
+                    }
+                    Poll::Ready(None) => {
+                        self.tasks.remove(id);
+                        self.streams.remove(stream);
+                        out.push(event::STAGE_END, stream, 0, 0);
+                    }
+                }
+            }
+            Task::CancelWatch { request, fut } => {
+                let request = *request;
+                if fut.as_mut().poll(&mut cx).is_pending() {
+                    return;
+                }
+                self.tasks.remove(id);
+                if let Some(h) = self.requests.get_mut(request) {
+                    h.watch = None;
+                }
+                out.push(event::CANCELLED, request, 0, 0);
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The worker's side: pools whose handler is a JS function.
+
+use askpool::{DedupConfig, PoolConfig};
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+
+use crate::core::{opt_millis, Core, HostedPool, Task};
+use crate::errors;
+use crate::info::{self, PoolOptions, RequestInfo};
+
+#[napi]
+impl Core {
+    /// Declares a pool hosted by this node; returns its id. Requests queue
+    /// (up to `maxInFlight`) until `handle` starts its workers.
+    #[napi(catch_unwind)]
+    pub fn create_pool(&mut self, name: String, options: Option<PoolOptions>) -> Result<u32> {
+        let mut config = PoolConfig::default();
+        let mut dedup = DedupConfig::default();
+        if let Some(o) = options {
+            if let Some(n) = o.concurrency {
+                config.concurrency = n as usize;
+            }
+            if let Some(n) = o.max_in_flight {
+                config.max_in_flight = n as usize;
+            }
+            if let Some(n) = o.dedup_max {
+                dedup.max_terminal = n as usize;
+            }
+            if let Some(t) = opt_millis(o.dedup_ttl_ms)? {
+                dedup.terminal_ttl = t;
+            }
+            config.processing_timeout = opt_millis(o.processing_timeout_ms)?;
+        }
+        config.dedup = dedup;
+        let concurrency = u32::try_from(config.concurrency).unwrap_or(u32::MAX);
+        let pool = {
+            let _enter = self.rt.enter();
+            self.node
+                .pool(name)
+                .config(config)
+                .build()
+                .map_err(errors::throw)?
+        };
+        Ok(self.pools.insert_with(|_| HostedPool {
+            pool,
+            concurrency,
+            handled: false,
+        }))
+    }
+
+    /// Starts the pool's workers (`w0`, `w1`, ...): each takes one request
+    /// at a time and reports it as a `REQUEST` event.
+    #[napi(catch_unwind)]
+    pub fn handle(&mut self, pool: u32) -> Result<()> {
+        let hosted = self
+            .pools
+            .get_mut(pool)
+            .ok_or_else(|| errors::invalid(format!("unknown pool {pool}")))?;
+        if hosted.handled {
+            return Err(errors::invalid(format!(
+                "pool {} already has a handler",
+                hosted.pool.name()
+            )));
+        }
+        hosted.handled = true;
+        let workers = (0..hosted.concurrency)
+            .map(|i| hosted.pool.worker(format!("w{i}")))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(errors::throw)?;
+        for worker in workers {
+            self.pull(pool, worker);
+        }
+        Ok(())
+    }
+
+    /// Closes a pool: new asks get `NO_ROUTE`, queued ones are cancelled.
+    #[napi(catch_unwind)]
+    pub fn close_pool(&mut self, pool: u32) {
+        let _enter = self.rt.enter();
+        if let Some(hosted) = self.pools.remove(pool) {
+            hosted.pool.close();
+        }
+    }
+
+    /// Answers a request with the object in table slot `reply`.
+    #[napi(catch_unwind)]
+    pub fn reply(&mut self, request: u32, reply: u32) -> Result<()> {
+        let reply = self.tok(reply);
+        let h = self.finish(request)?;
+        h.responder.reply(reply);
+        self.pull(h.pool, h.worker);
+        Ok(())
+    }
+
+    /// `reply`, then `drain`: one call where a reply resolves an ask.
+    #[napi(catch_unwind)]
+    pub fn reply_drain(
+        &mut self,
+        request: u32,
+        reply: u32,
+        mut buf: Uint32ArraySlice,
+    ) -> Result<u32> {
+        self.reply(request, reply)?;
+        // SAFETY: as in `drain`.
+        Ok(self.drain_into(unsafe { buf.as_mut() }))
+    }
+
+    /// Fails a request with what the handler threw: `code` if it threw an
+    /// `AskError`, else `HANDLER_FAILED` with the thrown value's name.
+    #[napi(catch_unwind)]
+    pub fn fail(
+        &mut self,
+        request: u32,
+        code: Option<String>,
+        name: String,
+        message: String,
+    ) -> Result<()> {
+        let h = self.finish(request)?;
+        h.responder
+            .fail(errors::from_handler(code.as_deref(), name, message));
+        self.pull(h.pool, h.worker);
+        Ok(())
+    }
+
+    #[napi(catch_unwind)]
+    pub fn request_info(&self, request: u32) -> Result<RequestInfo> {
+        let h = self.handling(request)?;
+        let ids = h.context.ids();
+        Ok(info::request_info(
+            ids,
+            h.context.pool().as_str(),
+            h.context.attempt(),
+            h.worker.id().as_str(),
+        ))
+    }
+
+    /// Whether the request was cancelled (by its caller, a timeout, the pool).
+    #[napi(catch_unwind)]
+    pub fn is_cancelled(&self, request: u32) -> Result<bool> {
+        Ok(self.handling(request)?.context.is_cancelled())
+    }
+
+    /// Reports progress to the caller (its `PARTIAL` stage).
+    #[napi(catch_unwind)]
+    pub fn progress(&self, request: u32, fraction: f64, note: String) -> Result<()> {
+        self.handling(request)?
+            .context
+            .progress(fraction as f32, note);
+        Ok(())
+    }
+
+    /// Reports a `CANCELLED` event if the request is cancelled while handled.
+    #[napi(catch_unwind)]
+    pub fn watch_cancel(&mut self, request: u32) -> Result<()> {
+        let h = self.handling(request)?;
+        if h.watch.is_some() {
+            return Ok(());
+        }
+        let context = h.context.clone();
+        let fut = Box::pin(async move { context.cancelled().await });
+        let task = self.spawn(Task::CancelWatch { request, fut });
+        if let Some(h) = self.requests.get_mut(request) {
+            h.watch = Some(task);
+        }
+        Ok(())
+    }
+}
+
+impl Core {
+    fn handling(&self, request: u32) -> Result<&crate::core::Handling> {
+        self.requests
+            .get(request)
+            .ok_or_else(|| errors::invalid(format!("request {request} was already answered")))
+    }
+
+    /// Takes a handled request out, with its cancel watch.
+    fn finish(&mut self, request: u32) -> Result<crate::core::Handling> {
+        let h = self
+            .requests
+            .remove(request)
+            .ok_or_else(|| errors::invalid(format!("request {request} was already answered")))?;
+        if let Some(task) = h.watch {
+            self.remove_task(task);
+        }
+        Ok(h)
+    }
+}

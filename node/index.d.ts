@@ -1,0 +1,212 @@
+// Types of the askpool package (hand-written for the wrapper in lib/; the
+// addon's own declarations are generated into native.d.ts). `cargo xtask
+// test` checks both for drift: native.d.ts against a fresh build, this file
+// against the wrapper's runtime exports, and compiles test/types/usage.ts
+// with `tsc --strict`.
+
+export interface NodeOptions {
+  /** Timeout of an ask that sets none (default 30 000). */
+  defaultTimeoutMs?: number;
+  /** Most dead letters kept (default 1 000). */
+  dlqCapacity?: number;
+  /** Record each ask's ACK stages (default true). */
+  trackStages?: boolean;
+  /** A circuit breaker per target pool (default true). */
+  breaker?: boolean;
+  /** Timed-out asks remembered for late outcomes (default 10 000). */
+  reconcileCapacity?: number;
+  /** Processing timeout of this node's pools (default 300 000). */
+  processingTimeoutMs?: number;
+}
+
+export interface PoolOptions {
+  /** Requests handled at once (default 1). */
+  concurrency?: number;
+  /** Admitted, unfinished requests before BUFFER_FULL (default 10 000). */
+  maxInFlight?: number;
+  /** Replies cached for duplicates (default 100 000). */
+  dedupMax?: number;
+  /** How long a reply stays cached (default 120 000). */
+  dedupTtlMs?: number;
+  processingTimeoutMs?: number;
+}
+
+export interface AskOptions {
+  timeoutMs?: number;
+  /** Aborting it cancels the ask (a protocol cancel reaches the pool). */
+  signal?: AbortSignal;
+  /** Route to this worker (`w0`, `w1`, ...) while it lives. */
+  preferredWorker?: string;
+  /** 32 hex digits: reuse to be deduplicated across caller restarts. */
+  requestId?: string;
+  /** 32 hex digits, propagated unchanged to the handler. */
+  correlationId?: string;
+  /** Total sends, the first included (default 4). */
+  maxAttempts?: number;
+}
+
+export type TellOptions = Omit<AskOptions, 'signal' | 'preferredWorker' | 'correlationId'>;
+
+export type AckStage =
+  | 'SENT'
+  | 'RECEIVED'
+  | 'READ'
+  | 'PARTIAL'
+  | 'FULFILLED'
+  | 'REJECTED'
+  | 'FAILED'
+  | 'TIMED_OUT';
+
+export interface StageEvent {
+  stage: AckStage;
+  sinceSentMs: number;
+  sincePreviousMs: number;
+  fraction?: number;
+  note?: string;
+}
+
+export type ErrorCode =
+  | 'UNAVAILABLE'
+  | 'DEADLINE_EXCEEDED'
+  | 'ASK_TIMEOUT'
+  | 'BUFFER_FULL'
+  | 'NO_ROUTE'
+  | 'INVALID_ARGUMENT'
+  | 'VALIDATION_ERROR'
+  | 'PAYLOAD_MISMATCH'
+  | 'PERMISSION_DENIED'
+  | 'OVERSIZE_PAYLOAD'
+  | 'FAILED_PRECONDITION'
+  | 'DECODE_FAILURE'
+  | 'INTERNAL'
+  | 'ASK_CANCELLED'
+  | 'HANDLER_FAILED';
+
+export class AskError extends Error {
+  readonly code: ErrorCode;
+  static readonly code: string;
+  constructor(message?: string, options?: { cause?: unknown });
+}
+export class UnavailableError extends AskError {}
+export class DeadlineExceededError extends AskError {}
+export class AskTimeoutError extends AskError {}
+export class BufferFullError extends AskError {}
+export class NoRouteError extends AskError {}
+export class InvalidArgumentError extends AskError {}
+export class ValidationError extends AskError {}
+export class PayloadMismatchError extends AskError {}
+export class PermissionDeniedError extends AskError {}
+export class OversizePayloadError extends AskError {}
+export class FailedPreconditionError extends AskError {}
+export class DecodeFailureError extends AskError {}
+export class InternalError extends AskError {}
+export class AskCancelledError extends AskError {}
+/** The handler threw: what it threw is in `handlerName` and `handlerMessage`. */
+export class HandlerFailedError extends AskError {
+  readonly handlerName: string;
+  readonly handlerMessage: string;
+  constructor(
+    message?: string,
+    options?: { cause?: unknown; handlerName?: string; handlerMessage?: string },
+  );
+}
+export const errorCodes: readonly ErrorCode[];
+
+/** What a handler gets besides the message; valid while the handler runs. */
+export class Context {
+  private constructor();
+  readonly requestId: string;
+  readonly correlationId: string;
+  readonly pool: string;
+  readonly attempt: number;
+  readonly workerId: string;
+  readonly cancelled: boolean;
+  /** Aborts when the request is cancelled (caller cancel, timeout, pool close). */
+  readonly signal: AbortSignal;
+  /** Reports progress to the caller (a PARTIAL stage). */
+  progress(fraction: number, note?: string): void;
+}
+
+export type Handler<Msg, Reply> = (msg: Msg, ctx: Context) => Reply | PromiseLike<Reply>;
+
+export class Pool<Msg = any, Reply = any> {
+  private constructor();
+  readonly name: string;
+  /** Runs `handler` for each request; its (awaited) result is the reply. */
+  handle(handler: Handler<Msg, Reply>): this;
+  /** New asks get NO_ROUTE; queued requests are cancelled. */
+  close(): void;
+}
+
+export class AskHandle<Reply = any> implements PromiseLike<Reply> {
+  private constructor();
+  readonly requestId: string;
+  readonly result: Promise<Reply>;
+  then<A = Reply, B = never>(
+    onFulfilled?: ((value: Reply) => A | PromiseLike<A>) | null,
+    onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
+  ): Promise<A | B>;
+  /** Rejects the ask with AskCancelledError and cancels it at the pool. */
+  cancel(): void;
+  /** The ask's ACK stages, once per handle. */
+  stages(): AsyncIterableIterator<StageEvent>;
+}
+
+export interface DeadLetter<Msg = unknown> {
+  requestId: string;
+  correlationId: string;
+  pool: string;
+  payload: Msg;
+  error: AskError;
+  attempts: number;
+  reason: 'RETRIES_EXHAUSTED' | 'POISON';
+}
+
+export interface PoolStats {
+  name: string;
+  inFlight: number;
+  queued: number;
+  admitted: number;
+  handlerRuns: number;
+  replays: number;
+  rejectedFull: number;
+  cancels: number;
+  dedupInProgress: number;
+  dedupTerminal: number;
+}
+
+export interface NodeStats {
+  pending: number;
+  armedTimers: number;
+  retries: number;
+  timedOutRecords: number;
+  dlqDepth: number;
+  tasks: number;
+  requests: number;
+  streams: number;
+  /** Wakes that came from another thread (tokio timers) and called into JS. */
+  threadWakes: number;
+  pools: PoolStats[];
+  /** Host objects the addon still references. */
+  objects: number;
+  /** Asks, tells and stage reads awaiting the addon. */
+  outstanding: number;
+}
+
+export type PoolRef = string | Pool;
+
+export class Node {
+  constructor(options?: NodeOptions);
+  readonly closed: boolean;
+  pool<Msg = any, Reply = any>(name: string, options?: PoolOptions): Pool<Msg, Reply>;
+  ask<Reply = any>(pool: PoolRef, msg: unknown, options?: AskOptions): Promise<Reply>;
+  askHandle<Reply = any>(pool: PoolRef, msg: unknown, options?: AskOptions): AskHandle<Reply>;
+  /** Resolves to the request id once the pool accepted the message. */
+  tell(pool: PoolRef, msg: unknown, options?: TellOptions): Promise<string>;
+  deadLetters<Msg = unknown>(): DeadLetter<Msg>[];
+  replayDeadLetter<Reply = any>(requestId: string): Promise<Reply>;
+  purgeDeadLetters(): number;
+  evictExpired(): void;
+  stats(): NodeStats;
+  close(): Promise<void>;
+}

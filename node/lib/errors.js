@@ -1,0 +1,106 @@
+'use strict';
+// The error taxonomy (DESIGN section 6) as Error subclasses with a `.code`.
+
+class AskError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = new.target.name;
+    this.code = new.target.code;
+  }
+}
+AskError.code = 'ASK_ERROR';
+
+const byCode = new Map();
+
+function define(name, code) {
+  const cls = { [name]: class extends AskError {} }[name];
+  cls.code = code;
+  byCode.set(code, cls);
+  return cls;
+}
+
+const UnavailableError = define('UnavailableError', 'UNAVAILABLE');
+const DeadlineExceededError = define('DeadlineExceededError', 'DEADLINE_EXCEEDED');
+const AskTimeoutError = define('AskTimeoutError', 'ASK_TIMEOUT');
+const BufferFullError = define('BufferFullError', 'BUFFER_FULL');
+const NoRouteError = define('NoRouteError', 'NO_ROUTE');
+const InvalidArgumentError = define('InvalidArgumentError', 'INVALID_ARGUMENT');
+const ValidationError = define('ValidationError', 'VALIDATION_ERROR');
+const PayloadMismatchError = define('PayloadMismatchError', 'PAYLOAD_MISMATCH');
+const PermissionDeniedError = define('PermissionDeniedError', 'PERMISSION_DENIED');
+const OversizePayloadError = define('OversizePayloadError', 'OVERSIZE_PAYLOAD');
+const FailedPreconditionError = define('FailedPreconditionError', 'FAILED_PRECONDITION');
+const DecodeFailureError = define('DecodeFailureError', 'DECODE_FAILURE');
+const InternalError = define('InternalError', 'INTERNAL');
+const AskCancelledError = define('AskCancelledError', 'ASK_CANCELLED');
+
+/** A handler threw: `handlerName` and `handlerMessage` are what it threw. */
+class HandlerFailedError extends AskError {
+  constructor(message, options) {
+    super(message, options);
+    this.handlerName = options?.handlerName ?? 'Error';
+    this.handlerMessage = options?.handlerMessage ?? message;
+  }
+}
+HandlerFailedError.code = 'HANDLER_FAILED';
+byCode.set('HANDLER_FAILED', HandlerFailedError);
+
+/** The error for an `ErrorInfo` from the addon. */
+function fromInfo(info) {
+  const cls = byCode.get(info.code) ?? InternalError;
+  if (cls === HandlerFailedError) {
+    return new HandlerFailedError(info.message, {
+      handlerName: info.handlerName,
+      handlerMessage: info.handlerMessage,
+    });
+  }
+  return new cls(info.message);
+}
+
+const PREFIX = 'askpool:';
+
+/** Turns an error thrown by the addon into its AskError subclass. */
+function fromNative(error) {
+  const text = error?.message;
+  if (typeof text !== 'string' || !text.startsWith(PREFIX)) {
+    // A Rust panic caught at the boundary, or a failed argument conversion.
+    return new InternalError(String(text ?? error), { cause: error });
+  }
+  const rest = text.slice(PREFIX.length);
+  const colon = rest.indexOf(':');
+  return fromInfo({ code: rest.slice(0, colon), message: rest.slice(colon + 1) });
+}
+
+/** What a handler's throw becomes: [code or null, name, message]. */
+function describeThrown(thrown) {
+  if (thrown instanceof AskError && byCode.has(thrown.code)) {
+    return [thrown.code, thrown.name, thrown.message];
+  }
+  if (thrown instanceof Error) {
+    return [null, thrown.name || 'Error', String(thrown.message)];
+  }
+  return [null, typeof thrown, String(thrown)];
+}
+
+module.exports = {
+  AskError,
+  UnavailableError,
+  DeadlineExceededError,
+  AskTimeoutError,
+  BufferFullError,
+  NoRouteError,
+  InvalidArgumentError,
+  ValidationError,
+  PayloadMismatchError,
+  PermissionDeniedError,
+  OversizePayloadError,
+  FailedPreconditionError,
+  DecodeFailureError,
+  InternalError,
+  AskCancelledError,
+  HandlerFailedError,
+  errorCodes: Object.freeze([...byCode.keys()]),
+  fromInfo,
+  fromNative,
+  describeThrown,
+};

@@ -1,0 +1,568 @@
+'use strict';
+// The public API over the addon's Core: Node, Pool, AskHandle, Context.
+
+const native = require('./native');
+const errors = require('./errors');
+const { ObjectTable } = require('./table');
+
+const { fromInfo, fromNative, describeThrown, AskCancelledError, InvalidArgumentError } = errors;
+
+// Event kinds of Core.drain (bindings/node/src/core.rs, mod event).
+const FREE = 0;
+const ASK_OK = 1;
+const ASK_ERR = 2;
+const TELL_OK = 3;
+const REQUEST = 4;
+const STAGE = 5;
+const STAGE_END = 6;
+const CANCELLED = 7;
+
+const EVENTS = 1024;
+
+function call(fn) {
+  try {
+    return fn();
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+function aborted(signal) {
+  return new AskCancelledError('ask cancelled: the signal was aborted before the ask was sent', {
+    cause: signal.reason,
+  });
+}
+
+function nativeAskOptions(o) {
+  return {
+    timeoutMs: o.timeoutMs,
+    preferredWorker: o.preferredWorker,
+    requestId: o.requestId,
+    correlationId: o.correlationId,
+    maxAttempts: o.maxAttempts,
+  };
+}
+
+/** What a handler gets besides the message. Valid while the handler runs. */
+class Context {
+  #node;
+  #request;
+  #info;
+  #controller;
+  /** @internal */
+  constructor(node, request) {
+    this.#node = node;
+    this.#request = request;
+  }
+  #details() {
+    this.#info ??= this.#node._request(this.#request, 'requestInfo');
+    return this.#info;
+  }
+  get requestId() {
+    return this.#details().requestId;
+  }
+  get correlationId() {
+    return this.#details().correlationId;
+  }
+  get pool() {
+    return this.#details().pool;
+  }
+  get attempt() {
+    return this.#details().attempt;
+  }
+  get workerId() {
+    return this.#details().worker;
+  }
+  /** Whether the request was cancelled (by its caller, a timeout, the pool). */
+  get cancelled() {
+    if (this.#controller?.signal.aborted) return true;
+    return this.#node._request(this.#request, 'isCancelled') ?? false;
+  }
+  /** Aborts when the request is cancelled. */
+  get signal() {
+    if (!this.#controller) {
+      this.#controller = new AbortController();
+      if (this.#node._watch(this.#request, this.#controller) === undefined) {
+        this.#controller.abort(new AskCancelledError('ask cancelled: the request already ended'));
+      }
+    }
+    return this.#controller.signal;
+  }
+  /** Reports progress to the caller (a PARTIAL stage). */
+  progress(fraction, note = '') {
+    this.#node._request(this.#request, 'progress', fraction, String(note));
+  }
+  /** @internal */
+  _end() {
+    this.#request = -1;
+  }
+}
+
+/** A pool hosted by a node. */
+class Pool {
+  #node;
+  #id;
+  /** @internal */
+  constructor(node, id, name) {
+    this.#node = node;
+    this.#id = id;
+    this.name = name;
+    Object.freeze(this);
+  }
+  /** Runs `handler(msg, ctx)` for each request; its (awaited) return value is the reply. */
+  handle(handler) {
+    if (typeof handler !== 'function') {
+      throw new InvalidArgumentError('invalid argument: a handler must be a function');
+    }
+    this.#node._handle(this.#id, handler);
+    return this;
+  }
+  /** Stops the pool: new asks get NO_ROUTE, queued requests are cancelled. */
+  close() {
+    this.#node._closePool(this.#id);
+  }
+}
+
+/** One ask in flight, with its request id, `cancel()` and `stages()`. */
+class AskHandle {
+  #node;
+  #task;
+  #stream;
+  #iterating = false;
+  /** @internal */
+  constructor(node, task, requestId, stream, result) {
+    this.#node = node;
+    this.#task = task;
+    this.#stream = stream;
+    this.requestId = requestId;
+    this.result = result;
+  }
+  then(onFulfilled, onRejected) {
+    return this.result.then(onFulfilled, onRejected);
+  }
+  /** Cancels the ask: it rejects with AskCancelledError and the pool is told. */
+  cancel() {
+    this.#node._cancel(this.#task, this.result);
+  }
+  /** The ask's ACK stages (SENT, RECEIVED, READ, PARTIAL..., one terminal). */
+  stages() {
+    if (this.#iterating || this.#stream < 0) {
+      throw new InvalidArgumentError('invalid argument: stages() can be read once per ask');
+    }
+    this.#iterating = true;
+    unreadStreams.unregister(this);
+    return this.#node._stages(this.#stream);
+  }
+}
+
+// A handle nobody read the stages of: close its stream when it is collected.
+const unreadStreams = new FinalizationRegistry(({ stream, core }) => {
+  core.dropStream(stream);
+});
+
+class Node {
+  #core;
+  // The core's number for the plain-function hot path (native.fast*).
+  #fast;
+  #table = new ObjectTable();
+  #buf = new Uint32Array(EVENTS * 4);
+  #waiting = [];
+  #handlers = [];
+  #requests = [];
+  #streamReaders = new Map();
+  #poolRefs = new Map();
+  #outstanding = 0;
+  #keepAlive = null;
+  #draining = false;
+  #dirty = false;
+  #drainQueued = false;
+  #drainNow = () => this.#drain();
+  #closed = false;
+
+  /**
+   * @param {object} [options] defaultTimeoutMs, dlqCapacity, trackStages,
+   *   breaker, reconcileCapacity, processingTimeoutMs
+   */
+  constructor(options = {}) {
+    this.#core = call(() => new native.Core(this.#drainNow, options));
+    this.#fast = this.#core.fastPath();
+  }
+
+  /** Declares a pool hosted by this node. */
+  pool(name, options = {}) {
+    const id = call(() => this.#core.createPool(String(name), options));
+    return new Pool(this, id, String(name));
+  }
+
+  /** Asks `pool` with `msg`; resolves to the handler's reply (the same object). */
+  ask(pool, msg, options) {
+    if (options === undefined) {
+      return this.#start(pool, msg, undefined, 0);
+    }
+    return this.#start(pool, msg, options, 0).result;
+  }
+
+  /** Like `ask`, returning an AskHandle (`requestId`, `cancel()`, `stages()`, `result`). */
+  askHandle(pool, msg, options = {}) {
+    const started = this.#start(pool, msg, options, 1);
+    if (started.task < 0) {
+      return new AskHandle(this, -1, options.requestId ?? '', -1, started.result);
+    }
+    const requestId = this.#core.requestId(started.task);
+    const stream = this.#core.openStages(started.task);
+    const handle = new AskHandle(this, started.task, requestId, stream, started.result);
+    unreadStreams.register(handle, { stream, core: this.#core }, handle);
+    return handle;
+  }
+
+  /** A one-way message; resolves to its request id once the pool accepted it. */
+  tell(pool, msg, options = {}) {
+    return this.#start(pool, msg, options, 2).result;
+  }
+
+  /** The dead-letter queue, oldest first. */
+  deadLetters() {
+    return call(() => this.#core.deadLetters()).map((l) => ({
+      requestId: l.requestId,
+      correlationId: l.correlationId,
+      pool: l.pool,
+      payload: this.#table.get(l.payload),
+      error: fromInfo(l.error),
+      attempts: l.attempts,
+      reason: l.reason,
+    }));
+  }
+
+  /** Asks a dead letter again, with its request id; resolves like `ask`. */
+  replayDeadLetter(requestId) {
+    let task;
+    try {
+      task = call(() => this.#core.replayDeadLetter(String(requestId)));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.#await(task, undefined, false);
+  }
+
+  /** Empties the dead-letter queue; returns how many letters it held. */
+  purgeDeadLetters() {
+    const n = call(() => this.#core.purgeDeadLetters());
+    this.#schedule();
+    return n;
+  }
+
+  /** Drops cached replies whose TTL passed. */
+  evictExpired() {
+    call(() => this.#core.evictExpired());
+    this.#schedule();
+  }
+
+  /** Counters, for tests and dashboards. */
+  stats() {
+    const s = call(() => this.#core.stats());
+    s.objects = this.#table.live;
+    s.outstanding = this.#outstanding;
+    return s;
+  }
+
+  get closed() {
+    return this.#closed;
+  }
+
+  /** Shuts down: pending asks reject with UnavailableError, pools close. */
+  async close() {
+    if (this.#closed) return;
+    this.#closed = true;
+    call(() => this.#core.close());
+    this.#drain();
+    if (this.#keepAlive) {
+      clearInterval(this.#keepAlive);
+      this.#keepAlive = null;
+    }
+  }
+
+  #ref(pool) {
+    const name = typeof pool === 'string' ? pool : pool?.name;
+    if (typeof name !== 'string') {
+      throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
+    }
+    let r = this.#poolRefs.get(name);
+    if (r === undefined) {
+      r = this.#core.poolRef(name);
+      this.#poolRefs.set(name, r);
+    }
+    return r;
+  }
+
+  // kind: 0 ask (returns the promise itself when options are absent), 1
+  // askHandle, 2 tell. Returns { task, result } otherwise.
+  #start(pool, msg, options, kind) {
+    const signal = options?.signal;
+    let task;
+    try {
+      if (signal?.aborted) throw aborted(signal);
+      const ref = this.#ref(pool);
+      const slot = this.#table.put(msg);
+      if (kind === 2) {
+        task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options)));
+      } else if (options === undefined) {
+        task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
+      } else {
+        task = call(() => this.#core.askWith(ref, slot, nativeAskOptions(options)));
+      }
+    } catch (e) {
+      this.#schedule();
+      const result = Promise.reject(e);
+      return options === undefined ? result : { task: -1, result };
+    }
+    const result = this.#await(task, signal, kind === 2);
+    return options === undefined ? result : { task, result };
+  }
+
+  #await(task, signal, tell) {
+    const entry = { resolve: null, reject: null, signal, onAbort: null, tell };
+    const result = new Promise((resolve, reject) => {
+      entry.resolve = resolve;
+      entry.reject = reject;
+    });
+    if (tell) entry.requestId = this.#core.requestId(task);
+    if (signal) {
+      entry.onAbort = () => this._cancel(task, result);
+      signal.addEventListener('abort', entry.onAbort, { once: true });
+    }
+    entry.result = result;
+    this.#waiting[task] = entry;
+    if (this.#outstanding++ === 0) this.#hold();
+    this.#schedule();
+    return result;
+  }
+
+  // A referenced timer keeps the process alive while asks are pending; the
+  // addon's threadsafe function is weak, so an idle node lets it exit.
+  #hold() {
+    if (this.#keepAlive === null) {
+      this.#keepAlive = setInterval(() => {}, 1 << 30);
+    } else {
+      this.#keepAlive.ref();
+    }
+  }
+
+  // After a call into the addon that may have woken a future on this thread
+  // (those wakes do not call back): drain soon, or, while draining, once more.
+  #schedule() {
+    if (this.#draining) {
+      this.#dirty = true;
+    } else if (!this.#drainQueued) {
+      this.#drainQueued = true;
+      queueMicrotask(this.#drainNow);
+    }
+  }
+
+  #drain() {
+    this.#drainQueued = false;
+    if (this.#draining) return;
+    this.#draining = true;
+    this.#consume(native.fastDrain(this.#fast, this.#buf));
+  }
+
+  // Dispatches `n` events already in the buffer, and drains again while the
+  // buffer came back full or a dispatched event called into the addon.
+  // Entered with #draining set.
+  #consume(n) {
+    try {
+      const fast = this.#fast;
+      const buf = this.#buf;
+      for (;;) {
+        this.#dirty = false;
+        for (let i = 0; i < n * 4; i += 4) {
+          this.#dispatch(buf[i], buf[i + 1], buf[i + 2], buf[i + 3]);
+        }
+        if (n < EVENTS && !this.#dirty) break;
+        n = native.fastDrain(fast, buf);
+      }
+    } finally {
+      this.#draining = false;
+    }
+    if (this.#outstanding === 0 && this.#keepAlive !== null) this.#keepAlive.unref();
+  }
+
+  #dispatch(kind, a, b, c) {
+    switch (kind) {
+      case FREE:
+        this.#table.release(a);
+        return;
+      case ASK_OK: {
+        const entry = this.#settle(a);
+        entry.resolve(this.#table.get(b));
+        return;
+      }
+      case ASK_ERR: {
+        const entry = this.#settle(a);
+        entry.reject(fromInfo(this.#core.error(b)));
+        return;
+      }
+      case TELL_OK: {
+        const entry = this.#settle(a);
+        entry.resolve(entry.requestId);
+        return;
+      }
+      case REQUEST:
+        this.#run(a, this.#table.get(b), c);
+        return;
+      case STAGE:
+        this.#streamReaders.get(a)?.(this.#core.stage(b));
+        return;
+      case STAGE_END: {
+        const reader = this.#streamReaders.get(a);
+        this.#streamReaders.delete(a);
+        reader?.(null);
+        return;
+      }
+      case CANCELLED: {
+        const request = this.#requests[a];
+        request?.controller?.abort(new AskCancelledError('ask cancelled'));
+        return;
+      }
+      default:
+        throw new Error(`askpool: unknown event ${kind}`);
+    }
+  }
+
+  #settle(task) {
+    const entry = this.#waiting[task];
+    this.#waiting[task] = undefined;
+    this.#outstanding--;
+    if (entry.onAbort) entry.signal.removeEventListener('abort', entry.onAbort);
+    return entry;
+  }
+
+  #run(request, msg, pool) {
+    const ctx = new Context(this, request);
+    this.#requests[request] = { ctx, controller: null };
+    let reply;
+    try {
+      reply = this.#handlers[pool](msg, ctx);
+    } catch (e) {
+      this.#fail(request, e);
+      return;
+    }
+    if (reply !== null && typeof reply === 'object' && typeof reply.then === 'function') {
+      reply.then(
+        (value) => this.#reply(request, value),
+        (e) => this.#fail(request, e),
+      );
+    } else {
+      this.#reply(request, reply);
+    }
+  }
+
+  #end(request) {
+    const r = this.#requests[request];
+    this.#requests[request] = undefined;
+    r.ctx._end();
+  }
+
+  #reply(request, value) {
+    this.#end(request);
+    if (this.#closed) return;
+    const slot = this.#table.put(value);
+    if (this.#draining) {
+      this.#core.reply(request, slot);
+      this.#dirty = true;
+      return;
+    }
+    // Reply and drain in one call: the ask this answers resolves right here.
+    this.#drainQueued = false;
+    this.#draining = true;
+    let n;
+    try {
+      n = native.fastReplyDrain(this.#fast, request, slot, this.#buf);
+    } catch (e) {
+      this.#draining = false;
+      throw e;
+    }
+    this.#consume(n);
+  }
+
+  #fail(request, thrown) {
+    this.#end(request);
+    if (this.#closed) return;
+    const [code, name, message] = describeThrown(thrown);
+    this.#core.fail(request, code, name, message);
+    this.#schedule();
+  }
+
+  /** @internal */
+  _request(request, method, ...args) {
+    if (request < 0) return undefined;
+    return call(() => this.#core[method](request, ...args));
+  }
+
+  /** @internal */
+  _watch(request, controller) {
+    const r = this.#requests[request];
+    if (request < 0 || !r) return undefined;
+    r.controller = controller;
+    call(() => this.#core.watchCancel(request));
+    this.#schedule();
+    return true;
+  }
+
+  /** @internal */
+  _handle(pool, handler) {
+    call(() => this.#core.handle(pool));
+    this.#handlers[pool] = handler;
+    this.#schedule();
+  }
+
+  /** @internal */
+  _closePool(pool) {
+    call(() => this.#core.closePool(pool));
+    this.#schedule();
+  }
+
+  /** @internal */
+  _cancel(task, result) {
+    if (task < 0 || this.#waiting[task]?.result !== result) return;
+    this.#core.cancel(task);
+    this.#schedule();
+  }
+
+  /** @internal */
+  _stages(stream) {
+    const node = this;
+    let done = false;
+    return {
+      [Symbol.asyncIterator]() {
+        return this;
+      },
+      next() {
+        if (done) return Promise.resolve({ value: undefined, done: true });
+        return new Promise((resolve) => {
+          node.#streamReaders.set(stream, (stage) => {
+            node.#outstanding--;
+            if (stage === null) {
+              done = true;
+              resolve({ value: undefined, done: true });
+            } else {
+              node.#streamReaders.delete(stream);
+              resolve({ value: stage, done: false });
+            }
+          });
+          if (node.#outstanding++ === 0) node.#hold();
+          node.#core.nextStage(stream);
+          node.#schedule();
+        });
+      },
+      return() {
+        if (!done) {
+          done = true;
+          node.#core.dropStream(stream);
+        }
+        return Promise.resolve({ value: undefined, done: true });
+      },
+    };
+  }
+}
+
+module.exports = { Node, Pool, AskHandle, Context };

@@ -1,0 +1,166 @@
+'use strict';
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { Node } = require('..');
+
+test('a reply comes back, and both objects pass by identity', async () => {
+  const node = new Node();
+  let seen;
+  const reply = { answer: 42 };
+  node.pool('echo').handle(async (msg) => {
+    seen = msg;
+    return reply;
+  });
+  const msg = { question: 'what' };
+  const got = await node.ask('echo', msg);
+  assert.equal(seen, msg);
+  assert.equal(got, reply);
+  await node.close();
+});
+
+test('sync handlers, primitives and undefined replies', async () => {
+  const node = new Node();
+  node.pool('double').handle((n) => n * 2);
+  node.pool('nothing').handle(() => undefined);
+  assert.equal(await node.ask('double', 21), 42);
+  assert.equal(await node.ask('nothing', 'x'), undefined);
+  await node.close();
+});
+
+test('many asks in flight over a pool of several workers', async () => {
+  const node = new Node();
+  let running = 0;
+  let most = 0;
+  const pool = node.pool('slow', { concurrency: 4 });
+  pool.handle(async (n) => {
+    running++;
+    most = Math.max(most, running);
+    await new Promise((r) => setTimeout(r, 1));
+    running--;
+    return n + 1;
+  });
+  const replies = await Promise.all(Array.from({ length: 200 }, (_, i) => node.ask(pool, i)));
+  assert.deepEqual(replies, Array.from({ length: 200 }, (_, i) => i + 1));
+  assert.equal(most, 4, 'concurrency bounds the handlers running at once');
+  await node.close();
+});
+
+test('ids and the preferred worker reach the handler context', async () => {
+  const node = new Node();
+  let ctxSeen;
+  node.pool('ctx', { concurrency: 3 }).handle((msg, ctx) => {
+    ctxSeen = {
+      requestId: ctx.requestId,
+      correlationId: ctx.correlationId,
+      worker: ctx.workerId,
+      pool: ctx.pool,
+      attempt: ctx.attempt,
+    };
+    return msg;
+  });
+  const requestId = '0123456789abcdef0123456789abcdef';
+  const correlationId = 'fedcba9876543210fedcba9876543210';
+  await node.ask('ctx', 1, { requestId, correlationId, preferredWorker: 'w2' });
+  assert.deepEqual(ctxSeen, { requestId, correlationId, worker: 'w2', pool: 'ctx', attempt: 1 });
+  await node.close();
+});
+
+test('askHandle: request id, result, and the ACK stages with progress', async () => {
+  const node = new Node();
+  let handlerRequestId;
+  node.pool('steps').handle(async (msg, ctx) => {
+    handlerRequestId = ctx.requestId;
+    ctx.progress(0.5, 'half way');
+    await new Promise((r) => setTimeout(r, 5));
+    return msg.toUpperCase();
+  });
+  const handle = node.askHandle('steps', 'abc');
+  assert.match(handle.requestId, /^[0-9a-f]{32}$/);
+  const stages = [];
+  for await (const s of handle.stages()) stages.push(s);
+  assert.equal(await handle, 'ABC');
+  assert.equal(await handle.result, 'ABC');
+  assert.equal(handlerRequestId, handle.requestId);
+  const names = stages.map((s) => s.stage);
+  assert.deepEqual(names, ['SENT', 'RECEIVED', 'READ', 'PARTIAL', 'FULFILLED']);
+  const partial = stages[3];
+  assert.equal(partial.note, 'half way');
+  assert.equal(partial.fraction, 0.5);
+  assert.ok(stages[4].sinceSentMs >= stages[3].sinceSentMs);
+  assert.throws(() => handle.stages(), { code: 'INVALID_ARGUMENT' });
+  await node.close();
+});
+
+test('stages can be read after the ask ended', async () => {
+  const node = new Node();
+  node.pool('p').handle((m) => m);
+  const handle = node.askHandle('p', 1);
+  await handle;
+  const names = [];
+  for await (const s of handle.stages()) names.push(s.stage);
+  assert.deepEqual(names, ['SENT', 'RECEIVED', 'READ', 'FULFILLED']);
+  await node.close();
+});
+
+test('tell: the handler runs, the promise resolves to the request id', async () => {
+  const node = new Node();
+  let got;
+  let ran;
+  const done = new Promise((r) => (ran = r));
+  node.pool('sink').handle((msg, ctx) => {
+    got = { msg, id: ctx.requestId };
+    ran();
+  });
+  const msg = { event: 'x' };
+  const id = await node.tell('sink', msg);
+  await done;
+  assert.equal(got.msg, msg);
+  assert.equal(got.id, id);
+  await node.close();
+});
+
+test('a duplicate request id is answered from the reply cache', async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('once').handle((m) => {
+    runs++;
+    return { m };
+  });
+  const requestId = '00000000000000000000000000000abc';
+  const first = await node.ask('once', 1, { requestId });
+  const second = await node.ask('once', 1, { requestId });
+  assert.equal(runs, 1);
+  assert.equal(second, first, 'the cached reply is the very object');
+  await node.close();
+});
+
+test('a pool passed as an object, and pool.close() leads to NO_ROUTE', async () => {
+  const node = new Node();
+  const pool = node.pool('closing').handle((m) => m);
+  assert.equal(await node.ask(pool, 5), 5);
+  pool.close();
+  await assert.rejects(node.ask(pool, 5, { maxAttempts: 1 }), { code: 'NO_ROUTE' });
+  await node.close();
+});
+
+test('close(): pending asks reject with UNAVAILABLE, later asks too', async () => {
+  const node = new Node();
+  node.pool('never').handle(() => new Promise(() => {}));
+  const pending = node.ask('never', 1, { maxAttempts: 1 });
+  await new Promise((r) => setImmediate(r));
+  await node.close();
+  await assert.rejects(pending, { code: 'UNAVAILABLE', name: 'UnavailableError' });
+  await assert.rejects(node.ask('never', 2), { code: 'UNAVAILABLE' });
+  assert.equal(node.closed, true);
+});
+
+test('a Rust panic becomes a JS error, and the process carries on', async () => {
+  const native = require('../lib/native');
+  const core = new native.Core(() => {});
+  assert.throws(() => core.debugPanic(), (e) => /panic/i.test(e.message));
+  const node = new Node();
+  node.pool('alive').handle((m) => m);
+  assert.equal(await node.ask('alive', 7), 7);
+  await node.close();
+  core.close();
+});

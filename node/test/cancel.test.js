@@ -1,0 +1,86 @@
+'use strict';
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { Node, AskCancelledError } = require('..');
+
+const tick = () => new Promise((r) => setImmediate(r));
+
+test('a signal aborted before the ask: nothing is sent', async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('p').handle(() => {
+    runs++;
+  });
+  const controller = new AbortController();
+  controller.abort(new Error('not wanted'));
+  const err = await node.ask('p', 1, { signal: controller.signal }).catch((e) => e);
+  assert.ok(err instanceof AskCancelledError);
+  assert.equal(err.code, 'ASK_CANCELLED');
+  assert.equal(err.cause.message, 'not wanted');
+  await tick();
+  assert.equal(runs, 0);
+  assert.equal(node.stats().pools[0].admitted, 0);
+  await node.close();
+});
+
+test('a signal aborted during the ask: it rejects and the handler sees the cancel', async () => {
+  const node = new Node();
+  let handlerSignal;
+  let started;
+  const running = new Promise((r) => (started = r));
+  node.pool('slow').handle((msg, ctx) => {
+    handlerSignal = ctx.signal;
+    started();
+    return new Promise((resolve) => ctx.signal.addEventListener('abort', () => resolve('late')));
+  });
+  const controller = new AbortController();
+  const asked = node.ask('slow', 1, { signal: controller.signal });
+  await running;
+  assert.equal(handlerSignal.aborted, false);
+  controller.abort();
+  await assert.rejects(asked, { code: 'ASK_CANCELLED', name: 'AskCancelledError' });
+  for (let i = 0; i < 10 && !handlerSignal.aborted; i++) await tick();
+  assert.equal(handlerSignal.aborted, true, 'the protocol cancel reached the handler');
+  const pool = node.stats().pools[0];
+  assert.equal(pool.cancels, 1);
+  await node.close();
+});
+
+test('handle.cancel() rejects the ask; cancel after the end does nothing', async () => {
+  const node = new Node();
+  node.pool('never').handle(() => new Promise(() => {}));
+  node.pool('echo').handle((m) => m);
+  const handle = node.askHandle('never', 1);
+  await tick();
+  handle.cancel();
+  await assert.rejects(handle.result, { code: 'ASK_CANCELLED' });
+  const done = node.askHandle('echo', 2);
+  assert.equal(await done, 2);
+  done.cancel();
+  assert.equal(await done.result, 2);
+  const stages = [];
+  for await (const s of handle.stages()) stages.push(s.stage);
+  assert.equal(stages.at(-1), 'FAILED');
+  await node.close();
+});
+
+test('the pool closing cancels a request being handled (ctx.signal)', async () => {
+  const node = new Node();
+  let signal;
+  let started;
+  const running = new Promise((r) => (started = r));
+  const pool = node.pool('closing');
+  pool.handle((m, ctx) => {
+    signal = ctx.signal;
+    started();
+    return new Promise(() => {});
+  });
+  const asked = node.ask('closing', 1, { timeoutMs: 2000, maxAttempts: 1 });
+  await running;
+  assert.equal(signal.aborted, false);
+  assert.equal(node.stats().requests, 1);
+  await node.close();
+  await assert.rejects(asked, { code: 'UNAVAILABLE' });
+  assert.equal(signal.aborted, true, 'closing cancelled the running request');
+  assert.equal(node.stats().requests, 0, 'no request is held after close');
+});

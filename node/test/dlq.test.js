@@ -1,0 +1,42 @@
+'use strict';
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { Node, BufferFullError } = require('..');
+
+test('a refused ask lands in the DLQ with its payload; replay and purge', async () => {
+  const node = new Node({ breaker: false });
+  let release;
+  node.pool('narrow', { maxInFlight: 1 }).handle((m) =>
+    m.block ? new Promise((r) => (release = r)) : { ok: m },
+  );
+  const blocker = node.ask('narrow', { block: true });
+  const payload = { block: false, n: 1 };
+  await assert.rejects(node.ask('narrow', payload, { maxAttempts: 1 }), BufferFullError);
+  const letters = node.deadLetters();
+  assert.equal(letters.length, 1);
+  const [letter] = letters;
+  assert.equal(letter.payload, payload, 'the letter keeps the very payload');
+  assert.equal(letter.pool, 'narrow');
+  assert.equal(letter.reason, 'RETRIES_EXHAUSTED');
+  assert.equal(letter.error.code, 'BUFFER_FULL');
+  assert.ok(letter.error instanceof BufferFullError);
+  assert.match(letter.requestId, /^[0-9a-f]{32}$/);
+  await new Promise((r) => setImmediate(r));
+  release('unblocked');
+  assert.equal(await blocker, 'unblocked');
+  const replayed = await node.replayDeadLetter(letter.requestId);
+  assert.equal(replayed.ok, payload);
+  assert.equal(node.deadLetters().length, 0, 'a replayed letter leaves the queue');
+
+  await assert.rejects(node.ask('missing', 'x', { maxAttempts: 1 }));
+  // NO_ROUTE is permanent: not dead-lettered.
+  assert.equal(node.stats().dlqDepth, 0);
+  const blocker2 = node.ask('narrow', { block: true });
+  await assert.rejects(node.ask('narrow', { n: 2 }, { maxAttempts: 1 }));
+  assert.equal(node.purgeDeadLetters(), 1);
+  assert.equal(node.deadLetters().length, 0);
+  await new Promise((r) => setImmediate(r));
+  release('x');
+  await blocker2;
+  await node.close();
+});

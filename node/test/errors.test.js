@@ -1,0 +1,114 @@
+'use strict';
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const askpool = require('..');
+const { Node, AskError, HandlerFailedError, errorCodes } = askpool;
+
+const classes = Object.values(askpool).filter(
+  (v) => typeof v === 'function' && v.prototype instanceof AskError,
+);
+
+test('one AskError subclass per code of the taxonomy', () => {
+  assert.equal(errorCodes.length, 15);
+  assert.deepEqual(classes.map((c) => c.code).sort(), [...errorCodes].sort());
+});
+
+for (const cls of classes) {
+  test(`a handler throwing ${cls.name} reaches the caller as ${cls.code}`, async () => {
+    const node = new Node({ breaker: false });
+    node.pool('thrower').handle(() => {
+      throw new cls('it went wrong');
+    });
+    const err = await node.ask('thrower', 1, { maxAttempts: 1 }).then(
+      () => assert.fail('the ask succeeded'),
+      (e) => e,
+    );
+    assert.ok(err instanceof cls, `${err.name} is a ${cls.name}`);
+    assert.ok(err instanceof AskError);
+    assert.equal(err.code, cls.code);
+    assert.equal(err.name, cls.name);
+    await node.close();
+  });
+}
+
+test('a handler throw reaches the caller with its name and message', async () => {
+  const node = new Node();
+  node.pool('bad').handle(async (msg) => {
+    throw new TypeError(`cannot use ${msg}`);
+  });
+  const err = await node.ask('bad', 'x').catch((e) => e);
+  assert.ok(err instanceof HandlerFailedError);
+  assert.equal(err.code, 'HANDLER_FAILED');
+  assert.equal(err.handlerName, 'TypeError');
+  assert.equal(err.handlerMessage, 'cannot use x');
+  assert.match(err.message, /TypeError: cannot use x/);
+  node.pool('strings').handle(() => {
+    throw 'plain string';
+  });
+  const err2 = await node.ask('strings', 1).catch((e) => e);
+  assert.equal(err2.handlerName, 'string');
+  assert.equal(err2.handlerMessage, 'plain string');
+  await node.close();
+});
+
+test('NO_ROUTE: no such pool', async () => {
+  const node = new Node();
+  await assert.rejects(node.ask('missing', 1), { code: 'NO_ROUTE', name: 'NoRouteError' });
+  await node.close();
+});
+
+test('ASK_TIMEOUT: the handler does not answer in time', async () => {
+  const node = new Node();
+  node.pool('stuck').handle(() => new Promise((r) => setTimeout(r, 200)));
+  await assert.rejects(node.ask('stuck', 1, { timeoutMs: 20 }), {
+    code: 'ASK_TIMEOUT',
+    name: 'AskTimeoutError',
+  });
+  await node.close();
+});
+
+test('BUFFER_FULL: more in flight than maxInFlight', async () => {
+  const node = new Node();
+  let release;
+  node
+    .pool('narrow', { maxInFlight: 1 })
+    .handle(() => new Promise((r) => (release = r)));
+  const first = node.ask('narrow', 1);
+  await assert.rejects(node.ask('narrow', 2, { maxAttempts: 1 }), {
+    code: 'BUFFER_FULL',
+    name: 'BufferFullError',
+  });
+  await new Promise((r) => setImmediate(r));
+  release('done');
+  assert.equal(await first, 'done');
+  await node.close();
+});
+
+test('INVALID_ARGUMENT: bad options throw or reject with InvalidArgumentError', async () => {
+  const node = new Node();
+  assert.throws(() => node.pool('zero', { concurrency: 0 }), { code: 'INVALID_ARGUMENT' });
+  node.pool('dup');
+  assert.throws(() => node.pool('dup'), { code: 'INVALID_ARGUMENT' });
+  await assert.rejects(node.ask('dup', 1, { requestId: 'not-hex' }), {
+    code: 'INVALID_ARGUMENT',
+    name: 'InvalidArgumentError',
+  });
+  await assert.rejects(node.ask('dup', 1, { timeoutMs: -1 }), { code: 'INVALID_ARGUMENT' });
+  assert.throws(() => node.pool('h').handle('not a function'), { code: 'INVALID_ARGUMENT' });
+  assert.throws(() => new Node({ defaultTimeoutMs: Number.NaN }), { code: 'INVALID_ARGUMENT' });
+  await node.close();
+});
+
+test('FAILED_PRECONDITION: replaying a dead letter that does not exist', async () => {
+  const node = new Node();
+  await assert.rejects(node.replayDeadLetter('0123456789abcdef0123456789abcdef'), {
+    code: 'FAILED_PRECONDITION',
+  });
+  await node.close();
+});
+
+test('UNAVAILABLE: asking a closed node', async () => {
+  const node = new Node();
+  await node.close();
+  await assert.rejects(node.ask('any', 1), { code: 'UNAVAILABLE' });
+});

@@ -1,0 +1,30 @@
+'use strict';
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { spawnSync } = require('node:child_process');
+const path = require('node:path');
+
+function run(fixture) {
+  const started = Date.now();
+  const r = spawnSync(process.execPath, [path.join(__dirname, 'fixtures', fixture)], {
+    encoding: 'utf8',
+    timeout: 20_000,
+  });
+  return { ...r, ms: Date.now() - started };
+}
+
+test('an idle node does not keep the process alive (no close)', () => {
+  const r = run('idle-exit.js');
+  assert.equal(r.error, undefined, 'the process exited by itself before the 20 s kill');
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(r.stdout, 'reply hello\n');
+});
+
+test('a pending ask keeps the process alive until it ends', () => {
+  const r = run('pending-keeps-alive.js');
+  assert.equal(r.error, undefined);
+  assert.equal(r.status, 0, r.stderr);
+  const m = /^ASK_TIMEOUT after (\d+)\n$/.exec(r.stdout);
+  assert.ok(m, r.stdout);
+  assert.ok(Number(m[1]) >= 250, `timed out after ${m[1]} ms`);
+});

@@ -1,0 +1,39 @@
+'use strict';
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { spawnSync } = require('node:child_process');
+const path = require('node:path');
+
+test('100,000 asks with timeouts and aborts: counts back to idle, heap bounded', () => {
+  const r = spawnSync(
+    process.execPath,
+    ['--expose-gc', path.join(__dirname, 'fixtures', 'leak.js')],
+    { encoding: 'utf8', timeout: 240_000 },
+  );
+  assert.equal(r.error, undefined);
+  assert.equal(r.status, 0, r.stderr);
+  const { outcomes, heapBefore, heapAfter, stats, total } = JSON.parse(r.stdout);
+  assert.equal(total, 100_000);
+  const sum = outcomes.ok + outcomes.timeout + outcomes.cancelled + outcomes.other;
+  assert.equal(sum, total, 'every ask ended');
+  assert.equal(outcomes.other, 0);
+  assert.ok(outcomes.ok >= total / 3, JSON.stringify(outcomes));
+  assert.ok(outcomes.timeout > 1_000, JSON.stringify(outcomes));
+  assert.ok(outcomes.cancelled > 1_000, JSON.stringify(outcomes));
+  assert.equal(stats.pending, 0, 'no ask pending');
+  assert.equal(stats.outstanding, 0, 'no promise waiting on the addon');
+  assert.equal(stats.requests, 0, 'no request held for a handler');
+  assert.equal(stats.streams, 0);
+  assert.equal(stats.tasks, 16, 'only the idle workers (2 pools x 8) remain');
+  assert.equal(stats.armedTimers, 0);
+  assert.equal(stats.dlqDepth, 0);
+  for (const p of stats.pools) {
+    assert.equal(p.inFlight, 0, p.name);
+    assert.equal(p.dedupInProgress, 0, p.name);
+    assert.equal(p.dedupTerminal, 0, `${p.name}: the expired replies were evicted`);
+  }
+  assert.ok(stats.timedOutRecords <= 1_000, 'timeout records stay within their bound');
+  assert.equal(stats.objects, 0, 'every host object was released');
+  const growth = heapAfter - heapBefore;
+  assert.ok(growth < 8 * 1024 * 1024, `heap grew by ${growth} bytes over 90,000 asks`);
+});

@@ -1,0 +1,73 @@
+// Compiled (not run) by types.test.js with tsc --strict.
+import {
+  Node,
+  AskError,
+  AskTimeoutError,
+  HandlerFailedError,
+  type AskHandle,
+  type Context,
+  type StageEvent,
+  type NodeStats,
+  type DeadLetter,
+  type ErrorCode,
+} from '../../index.js';
+
+interface Order {
+  id: number;
+  items: string[];
+}
+interface Receipt {
+  orderId: number;
+  total: number;
+}
+
+export async function usage(): Promise<void> {
+  const node = new Node({ defaultTimeoutMs: 1_000, breaker: true });
+  const pool = node.pool<Order, Receipt>('orders', { concurrency: 4, maxInFlight: 100 });
+  pool.handle(async (order: Order, ctx: Context): Promise<Receipt> => {
+    ctx.progress(0.5, `order ${order.id}`);
+    if (ctx.signal.aborted || ctx.cancelled) throw new AskTimeoutError('gave up');
+    const worker: string = ctx.workerId;
+    void worker;
+    return { orderId: order.id, total: order.items.length };
+  });
+  const controller = new AbortController();
+  const receipt: Receipt = await node.ask<Receipt>(pool, { id: 1, items: [] }, {
+    timeoutMs: 500,
+    signal: controller.signal,
+    preferredWorker: 'w0',
+    requestId: '0123456789abcdef0123456789abcdef',
+    correlationId: 'fedcba9876543210fedcba9876543210',
+  });
+  const total: number = receipt.total;
+  void total;
+
+  const handle: AskHandle<Receipt> = node.askHandle<Receipt>('orders', { id: 2, items: ['a'] });
+  const id: string = handle.requestId;
+  void id;
+  for await (const s of handle.stages()) {
+    const e: StageEvent = s;
+    if (e.stage === 'PARTIAL') void e.fraction;
+  }
+  handle.cancel();
+  try {
+    await handle;
+  } catch (e) {
+    if (e instanceof HandlerFailedError) {
+      const name: string = e.handlerName;
+      void name;
+    } else if (e instanceof AskError) {
+      const code: ErrorCode = e.code;
+      void code;
+    }
+  }
+  const requestId: string = await node.tell('orders', { id: 3, items: [] });
+  void requestId;
+  const letters: DeadLetter<Order>[] = node.deadLetters<Order>();
+  for (const l of letters) void l.payload.items;
+  const stats: NodeStats = node.stats();
+  void stats.pools[0]?.inFlight;
+  node.purgeDeadLetters();
+  pool.close();
+  await node.close();
+}
