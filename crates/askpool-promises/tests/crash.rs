@@ -4,7 +4,7 @@
 //! SIGKILLed inside it.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 use askpool_promises::{
     CallbackRequest, CompleteRequest, Completion, CrashHook, CreateRequest, PromiseError,
@@ -118,26 +118,31 @@ fn crash_child() {
     println!("FINISHED");
 }
 
+/// This test binary again, running only `crash_child` with `spec`.
+fn spawn_child(spec: &str) -> (Child, BufReader<ChildStdout>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "crash_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, spec)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    (child, stdout)
+}
+
 #[test]
 fn a_process_killed_inside_a_transaction_leaves_nothing_half_written() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     for point in 0..4 {
         let path = dir.path().join(format!("k{point}.db"));
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, format!("{point}:{}", path.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (mut child, stdout) = spawn_child(&format!("{point}:{}", path.display()));
         let mut reached = false;
         for line in stdout.lines() {
             let line = line.unwrap();
@@ -212,23 +217,9 @@ fn busy_writer(s: &SqliteStore) {
 #[test]
 fn a_process_killed_at_any_moment_of_a_busy_write_loop_leaves_a_consistent_file() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     for (i, after_ms) in [30u64, 110, 270].into_iter().enumerate() {
         let path = dir.path().join(format!("busy{i}.db"));
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, format!("loop:{}", path.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let (mut child, mut stdout) = spawn_child(&format!("loop:{}", path.display()));
         let mut line = String::new();
         while !line.contains("WRITING") {
             line.clear();
