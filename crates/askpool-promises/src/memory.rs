@@ -75,17 +75,12 @@ impl Tx for State {
                 .values()
                 .any(|t| t.promise_id == id || t.awaiter.as_deref() == Some(id))
         };
-        let mut hits: Vec<(Millis, &String)> = self
+        Ok(self
             .promises
             .values()
-            .filter_map(|p| Some((p.settled_at?, &p.id)))
-            .filter(|(at, id)| *at < before && !named(id))
-            .collect();
-        hits.sort();
-        Ok(hits
-            .into_iter()
+            .filter(|p| p.settled_at.is_some_and(|at| at < before) && !named(&p.id))
             .take(limit)
-            .map(|(_, id)| id.clone())
+            .map(|p| p.id.clone())
             .collect())
     }
     fn delete_promise(&mut self, id: &str) -> Result<()> {

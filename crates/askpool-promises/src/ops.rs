@@ -81,7 +81,8 @@ pub(crate) trait Tx {
     /// if given), by `(timeout_at, id)`, at most `limit`.
     fn expired(&mut self, now: Millis, pattern: Option<&str>, limit: usize) -> Result<Vec<String>>;
     /// Ids of settled promises with `settled_at < before` that no task
-    /// names (as its promise or awaiter), by `(settled_at, id)`.
+    /// names (as its promise or awaiter), by id. (No index on `settled_at`:
+    /// it would tax every settlement for the sake of a maintenance scan.)
     fn prunable(&mut self, before: Millis, limit: usize) -> Result<Vec<String>>;
     /// Deletes the promise and the callbacks it registered as an awaiter.
     fn delete_promise(&mut self, id: &str) -> Result<()>;

@@ -37,7 +37,7 @@ pub trait Store: Send + Sync {
     /// first; returns how many.
     fn sweep(&self, now: Millis, limit: usize) -> Result<usize>;
     /// Deletes up to `limit` promises settled before `settled_before` that
-    /// no task refers to, oldest first, with the stale callbacks they had
+    /// no task refers to, by id, with the stale callbacks they had
     /// registered as awaiters; returns how many. What keeps a long-running
     /// store bounded.
     fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize>;

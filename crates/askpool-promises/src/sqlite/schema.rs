@@ -30,7 +30,6 @@ const MIGRATIONS: &[&str] = &[
         resume_epoch INTEGER NOT NULL
     );
     CREATE INDEX promises_pending_timeout ON promises(timeout_at, id) WHERE state = 0;
-    CREATE INDEX promises_settled ON promises(settled_at, id) WHERE state != 0;
     CREATE TABLE tasks (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         kind INTEGER NOT NULL,
