@@ -9,22 +9,30 @@ use askpool::{AskError, Outcome, RequestContext};
 use tokio::sync::oneshot;
 
 use crate::error::Fault;
+use crate::events;
 use crate::host::HostHandler;
 use crate::inflight::{request_token, requests, RequestGuard, Running};
 use crate::payload::Msg;
 
 type RequestFuture = Pin<Box<dyn Future<Output = Outcome<Msg>> + Send>>;
 
+/// `host_id` names the pool on the JVM side, for requests sent as events.
 pub fn bridge(
     host: Arc<dyn HostHandler>,
+    host_id: i64,
 ) -> impl Fn(Msg, RequestContext) -> RequestFuture + Send + Sync + 'static {
     move |msg, context| {
         let host = Arc::clone(&host);
-        Box::pin(async move { run(host.as_ref(), msg, context).await })
+        Box::pin(async move { run(host.as_ref(), host_id, msg, context).await })
     }
 }
 
-async fn run(host: &dyn HostHandler, msg: Msg, context: RequestContext) -> Outcome<Msg> {
+async fn run(
+    host: &dyn HostHandler,
+    host_id: i64,
+    msg: Msg,
+    context: RequestContext,
+) -> Outcome<Msg> {
     let token = request_token();
     let (tx, mut rx) = oneshot::channel();
     let _guard = RequestGuard(token);
@@ -35,10 +43,8 @@ async fn run(host: &dyn HostHandler, msg: Msg, context: RequestContext) -> Outco
             context: context.clone(),
         },
     );
-    // The host looks the object up during the call, so the message may go
-    // (and its handle be released) right after it.
     match msg {
-        Msg::Host(r) => host.handle(token, r.handle()),
+        Msg::Host(r) => events::push(events::HANDLE, host_id, token, r),
         Msg::Bytes(b) => host.handle_bytes(token, b.to_vec()),
     }
     let outcome = tokio::select! {
