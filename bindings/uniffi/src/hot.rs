@@ -37,3 +37,9 @@ pub extern "C" fn askpool_hot_reply(request: i64, handle: i64) -> i32 {
     })
     .unwrap_or(-2)
 }
+
+/// Returns its argument: the cost of one hot-path crossing (bench floor).
+#[no_mangle]
+pub extern "C" fn askpool_hot_probe(x: i64) -> i64 {
+    x
+}

@@ -19,6 +19,7 @@ internal object Hot {
 
     @JvmStatic external fun askpool_hot_ask(node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long): Long
     @JvmStatic external fun askpool_hot_reply(request: Long, handle: Long): Int
+    @JvmStatic external fun askpool_hot_probe(x: Long): Long
     @JvmStatic external fun askpool_hot_wait(buf: Pointer, cap: Int, timeoutMs: Int): Int
 
     fun ask(node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long): Long {
