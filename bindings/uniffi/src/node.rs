@@ -159,12 +159,12 @@ impl NativeNode {
             processing_timeout: options.processing_timeout_ms.map(millis),
             ..PoolConfig::default()
         };
-        let _rt = runtime().enter();
-        let pool = self
-            .node
-            .pool(name.as_str())
-            .config(config)
-            .handler(crate::handler::bridge(handler, host_id))?;
+        let concurrency = config.concurrency;
+        let pool = self.node.pool(name.as_str()).config(config).build()?;
+        if let Err(e) = crate::handler::serve(&pool, concurrency, handler, host_id) {
+            pool.close();
+            return Err(e.into());
+        }
         self.pools.lock().insert(name, pool);
         Ok(())
     }
