@@ -81,31 +81,52 @@ private suspend fun measure(trials: Int, sequential: Int, concurrentOps: Int, ca
         check(acc >= 0)
         return (System.nanoTime() - start).toDouble() / n
     }
+    fun hotProbe(n: Int): Double {
+        val start = System.nanoTime()
+        var acc = 0L
+        for (i in 0 until n) acc += askpool.Probes.hot(i.toLong())
+        check(acc >= 0)
+        return (System.nanoTime() - start).toDouble() / n
+    }
+    fun callbackProbe(n: Int): Double {
+        val start = System.nanoTime()
+        askpool.Probes.callbacks(n)
+        return (System.nanoTime() - start).toDouble() / n
+    }
 
     // Warm-up: JIT, the runtime's threads attached, the handle table sized.
     seqAskpool(sequential / 2); seqPlain(sequential / 2); concAskpool(concurrentOps / 2); concPlain(concurrentOps / 2)
-    probe(200_000)
+    probe(20_000); hotProbe(200_000); callbackProbe(20_000)
 
     val seq = interleave(trials, listOf({ seqAskpool(sequential) }, { seqPlain(sequential) }))
     val con = interleave(trials, listOf({ concAskpool(concurrentOps) }, { concPlain(concurrentOps) }))
-    val probes = (0 until trials).map { probe(200_000) }
+    val probes = (0 until trials).map { probe(20_000) }
+    val hotProbes = (0 until trials).map { hotProbe(200_000) }
+    val callbackProbes = (0 until trials).map { callbackProbe(20_000) }
     scope.cancel()
     node.close()
 
-    val note = "Per ask the hot path crosses the FFI 4 times (ask, handler callback, reply, " +
-        "outcome callback) plus a batched handle release every 256 asks; one generated call " +
-        "with primitives costs %.0f ns (floor 'uniffi call'), a JNA callback more (it builds " +
-        "a JNA Structure for the call status). The rest is the runtime's protocol work and " +
-        "two thread hops (runtime thread -> coroutine dispatcher) per ask."
+    val note = "A uniffi-generated call costs %.0f ns and a uniffi callback %.0f ns here (JNA builds " +
+        "a Structure for each call status), so the hot path avoids both: ask and reply are plain " +
+        "C calls (%.0f ns each, floor 'hot call'), and the request and the reply reach the JVM as " +
+        "batched events taken by one thread. What remains per ask is the runtime's protocol work " +
+        "(ids, dedup entry, acks, timer) and four thread hand-offs (caller -> runtime -> event " +
+        "thread -> handler coroutine -> runtime -> event thread -> caller) against the baseline's two."
     val probeNs = median(probes)
+    val hotNs = median(hotProbes)
+    val callbackNs = median(callbackProbes)
     return Results(
         comparisons = listOf(
             Comparison.time("ask round trip, 1 caller (Kotlin)", "askpool Node.ask via uniffi", seq[0],
-                "coroutine Channel + CompletableDeferred", seq[1]).withNote(note.format(probeNs)),
+                "coroutine Channel + CompletableDeferred", seq[1]).withNote(note.format(probeNs, callbackNs, hotNs)),
             Comparison.time("ask round trip, $callers callers (Kotlin)", "askpool Node.ask via uniffi", con[0],
-                "coroutine Channel + CompletableDeferred", con[1]).withNote(note.format(probeNs)),
+                "coroutine Channel + CompletableDeferred", con[1]).withNote(note.format(probeNs, callbackNs, hotNs)),
         ),
-        floors = listOf(Floor("uniffi call (i64 -> i64, Kotlin)", probes)),
+        floors = listOf(
+            Floor("hot call (JNA direct, i64 -> i64, Kotlin)", hotProbes),
+            Floor("uniffi call (i64 -> i64, Kotlin)", probes),
+            Floor("uniffi callback (Rust -> Kotlin)", callbackProbes),
+        ),
         facts = listOf(
             "jvm" to System.getProperty("java.version"),
             "runtime worker threads" to askpool.ffi.runtimeWorkerThreads().toString(),
