@@ -128,10 +128,16 @@ async function main() {
   const stats = node.stats();
   await node.close();
 
+  // From `perf record` of the sequential loop on the 2-core dev machine
+  // (Nov 2026), not measured by this run.
   const where =
-    'per ask the addon is entered 3 times (ask, drain, reply+drain) and the Rust runtime ' +
-    'runs its full protocol (ids, dedup entry, ack/read/reply frames, stage log, ' +
-    'breaker, pending map); a pure-JS ask is two array ops and two Promise resolutions';
+    'per ask the addon is entered 3 times (ask, drain, reply+drain, plain functions) and ' +
+    'nothing crosses threads (see the wakes fact); a perf profile puts ~42% of the time in ' +
+    'the addon, nearly all of it the askpool runtime (dedup table, ack/read/reply frames, ' +
+    'stage log, pending map, clock reads) and ~5% the binding (drain, wakers, object slots), ' +
+    '~31% in node/V8 (napi entry, promises, microtasks), ~10% in the kernel (page faults as ' +
+    'the 100,000-entry reply cache fills) and ~9% in libc; a pure-JS ask is two array ' +
+    'operations and two Promise resolutions, so the runtime alone is several times its cost';
   const results = {
     suite: 'node',
     quick,

@@ -76,7 +76,7 @@ class Context {
   /** Whether the request was cancelled (by its caller, a timeout, the pool). */
   get cancelled() {
     if (this.#controller?.signal.aborted) return true;
-    return this.#node._request(this.#request, 'isCancelled') ?? true;
+    return this.#node._request(this.#request, 'isCancelled') ?? false;
   }
   /** Aborts when the request is cancelled. */
   get signal() {
@@ -94,7 +94,6 @@ class Context {
   }
   /** @internal */
   _end() {
-    this.#info ??= undefined;
     this.#request = -1;
   }
 }

@@ -77,7 +77,10 @@ test('the pool closing cancels a request being handled (ctx.signal)', async () =
   });
   const asked = node.ask('closing', 1, { timeoutMs: 2000, maxAttempts: 1 });
   await running;
+  assert.equal(signal.aborted, false);
+  assert.equal(node.stats().requests, 1);
   await node.close();
   await assert.rejects(asked, { code: 'UNAVAILABLE' });
-  assert.ok(signal instanceof AbortSignal);
+  assert.equal(signal.aborted, true, 'closing cancelled the running request');
+  assert.equal(node.stats().requests, 0, 'no request is held after close');
 });

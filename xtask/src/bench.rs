@@ -74,6 +74,12 @@ const SUITES: &[Suite] = &[
         run: crate::node::bench,
         also: &[],
     },
+    Suite {
+        name: "kotlin",
+        needs: Some("mvn"),
+        run: crate::kotlin::bench,
+        also: &[],
+    },
 ];
 
 pub fn names() -> Vec<&'static str> {

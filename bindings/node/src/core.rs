@@ -270,6 +270,10 @@ impl Core {
         let _enter = self.rt.enter();
         self.node.shutdown();
         self.pools.clear();
+        // Requests still with a handler: their answers will not be sent (the
+        // wrapper drops them once closed); dropping the responders cancels
+        // them now.
+        self.requests.clear();
         self.shared.release();
     }
 

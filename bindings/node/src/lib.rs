@@ -17,3 +17,6 @@ mod wake;
 mod worker;
 
 pub use crate::core::Core;
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;

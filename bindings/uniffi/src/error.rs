@@ -147,3 +147,51 @@ impl From<Fault> for AskError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use askpool::ErrorCode;
+
+    fn samples() -> Vec<AskError> {
+        let s = || "x".to_string();
+        vec![
+            AskError::Unavailable { reason: s() },
+            AskError::DeadlineExceeded,
+            AskError::AskTimeout { elapsed_ms: 7 },
+            AskError::BufferFull {
+                pool: s(),
+                limit: 3,
+            },
+            AskError::NoRoute { pool: s() },
+            AskError::InvalidArgument { message: s() },
+            AskError::ValidationError { message: s() },
+            AskError::PayloadMismatch,
+            AskError::PermissionDenied { message: s() },
+            AskError::OversizePayload { size: 9, limit: 4 },
+            AskError::FailedPrecondition { message: s() },
+            AskError::DecodeFailure { message: s() },
+            AskError::Internal { message: s() },
+            AskError::AskCancelled {
+                reason: CancelReason::ProcessingTimeout,
+            },
+            AskError::HandlerFailed {
+                type_name: "T".into(),
+                message: s(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_code_survives_the_round_trip() {
+        let errors = samples();
+        let codes: Vec<ErrorCode> = errors.iter().map(AskError::code).collect();
+        assert_eq!(codes, ErrorCode::ALL.to_vec());
+        for e in errors {
+            let failure = Failure::from(&e);
+            assert_eq!(failure.message, e.to_string());
+            assert_eq!(failure.class, format!("{:?}", e.class()).to_uppercase());
+            assert_eq!(AskError::from(failure.fault), e);
+        }
+    }
+}

@@ -1,60 +1,83 @@
-//! A pool whose handler is Kotlin: the core's handler loop runs the request
-//! future below, which calls the host once and waits for its reply call.
+//! A pool whose handler is Kotlin, on the runtime's pull API: each of the
+//! pool's workers takes a request, hands it to the host (an event, or a
+//! callback for bytes) and waits until the host has answered before taking
+//! the next. The host's reply completes the request's responder on the
+//! host's own thread, so the reply goes to the caller without waiting for a
+//! runtime thread to wake up.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use askpool::{AskError, Outcome, RequestContext};
+use askpool::{AskError, Outcome, Request, Worker, WorkerPool};
+use futures::FutureExt;
 use tokio::sync::oneshot;
 
 use crate::error::Fault;
+use crate::events;
 use crate::host::HostHandler;
 use crate::inflight::{request_token, requests, RequestGuard, Running};
 use crate::payload::Msg;
+use crate::runtime::runtime;
 
-type RequestFuture = Pin<Box<dyn Future<Output = Outcome<Msg>> + Send>>;
-
-pub fn bridge(
+/// Starts `concurrency` workers (`w0`, `w1`, ...) on `pool`. `host_id`
+/// names the pool on the JVM side, for requests sent as events.
+pub fn serve(
+    pool: &WorkerPool<Msg, Msg>,
+    concurrency: usize,
     host: Arc<dyn HostHandler>,
-) -> impl Fn(Msg, RequestContext) -> RequestFuture + Send + Sync + 'static {
-    move |msg, context| {
-        let host = Arc::clone(&host);
-        Box::pin(async move { run(host.as_ref(), msg, context).await })
+    host_id: i64,
+) -> Result<(), AskError> {
+    for i in 0..concurrency {
+        let worker = pool.worker(format!("w{i}"))?;
+        runtime().spawn(work(worker, Arc::clone(&host), host_id));
+    }
+    Ok(())
+}
+
+async fn work(worker: Worker<Msg, Msg>, host: Arc<dyn HostHandler>, host_id: i64) {
+    while let Some(request) = worker.next_request().await {
+        // A panic (a host callback that threw) fails this request only:
+        // its responder, dropped unanswered, reports `Internal`.
+        let one = AssertUnwindSafe(run(host.as_ref(), host_id, request));
+        let _ = one.catch_unwind().await;
     }
 }
 
-async fn run(host: &dyn HostHandler, msg: Msg, context: RequestContext) -> Outcome<Msg> {
+async fn run(host: &dyn HostHandler, host_id: i64, request: Request<Msg, Msg>) {
+    let Request {
+        message,
+        context,
+        responder,
+    } = request;
     let token = request_token();
-    let (tx, mut rx) = oneshot::channel();
+    let (done_tx, mut done_rx) = oneshot::channel();
     let _guard = RequestGuard(token);
     requests().insert(
         token,
         Running {
-            reply: tx,
+            responder,
+            done: done_tx,
             context: context.clone(),
         },
     );
-    // The host looks the object up during the call, so the message may go
-    // (and its handle be released) right after it.
-    match msg {
-        Msg::Host(r) => host.handle(token, r.handle()),
+    match message {
+        Msg::Host(r) => events::push(events::HANDLE, host_id, token, r),
         Msg::Bytes(b) => host.handle_bytes(token, b.to_vec()),
     }
-    let outcome = tokio::select! {
+    tokio::select! {
         biased;
-        outcome = &mut rx => outcome,
+        _ = &mut done_rx => {}
         () = context.cancelled() => {
             host.cancelled(token);
-            rx.await
+            let _ = done_rx.await;
         }
-    };
-    outcome.unwrap_or_else(|_| Err(AskError::internal("the host handler ended without a reply")))
+    }
 }
 
 fn complete(request: i64, outcome: Outcome<Msg>) {
     if let Some((_, running)) = requests().remove(&request) {
-        let _ = running.reply.send(outcome);
+        running.responder.complete(outcome);
+        let _ = running.done.send(());
     }
 }
 

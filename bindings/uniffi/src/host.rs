@@ -17,9 +17,10 @@ pub struct Stage {
 }
 
 /// Receives the outcomes of a node's asks, keyed by the caller's token.
+/// Host-object replies, the common case, arrive as events instead
+/// (`askpool_hot_wait`): a callback costs far more in JNA.
 #[uniffi::export(with_foreign)]
 pub trait AskListener: Send + Sync {
-    fn on_reply(&self, token: i64, handle: i64);
     fn on_reply_bytes(&self, token: i64, data: Vec<u8>);
     /// A tell was accepted by its pool.
     fn on_told(&self, token: i64);
@@ -29,10 +30,10 @@ pub trait AskListener: Send + Sync {
     fn on_stages_end(&self, token: i64);
 }
 
-/// Runs a pool's requests. `request` keys the reply (`NativeNode::reply`).
+/// Runs a pool's requests. `request` keys the reply (`request_reply`).
+/// Requests with a host object arrive as events (`askpool_hot_wait`).
 #[uniffi::export(with_foreign)]
 pub trait HostHandler: Send + Sync {
-    fn handle(&self, request: i64, handle: i64);
     fn handle_bytes(&self, request: i64, data: Vec<u8>);
     /// The request was cancelled (by its caller, a timeout or shutdown).
     fn cancelled(&self, request: i64);

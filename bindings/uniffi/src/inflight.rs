@@ -5,14 +5,16 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::LazyLock;
 
-use askpool::{Outcome, RequestContext};
+use askpool::{RequestContext, Responder};
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
 use crate::payload::Msg;
 
 pub struct Running {
-    pub reply: oneshot::Sender<Outcome<Msg>>,
+    pub responder: Responder<Msg, Msg>,
+    /// Lets the pool's worker take its next request.
+    pub done: oneshot::Sender<()>,
     pub context: RequestContext,
 }
 
@@ -27,8 +29,9 @@ pub fn request_token() -> i64 {
     NEXT_REQUEST.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Removes a request's entry however its handler future ends (a reply, a
-/// panic in the callback, the pool dropping it).
+/// Removes a request's entry however its worker stops waiting (a reply, a
+/// panic in a callback, the pool closing): an unanswered responder dropped
+/// here fails the request (`Internal`) or cancels it (shutdown).
 pub struct RequestGuard(pub i64);
 
 impl Drop for RequestGuard {

@@ -6,8 +6,10 @@
 //! one cheap FFI crossing; see `bindings/kotlin` for the idiomatic API.
 
 mod error;
+mod events;
 mod handler;
 mod host;
+mod hot;
 mod inflight;
 mod node;
 mod payload;
@@ -29,4 +31,20 @@ uniffi::setup_scaffolding!();
 #[uniffi::export]
 pub fn panic_for_test(message: String) {
     panic!("{message}");
+}
+
+/// Returns its argument: the cost of one generated call with primitives,
+/// the floor under every crossing of the hot path (the Kotlin bench).
+#[uniffi::export]
+pub fn ffi_probe(x: i64) -> i64 {
+    x
+}
+
+/// Calls `listener.on_told(i)` `n` times on this thread: the cost of one
+/// callback into the host (the Kotlin bench's floor).
+#[uniffi::export]
+pub fn ffi_probe_callbacks(listener: std::sync::Arc<dyn AskListener>, n: u32) {
+    for i in 0..n {
+        listener.on_told(i64::from(i));
+    }
 }

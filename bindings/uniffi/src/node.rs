@@ -18,6 +18,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
 use crate::error::{Failure, NativeError};
+use crate::events;
 use crate::host::{AskListener, HostHandler, Stage};
 use crate::payload::{released_len, Msg, Payload};
 use crate::runtime::runtime;
@@ -146,6 +147,7 @@ impl NativeNode {
         name: String,
         options: PoolOptions,
         handler: Arc<dyn HostHandler>,
+        host_id: i64,
     ) -> Result<(), NativeError> {
         let config = PoolConfig {
             concurrency: options.concurrency as usize,
@@ -157,12 +159,12 @@ impl NativeNode {
             processing_timeout: options.processing_timeout_ms.map(millis),
             ..PoolConfig::default()
         };
-        let _rt = runtime().enter();
-        let pool = self
-            .node
-            .pool(name.as_str())
-            .config(config)
-            .handler(crate::handler::bridge(handler))?;
+        let concurrency = config.concurrency;
+        let pool = self.node.pool(name.as_str()).config(config).build()?;
+        if let Err(e) = crate::handler::serve(&pool, concurrency, handler, host_id) {
+            pool.close();
+            return Err(e.into());
+        }
         self.pools.lock().insert(name, pool);
         Ok(())
     }
@@ -375,7 +377,7 @@ impl NativeNode {
                 .unwrap_or_else(|panic| Err(AskError::internal(panic_message(panic.as_ref()))));
             asks.remove(&token);
             match outcome {
-                Ok(Some(Msg::Host(r))) => listener.on_reply(token, r.handle()),
+                Ok(Some(Msg::Host(r))) => events::push(events::REPLY, token, 0, r),
                 Ok(Some(Msg::Bytes(b))) => listener.on_reply_bytes(token, b.to_vec()),
                 Ok(None) => listener.on_told(token),
                 Err(e) => listener.on_failure(token, Failure::from(&e)),

@@ -95,6 +95,11 @@ struct SimulateArgs {
     /// Share of asks the caller cancels before their timeout.
     #[arg(long, default_value_t = 0.02, value_parser = probability)]
     cancel: f64,
+    /// How much later than its timeout an ask may end before the run counts
+    /// it as a deadline violation (milliseconds): scheduling delay on a busy
+    /// machine, not protocol time.
+    #[arg(long, default_value_t = 500)]
+    deadline_slack_ms: u64,
     /// Seed of every random choice (the real clock still varies timing).
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -204,6 +209,7 @@ fn simulate(a: SimulateArgs) -> ExitCode {
             outage_ms: a.outage_ms,
         },
         paused: false,
+        deadline_slack: Duration::from_millis(a.deadline_slack_ms),
         sabotage: None,
     };
     if let Err(e) = cfg.validate() {

@@ -35,6 +35,7 @@ fn help_describes_every_subcommand_and_flag() {
         "--json",
         "--lose-reply",
         "--outage-every-ms",
+        "--deadline-slack-ms",
     ] {
         assert!(help.contains(flag), "simulate --help lacks {flag}:\n{help}");
     }
@@ -85,6 +86,10 @@ fn simulate_runs_the_real_runtime_and_reports_json() {
         "4",
         "--seed",
         "42",
+        // The real clock on a loaded CI machine can starve a debug build for
+        // a second; deadlines are checked exactly by the paused-clock tiers.
+        "--deadline-slack-ms",
+        "10000",
         "--json",
     ]);
     let stdout = text(&out.stdout);

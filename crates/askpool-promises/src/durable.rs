@@ -23,13 +23,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use askpool::{AskError, ErrorClass, ErrorCode, Node, RequestId};
 
-use crate::model::{CompleteRequest, Completion, CreateRequest, Millis, Promise, State};
+use crate::facade::DurablePromises;
+use crate::model::{Completion, CreateRequest, Millis, Promise, State};
 use crate::store::Store;
 
 const POOL_TAG: &str = "askpool:pool";
@@ -62,31 +62,6 @@ impl Durable for String {
     }
     fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
         String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())
-    }
-}
-
-/// The store durable asks keep their promises in, and their timeout.
-#[derive(Clone)]
-pub struct DurablePromises {
-    store: Arc<dyn Store>,
-    /// How long a durable ask's promise stays pending at most.
-    pub timeout: Duration,
-}
-
-impl DurablePromises {
-    pub fn new(store: impl Store + 'static) -> Self {
-        Self::from_arc(Arc::new(store))
-    }
-
-    pub fn from_arc(store: Arc<dyn Store>) -> Self {
-        Self {
-            store,
-            timeout: Duration::from_secs(3600),
-        }
-    }
-
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
     }
 }
 
@@ -173,7 +148,7 @@ where
         let now = now_millis();
         let key = id.to_string();
         let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
-        let created = promises.store.create(
+        let created = promises.store().create(
             &CreateRequest::new(key.clone(), now.saturating_add(timeout))
                 .param(msg.to_bytes())
                 .key(key.clone())
@@ -194,7 +169,7 @@ where
         let request_id: RequestId = id.parse().map_err(|e| AskError::InvalidArgument {
             message: format!("not a durable ask id: {e}"),
         })?;
-        let promise = promises.store.get(id, now_millis())?;
+        let promise = promises.store().get(id, now_millis())?;
         Ok(resume(self, promises, request_id, promise))
     }
 }
@@ -220,13 +195,13 @@ where
         Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
     };
     let ask = node.ask(pool, msg).request_id(id).send();
-    let store = Arc::clone(&promises.store);
+    let promises = promises.clone();
     let id = key.clone();
     DurableHandle {
         id: key,
         inner: Box::pin(async move {
             let outcome = ask.await;
-            record(&*store, &id, outcome)
+            record(&promises, &id, outcome)
         }),
     }
 }
@@ -234,18 +209,18 @@ where
 /// Settles the promise with the ask's outcome, unless the failure is worth
 /// asking again; a promise someone else settled first wins.
 fn record<R: Durable>(
-    store: &dyn Store,
+    promises: &DurablePromises,
     id: &str,
     outcome: Result<R, AskError>,
 ) -> Result<R, AskError> {
-    let request = match &outcome {
-        Ok(reply) => CompleteRequest::new(id, Completion::Resolve).value(reply.to_bytes()),
+    let (completion, value) = match &outcome {
+        Ok(reply) => (Completion::Resolve, reply.to_bytes()),
         Err(e) if e.class() == ErrorClass::Transient || e.code() == ErrorCode::AskCancelled => {
             return outcome
         }
-        Err(e) => CompleteRequest::new(id, Completion::Reject).value(encode_error(e)),
+        Err(e) => (Completion::Reject, encode_error(e)),
     };
-    let completed = store.complete(&request.key(id), now_millis())?;
+    let completed = promises.complete(id, completion, value, Some(id.to_owned()))?;
     if completed.replayed {
         return outcome_of(&completed.promise);
     }

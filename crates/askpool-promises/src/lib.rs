@@ -22,6 +22,7 @@
 
 mod durable;
 mod error;
+mod facade;
 mod invariants;
 mod memory;
 mod model;
@@ -32,8 +33,9 @@ mod sqlite;
 mod store;
 mod sweeper;
 
-pub use durable::{now_millis, Durable, DurableAsk, DurableHandle, DurablePromises};
+pub use durable::{now_millis, Durable, DurableAsk, DurableHandle};
 pub use error::PromiseError;
+pub use facade::DurablePromises;
 pub use invariants::violations;
 pub use memory::MemoryStore;
 pub use model::{

@@ -69,6 +69,25 @@ impl Tx for State {
             .map(|(_, id)| id.clone())
             .collect())
     }
+    fn prunable(&mut self, before: Millis, limit: usize) -> Result<Vec<String>> {
+        let named = |id: &str| {
+            self.tasks
+                .values()
+                .any(|t| t.promise_id == id || t.awaiter.as_deref() == Some(id))
+        };
+        Ok(self
+            .promises
+            .values()
+            .filter(|p| p.settled_at.is_some_and(|at| at < before) && !named(&p.id))
+            .take(limit)
+            .map(|p| p.id.clone())
+            .collect())
+    }
+    fn delete_promise(&mut self, id: &str) -> Result<()> {
+        self.promises.remove(id);
+        self.callbacks.retain(|_, c| c.awaiter != id);
+        Ok(())
+    }
     fn search(&mut self, q: &SearchQuery) -> Result<Vec<Promise>> {
         use std::ops::Bound;
         let start = match &q.after {

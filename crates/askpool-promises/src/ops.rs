@@ -80,6 +80,12 @@ pub(crate) trait Tx {
     /// Ids of pending promises with `timeout_at <= now` (matching `pattern`
     /// if given), by `(timeout_at, id)`, at most `limit`.
     fn expired(&mut self, now: Millis, pattern: Option<&str>, limit: usize) -> Result<Vec<String>>;
+    /// Ids of settled promises with `settled_at < before` that no task
+    /// names (as its promise or awaiter), by id. (No index on `settled_at`:
+    /// it would tax every settlement for the sake of a maintenance scan.)
+    fn prunable(&mut self, before: Millis, limit: usize) -> Result<Vec<String>>;
+    /// Deletes the promise and the callbacks it registered as an awaiter.
+    fn delete_promise(&mut self, id: &str) -> Result<()>;
     /// The search itself (timeouts already applied).
     fn search(&mut self, q: &SearchQuery) -> Result<Vec<Promise>>;
 
@@ -273,6 +279,14 @@ pub(crate) fn search(tx: &mut impl Tx, q: &SearchQuery, now: Millis) -> Result<V
     tx.search(q)
 }
 
+pub(crate) fn prune(tx: &mut impl Tx, before: Millis, limit: usize) -> Result<usize> {
+    let ids = tx.prunable(rules::clamp(before), limit)?;
+    for id in &ids {
+        tx.delete_promise(id)?;
+    }
+    Ok(ids.len())
+}
+
 pub(crate) fn sweep(tx: &mut impl Tx, now: Millis, limit: usize) -> Result<usize> {
     let now = rules::clamp(now);
     let ids = tx.expired(now, None, limit)?;
@@ -336,6 +350,9 @@ pub(crate) fn claim_task(
         };
         let promise = touch_existing(tx, &task.promise_id, now)?;
         if task.kind == TaskKind::Invoke && promise.state.is_settled() {
+            // Normally gone with the timeout the touch applied; a stray one
+            // (an edited file) must not make this loop forever.
+            tx.delete_invoke_task_of(&promise.id)?;
             continue;
         }
         task.state = TaskState::Claimed;
@@ -347,10 +364,16 @@ pub(crate) fn claim_task(
     }
 }
 
+/// The task of a lease, after the timeout of its promise (which ends an
+/// invoke task) and of a resume task's awaiter.
 fn held_task(tx: &mut impl Tx, lease: &Lease, now: Millis) -> Result<Task> {
-    let task = tx
-        .task(lease.task_id)?
-        .ok_or(PromiseError::TaskNotFound { id: lease.task_id })?;
+    let not_found = PromiseError::TaskNotFound { id: lease.task_id };
+    let task = tx.task(lease.task_id)?.ok_or(not_found.clone())?;
+    touch(tx, &task.promise_id, now)?;
+    if let Some(awaiter) = &task.awaiter {
+        touch(tx, awaiter, now)?;
+    }
+    let task = tx.task(lease.task_id)?.ok_or(not_found)?;
     if !rules::holds_lease(&task, &lease.worker, lease.claim, now) {
         return Err(PromiseError::LeaseLost { id: task.id });
     }
@@ -427,6 +450,9 @@ macro_rules! store_via_ops {
             }
             fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
                 self.run(|t| $crate::ops::sweep(t, now, limit))
+            }
+            fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize> {
+                self.run(|t| $crate::ops::prune(t, settled_before, limit))
             }
             fn snapshot(&self) -> Result<Snapshot> {
                 self.read_snapshot()

@@ -36,6 +36,11 @@ pub trait Store: Send + Sync {
     /// Times out up to `limit` expired pending promises, oldest deadline
     /// first; returns how many.
     fn sweep(&self, now: Millis, limit: usize) -> Result<usize>;
+    /// Deletes up to `limit` promises settled before `settled_before` that
+    /// no task refers to, by id, with the stale callbacks they had
+    /// registered as awaiters; returns how many. What keeps a long-running
+    /// store bounded.
+    fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize>;
     /// Everything stored, in canonical order, without applying timeouts.
     fn snapshot(&self) -> Result<Snapshot>;
 }
@@ -67,6 +72,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
         (**self).sweep(now, limit)
+    }
+    fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize> {
+        (**self).prune(settled_before, limit)
     }
     fn snapshot(&self) -> Result<Snapshot> {
         (**self).snapshot()

@@ -4,11 +4,11 @@
 //! SIGKILLed inside it.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 use askpool_promises::{
     CallbackRequest, CompleteRequest, Completion, CrashHook, CreateRequest, PromiseError,
-    SqliteStore, State, Store, Target,
+    SqliteStore, State, Store, Target, TaskKind,
 };
 
 const T: u64 = 1_000_000;
@@ -101,6 +101,9 @@ fn crash_child() {
     };
     let (point, path) = spec.split_once(':').unwrap();
     let s = SqliteStore::open(path).unwrap();
+    if point == "loop" {
+        return busy_writer(&s);
+    }
     setup(&s);
     s.set_crash_hook(Some(CrashHook::CallAt(
         point.parse().unwrap(),
@@ -115,26 +118,31 @@ fn crash_child() {
     println!("FINISHED");
 }
 
+/// This test binary again, running only `crash_child` with `spec`.
+fn spawn_child(spec: &str) -> (Child, BufReader<ChildStdout>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "crash_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, spec)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    (child, stdout)
+}
+
 #[test]
 fn a_process_killed_inside_a_transaction_leaves_nothing_half_written() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     for point in 0..4 {
         let path = dir.path().join(format!("k{point}.db"));
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, format!("{point}:{}", path.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (mut child, stdout) = spawn_child(&format!("{point}:{}", path.display()));
         let mut reached = false;
         for line in stdout.lines() {
             let line = line.unwrap();
@@ -168,5 +176,104 @@ fn a_process_killed_inside_a_transaction_leaves_nothing_half_written() {
         resolve(&s).unwrap();
         let snap = s.snapshot().unwrap();
         assert_eq!((snap.callbacks.len(), snap.tasks.len()), (0, 2));
+    }
+}
+
+/// Writes for ever: invoke, await, settle, resume, in many transactions.
+fn busy_writer(s: &SqliteStore) {
+    println!("WRITING");
+    for round in 0u64.. {
+        let now = T + round;
+        let (parent, child) = (format!("parent-{round}"), format!("child-{round}"));
+        s.create(
+            &CreateRequest::new(&parent, now + 60_000).target(Target::pool("ga")),
+            now,
+        )
+        .unwrap();
+        s.create(
+            &CreateRequest::new(&child, now + 60_000).target(Target::pool("gb")),
+            now,
+        )
+        .unwrap();
+        s.register_callback(
+            &CallbackRequest {
+                awaited: child.clone(),
+                awaiter: parent.clone(),
+                pool: "ga".into(),
+                preferred_worker: None,
+            },
+            now,
+        )
+        .unwrap();
+        s.complete(&CompleteRequest::new(&child, Completion::Resolve), now)
+            .unwrap();
+        if round % 2 == 0 {
+            s.complete(&CompleteRequest::new(&parent, Completion::Reject), now)
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_process_killed_at_any_moment_of_a_busy_write_loop_leaves_a_consistent_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, after_ms) in [30u64, 110, 270].into_iter().enumerate() {
+        let path = dir.path().join(format!("busy{i}.db"));
+        let (mut child, mut stdout) = spawn_child(&format!("loop:{}", path.display()));
+        let mut line = String::new();
+        while !line.contains("WRITING") {
+            line.clear();
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "child ended early"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(after_ms));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let s = SqliteStore::open(&path).unwrap();
+        check_consistent(&s);
+        let snap = s.snapshot().unwrap();
+        assert!(snap.promises.len() >= 2, "the child wrote something");
+        // Each operation is all or nothing, so every round is at some
+        // point of its sequence, with all of that point's effects.
+        let state = |id: &str| snap.promises.iter().find(|p| p.id == id).map(|p| p.state);
+        let tasks = |kind: TaskKind, promise: &str| {
+            snap.tasks
+                .iter()
+                .filter(|t| t.kind == kind && t.promise_id == promise)
+                .count()
+        };
+        let callbacks = |awaited: &str| {
+            snap.callbacks
+                .iter()
+                .filter(|c| c.awaited == awaited)
+                .count()
+        };
+        for p in snap.promises.iter().filter(|p| p.id.starts_with("child-")) {
+            let round: u64 = p.id["child-".len()..].parse().unwrap();
+            let parent = format!("parent-{round}");
+            assert!(state(&parent).is_some(), "{} without its parent", p.id);
+            match p.state {
+                State::Resolved => {
+                    assert_eq!(tasks(TaskKind::Invoke, &p.id), 0);
+                    assert_eq!(
+                        tasks(TaskKind::Resume, &p.id),
+                        1,
+                        "{} woke its parent",
+                        p.id
+                    );
+                    assert_eq!(callbacks(&p.id), 0);
+                }
+                State::Pending => {
+                    assert_eq!(tasks(TaskKind::Invoke, &p.id), 1);
+                    assert_eq!(state(&parent), Some(State::Pending));
+                }
+                other => panic!("{} is {other}", p.id),
+            }
+            if state(&parent) == Some(State::Rejected) {
+                assert_eq!((round % 2, p.state), (0, State::Resolved));
+            }
+        }
     }
 }

@@ -82,7 +82,16 @@ impl Driver {
                     Err(_) => {}
                 }
             }
-            20..=27 => {
+            20..=21 => {
+                let before = now.saturating_sub(r.random_range(0..5_000));
+                let limit = r.random_range(0..4);
+                let (a, b) = (model.prune(before, limit), sql.prune(before, limit));
+                assert_eq!(a, b, "prune");
+                if a.is_ok_and(|n| n > 0) {
+                    self.ok("prune");
+                }
+            }
+            22..=27 => {
                 let id = pick(r, IDS);
                 let (a, b) = (model.get(id, now), sql.get(id, now));
                 assert_eq!(a, b, "get {id}");
@@ -265,6 +274,7 @@ fn run(steps: usize, seed: u64) {
         "heartbeat",
         "complete_task",
         "sweep",
+        "prune",
     ];
     let never: Vec<_> = kinds
         .iter()

@@ -455,3 +455,69 @@ fn tasks_and_callbacks_do_not_accumulate() {
         );
     });
 }
+
+/// A lease touches its promise too: once the promise has timed out, its
+/// invoke task is gone and the worker hears so at its next heartbeat.
+#[test]
+fn a_timed_out_promise_ends_its_task_at_the_next_heartbeat() {
+    each_store(|s| {
+        s.create(
+            &CreateRequest::new("p", T + 500).target(Target::pool("gb")),
+            T,
+        )
+        .unwrap();
+        let claimed = claim(s, "gb", "w1", T).unwrap();
+        let lease = Lease::of(&claimed.task);
+        s.heartbeat(&lease, 10_000, T + 499).unwrap();
+        assert_eq!(
+            s.heartbeat(&lease, 10_000, T + 500),
+            Err(PromiseError::TaskNotFound {
+                id: claimed.task.id
+            })
+        );
+        assert_eq!(s.snapshot().unwrap().promises[0].state, State::TimedOut);
+        assert!(s.snapshot().unwrap().tasks.is_empty());
+    });
+}
+
+#[test]
+fn prune_deletes_old_settled_promises_no_task_needs() {
+    each_store(|s| {
+        for id in ["old", "recent", "pending", "awaited", "awaiter", "other"] {
+            s.create(&CreateRequest::new(id, T + 60_000), T).unwrap();
+        }
+        s.complete(&resolve("old"), T).unwrap();
+        s.complete(&resolve("recent"), T + 100).unwrap();
+        // "awaiter" waits on "awaited" and on "other"; "awaited" settles and
+        // leaves a resume task naming both; "awaiter" settles too.
+        s.register_callback(&cb("awaited", "awaiter", "ga", "w1"), T)
+            .unwrap();
+        s.register_callback(&cb("other", "awaiter", "ga", "w1"), T)
+            .unwrap();
+        s.complete(&resolve("awaited"), T).unwrap();
+        s.complete(&resolve("awaiter"), T).unwrap();
+        assert_eq!(
+            s.prune(T + 50, 10).unwrap(),
+            1,
+            "only old: the rest is recent, pending or named by a task"
+        );
+        let ids = |s: &dyn Store| -> Vec<String> {
+            s.snapshot()
+                .unwrap()
+                .promises
+                .into_iter()
+                .map(|p| p.id)
+                .collect()
+        };
+        assert_eq!(ids(s), ["awaited", "awaiter", "other", "pending", "recent"]);
+        let resume = claim(s, "ga", "w1", T).unwrap();
+        s.complete_task(&Lease::of(&resume.task), T).unwrap();
+        assert_eq!(s.prune(T + 50, 1).unwrap(), 1, "the limit holds");
+        assert_eq!(s.prune(T + 50, 10).unwrap(), 1);
+        assert_eq!(ids(s), ["other", "pending", "recent"]);
+        assert!(
+            s.snapshot().unwrap().callbacks.is_empty(),
+            "the pruned awaiter's callback went too"
+        );
+    });
+}

@@ -89,6 +89,11 @@ pub struct SimConfig {
     pub faults: FaultConfig,
     /// Paused tokio clock (reproducible, time jumps) or the real one.
     pub paused: bool,
+    /// On the real clock, how much later than its timeout an ask may end
+    /// before the deadline invariant fails: scheduling delay on a loaded
+    /// machine, not protocol time. Ignored on the paused clock, where
+    /// deadlines are checked exactly.
+    pub deadline_slack: Duration,
     /// Deliberately break the protocol (to show that the checker notices).
     pub sabotage: Option<Sabotage>,
 }
@@ -135,6 +140,7 @@ impl SimConfig {
                 outage_ms: 50..400,
             },
             paused: true,
+            deadline_slack: Duration::ZERO,
             sabotage: None,
         }
     }

@@ -393,7 +393,7 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
     let slack = if cfg.paused {
         Duration::ZERO
     } else {
-        Duration::from_millis(500)
+        cfg.deadline_slack
     };
     violations.extend(history.with_log(|log| check(log, slack)));
     let summary = summarize(&cfg, &cluster, &callers, &live, started.elapsed());

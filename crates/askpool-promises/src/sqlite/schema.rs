@@ -56,7 +56,8 @@ const MIGRATIONS: &[&str] = &[
         preferred_worker TEXT,
         created_at INTEGER NOT NULL
     );
-    CREATE INDEX callbacks_awaited ON callbacks(awaited, id);",
+    CREATE INDEX callbacks_awaited ON callbacks(awaited, id);
+    CREATE INDEX callbacks_awaiter ON callbacks(awaiter);",
 ];
 
 /// The schema version this build writes.

@@ -154,6 +154,20 @@ impl SqlTx<'_> {
         .map_err(|e| self.err(e))
     }
 
+    /// Runs one write; how many rows it changed.
+    fn exec(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<usize> {
+        let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
+        stmt.execute(p).map_err(|e| self.err(e))
+    }
+
+    /// One column of strings.
+    fn ids(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<Vec<String>> {
+        let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
+        let rows = stmt.query_map(p, |r| r.get(0)).map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<String>>>()
+            .map_err(|e| self.err(e))
+    }
+
     fn one_task(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<Option<Task>> {
         let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
         stmt.query_row(p, task_row)
@@ -180,39 +194,48 @@ impl Tx for SqlTx<'_> {
     }
 
     fn update_promise(&mut self, p: &Promise) -> Result<()> {
-        let mut stmt = self
-            .tx
-            .prepare_cached(
-                "UPDATE promises SET state = ?2, value = ?3, complete_key = ?4, settled_at = ?5, \
+        self.exec(
+            "UPDATE promises SET state = ?2, value = ?3, complete_key = ?4, settled_at = ?5, \
                  resume_epoch = ?6 WHERE id = ?1",
-            )
-            .map_err(|e| self.err(e))?;
-        stmt.execute(params![
-            p.id,
-            p.state.code(),
-            p.value,
-            p.complete_key,
-            p.settled_at.map(t),
-            t(p.resume_epoch),
-        ])
-        .map_err(|e| self.err(e))?;
+            params![
+                p.id,
+                p.state.code(),
+                p.value,
+                p.complete_key,
+                p.settled_at.map(t),
+                t(p.resume_epoch),
+            ],
+        )?;
         Ok(())
     }
 
     fn expired(&mut self, now: Millis, pat: Option<&str>, n: usize) -> Result<Vec<String>> {
         let glob = pat.map(pattern::to_glob);
-        let mut stmt = self
-            .tx
-            .prepare_cached(
-                "SELECT id FROM promises WHERE state = 0 AND timeout_at <= ?1 \
+        self.ids(
+            "SELECT id FROM promises WHERE state = 0 AND timeout_at <= ?1 \
                  AND (?2 IS NULL OR id GLOB ?2) ORDER BY timeout_at, id LIMIT ?3",
-            )
-            .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map(params![t(now), glob, limit(n)], |r| r.get(0))
-            .map_err(|e| self.err(e))?;
-        rows.collect::<rusqlite::Result<Vec<String>>>()
-            .map_err(|e| self.err(e))
+            params![t(now), glob, limit(n)],
+        )
+    }
+
+    fn prunable(&mut self, before: Millis, n: usize) -> Result<Vec<String>> {
+        self.ids(
+            "SELECT id FROM promises p WHERE state != 0 AND settled_at < ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM tasks WHERE promise_id = p.id) \
+                 AND NOT EXISTS (SELECT 1 FROM tasks WHERE kind = 1 AND awaiter = p.id) \
+                 ORDER BY id LIMIT ?2",
+            params![t(before), limit(n)],
+        )
+    }
+
+    fn delete_promise(&mut self, id: &str) -> Result<()> {
+        for sql in [
+            "DELETE FROM promises WHERE id = ?1",
+            "DELETE FROM callbacks WHERE awaiter = ?1",
+        ] {
+            self.exec(sql, [id])?;
+        }
+        Ok(())
     }
 
     fn search(&mut self, q: &SearchQuery) -> Result<Vec<Promise>> {
@@ -237,24 +260,20 @@ impl Tx for SqlTx<'_> {
     }
 
     fn insert_task(&mut self, n: NewTask) -> Result<Task> {
-        let mut stmt = self
-            .tx
-            .prepare_cached(
-                "INSERT INTO tasks (kind, promise_id, awaiter, epoch, pool, preferred_worker, \
+        self.exec(
+            "INSERT INTO tasks (kind, promise_id, awaiter, epoch, pool, preferred_worker, \
                  state, claims, lease_owner, lease_expires_at, created_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, 0, NULL, NULL, ?7)",
-            )
-            .map_err(|e| self.err(e))?;
-        stmt.execute(params![
-            kind_code(n.kind),
-            n.promise_id,
-            n.awaiter,
-            t(n.epoch),
-            n.pool,
-            n.preferred_worker,
-            t(n.created_at),
-        ])
-        .map_err(|e| self.err(e))?;
+            params![
+                kind_code(n.kind),
+                n.promise_id,
+                n.awaiter,
+                t(n.epoch),
+                n.pool,
+                n.preferred_worker,
+                t(n.created_at),
+            ],
+        )?;
         let id = self.tx.last_insert_rowid() as u64;
         Ok(n.with_id(id))
     }
@@ -265,39 +284,30 @@ impl Tx for SqlTx<'_> {
     }
 
     fn update_task(&mut self, k: &Task) -> Result<()> {
-        let mut stmt = self
-            .tx
-            .prepare_cached(
-                "UPDATE tasks SET state = ?2, claims = ?3, lease_owner = ?4, lease_expires_at = ?5 \
+        self.exec(
+            "UPDATE tasks SET state = ?2, claims = ?3, lease_owner = ?4, lease_expires_at = ?5 \
                  WHERE id = ?1",
-            )
-            .map_err(|e| self.err(e))?;
-        stmt.execute(params![
-            t(k.id),
-            state_code(k.state),
-            k.claims,
-            k.lease_owner,
-            k.lease_expires_at.map(t),
-        ])
-        .map_err(|e| self.err(e))?;
+            params![
+                t(k.id),
+                state_code(k.state),
+                k.claims,
+                k.lease_owner,
+                k.lease_expires_at.map(t),
+            ],
+        )?;
         Ok(())
     }
 
     fn delete_task(&mut self, id: u64) -> Result<()> {
-        let mut stmt = self
-            .tx
-            .prepare_cached("DELETE FROM tasks WHERE id = ?1")
-            .map_err(|e| self.err(e))?;
-        stmt.execute([t(id)]).map_err(|e| self.err(e))?;
+        self.exec("DELETE FROM tasks WHERE id = ?1", [t(id)])?;
         Ok(())
     }
 
     fn delete_invoke_task_of(&mut self, promise_id: &str) -> Result<bool> {
-        let mut stmt = self
-            .tx
-            .prepare_cached("DELETE FROM tasks WHERE promise_id = ?1 AND kind = 0")
-            .map_err(|e| self.err(e))?;
-        let deleted = stmt.execute([promise_id]).map_err(|e| self.err(e))?;
+        let deleted = self.exec(
+            "DELETE FROM tasks WHERE promise_id = ?1 AND kind = 0",
+            [promise_id],
+        )?;
         Ok(deleted > 0)
     }
 
@@ -353,32 +363,24 @@ impl Tx for SqlTx<'_> {
     }
 
     fn insert_callback(&mut self, n: NewCallback) -> Result<Callback> {
-        let mut stmt = self
-            .tx
-            .prepare_cached(
-                "INSERT INTO callbacks (awaited, awaiter, epoch, pool, preferred_worker, created_at) \
+        self.exec(
+            "INSERT INTO callbacks (awaited, awaiter, epoch, pool, preferred_worker, created_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
-            .map_err(|e| self.err(e))?;
-        stmt.execute(params![
-            n.awaited,
-            n.awaiter,
-            t(n.epoch),
-            n.pool,
-            n.preferred_worker,
-            t(n.created_at),
-        ])
-        .map_err(|e| self.err(e))?;
+            params![
+                n.awaited,
+                n.awaiter,
+                t(n.epoch),
+                n.pool,
+                n.preferred_worker,
+                t(n.created_at),
+            ],
+        )?;
         let id = self.tx.last_insert_rowid() as u64;
         Ok(n.with_id(id))
     }
 
     fn delete_callbacks_on(&mut self, awaited: &str) -> Result<()> {
-        let mut stmt = self
-            .tx
-            .prepare_cached("DELETE FROM callbacks WHERE awaited = ?1")
-            .map_err(|e| self.err(e))?;
-        stmt.execute([awaited]).map_err(|e| self.err(e))?;
+        self.exec("DELETE FROM callbacks WHERE awaited = ?1", [awaited])?;
         Ok(())
     }
 

@@ -19,8 +19,6 @@ internal interface Completion {
  * the token the ask was started with.
  */
 internal class Completions : AskListener {
-    private val waiting = ConcurrentHashMap<Long, Completion>()
-    private val streams = ConcurrentHashMap<Long, Completion>()
 
     fun register(completion: Completion, stages: Boolean = false): Long {
         val token = tokens.getAndIncrement()
@@ -35,18 +33,8 @@ internal class Completions : AskListener {
         waiting.remove(token)?.fail(error)
     }
 
-    /** Asks started and not yet reported. */
+    /** Asks started and not yet reported (in every node). */
     fun size() = waiting.size + streams.size
-
-    override fun onReply(token: Long, handle: Long) {
-        JvmThreads.stayAttached()
-        val completion = waiting.remove(token) ?: return
-        try {
-            completion.complete(HandleTable.get(handle))
-        } catch (e: AskException) {
-            completion.fail(e)
-        }
-    }
 
     override fun onReplyBytes(token: Long, data: ByteArray) {
         JvmThreads.stayAttached()
@@ -73,7 +61,20 @@ internal class Completions : AskListener {
         streams.remove(token)?.stagesEnd()
     }
 
-    private companion object {
-        val tokens = AtomicLong(1)
+    companion object {
+        // Process-wide: replies arrive as events that carry only the token.
+        private val waiting = ConcurrentHashMap<Long, Completion>()
+        private val streams = ConcurrentHashMap<Long, Completion>()
+        private val tokens = AtomicLong(1)
+
+        /** A host-object reply, from the event thread. */
+        fun reply(token: Long, handle: Long) {
+            val completion = waiting.remove(token) ?: return
+            try {
+                completion.complete(HandleTable.get(handle))
+            } catch (e: AskException) {
+                completion.fail(e)
+            }
+        }
     }
 }

@@ -2,7 +2,6 @@ package askpool
 
 import askpool.ffi.NativeNode
 import askpool.ffi.Payload
-import askpool.ffi.nodeAsk
 import kotlinx.coroutines.CoroutineScope
 import kotlinx.coroutines.SupervisorJob
 import kotlinx.coroutines.cancel
@@ -36,6 +35,10 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         completions,
     )
     private val id = native.id()
+
+    init {
+        Hot.start()
+    }
     private val poolIds = ConcurrentHashMap<String, Long>()
     private val pools = ConcurrentHashMap<String, Pool>()
     internal val scope = CoroutineScope(SupervisorJob())
@@ -43,7 +46,13 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     /** Hosts a pool whose requests run [handler] (see [Handler]). */
     fun pool(name: String, options: PoolOptions = PoolOptions(), handler: Handler): Pool {
         val pool = Pool(this, name, options, handler)
-        AskException.native { native.createPool(name, pool.nativeOptions(), pool) }
+        Pool.register(pool)
+        try {
+            AskException.native { native.createPool(name, pool.nativeOptions(), pool, pool.id) }
+        } catch (e: AskException) {
+            Pool.forget(pool)
+            throw e
+        }
         pools[name] = pool
         return pool
     }
@@ -59,8 +68,8 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         val timeoutMs = options.timeout?.inWholeMilliseconds?.coerceAtLeast(1) ?: 0
         return suspendCancellableCoroutine { cont ->
             val token = completions.register(ContinuationCompletion(cont))
-            val pendingReleases = nodeAsk(id, poolId, HandleTable.put(msg), timeoutMs.toULong(), token)
-            if (pendingReleases == ULong.MAX_VALUE) {
+            val pendingReleases = Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token)
+            if (pendingReleases == -1L) {
                 completions.failNow(token, AskException.Unavailable("node closed"))
             } else if (pendingReleases >= DRAIN_BATCH) {
                 HandleTable.drain()
@@ -141,6 +150,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     /** Fails pending asks (`Unavailable`), stops the pools, frees the node. */
     override fun close() {
         native.shutdown()
+        pools.values.forEach { Pool.forget(it) }
         pools.clear()
         scope.cancel()
         native.close()
@@ -148,7 +158,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     }
 
     internal companion object {
-        const val DRAIN_BATCH: ULong = 256u
+        const val DRAIN_BATCH = 256L
 
         fun payloadOf(msg: Any?): Payload =
             if (msg is ByteArray) Payload.Bytes(msg) else Payload.Host(HandleTable.put(msg))

@@ -6,7 +6,6 @@ import askpool.ffi.HostHandler
 import askpool.ffi.requestFail
 import askpool.ffi.requestInfo
 import askpool.ffi.requestProgress
-import askpool.ffi.requestReply
 import askpool.ffi.requestReplyBytes
 import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
@@ -75,15 +74,35 @@ class Pool internal constructor(
     /** Stops the pool: new asks get `NoRoute`, queued ones are cancelled. */
     fun close() = node.native.closePool(name)
 
-    override fun handle(request: Long, handle: Long) {
-        JvmThreads.stayAttached()
-        val msg = try {
-            HandleTable.get(handle)
-        } catch (e: AskException) {
-            requestFail(request, e.toFault())
-            return
+    internal val id = ids.getAndIncrement()
+
+    internal companion object {
+        private val ids = java.util.concurrent.atomic.AtomicLong(1)
+        private val byId = ConcurrentHashMap<Long, Pool>()
+
+        fun register(pool: Pool) {
+            byId[pool.id] = pool
         }
-        start(request, msg)
+
+        fun forget(pool: Pool) {
+            byId.remove(pool.id)
+        }
+
+        /** A request with a host object, from the event thread. */
+        fun dispatch(poolId: Long, request: Long, handle: Long) {
+            val pool = byId[poolId]
+            if (pool == null) {
+                requestFail(request, AskException.Internal("pool $poolId is gone").toFault())
+                return
+            }
+            val msg = try {
+                HandleTable.get(handle)
+            } catch (e: AskException) {
+                requestFail(request, e.toFault())
+                return
+            }
+            pool.start(request, msg)
+        }
     }
 
     override fun handleBytes(request: Long, data: ByteArray) {
@@ -91,23 +110,35 @@ class Pool internal constructor(
         start(request, data)
     }
 
+    /** Cancels that overtook their request (which comes by the event thread). */
+    private val cancelledEarly = ConcurrentHashMap.newKeySet<Long>()
+
     override fun cancelled(request: Long) {
         JvmThreads.stayAttached()
-        val r = running[request] ?: return
-        r.context.markCancelled()
-        r.job?.cancel()
+        var entry: Running? = null
+        running.compute(request) { _, r ->
+            if (r == null) cancelledEarly.add(request) else entry = r
+            r
+        }
+        entry?.let {
+            it.context.markCancelled()
+            it.job?.cancel()
+        }
     }
 
     private fun start(request: Long, msg: Any?) {
         val entry = Running(RequestContext(request))
-        running[request] = entry
+        running.compute(request) { _, _ ->
+            if (cancelledEarly.remove(request)) entry.context.markCancelled()
+            entry
+        }
         // ATOMIC: a request cancelled before its coroutine ran still runs the
         // block, so it still replies (the runtime waits for that reply).
         entry.job = node.scope.launch(options.dispatcher, CoroutineStart.ATOMIC) {
             try {
                 when (val reply = handler.handle(msg, entry.context)) {
                     is ByteArray -> requestReplyBytes(request, reply)
-                    else -> requestReply(request, HandleTable.put(reply))
+                    else -> Hot.reply(request, HandleTable.put(reply))
                 }
             } catch (e: CancellationException) {
                 requestFail(request, Fault.AskCancelled(CancelCause.WORKER))

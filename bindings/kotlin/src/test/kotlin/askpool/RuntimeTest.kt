@@ -14,16 +14,27 @@ class RuntimeTest {
         JvmThreads.observed.clear()
         JvmThreads.observe = true
         try {
-            Node().use { node ->
-                node.pool("echo", PoolOptions(concurrency = 8)) { msg, _ -> msg }
+            Node(NodeOptions(maxAttempts = 1, circuitBreaker = false)).use { node ->
+                // Failures and byte arrays come back through uniffi callbacks
+                // (host-object replies come as events, no callback).
+                node.pool("fail", PoolOptions(concurrency = 8)) { _, _ -> throw IllegalStateException("no") }
+                node.pool("bytes", PoolOptions(concurrency = 8)) { msg, _ -> msg }
                 repeat(20) { round ->
-                    (0 until 100).map { i -> async { node.ask("echo", round * 100 + i) } }.awaitAll()
+                    (0 until 100).map { i ->
+                        async {
+                            if (i % 2 == 0) {
+                                runCatching { node.ask("fail", round * 100 + i) }.exceptionOrNull()
+                            } else {
+                                node.ask("bytes", byteArrayOf(i.toByte()))
+                            }
+                        }
+                    }.awaitAll()
                 }
             }
         } finally {
             JvmThreads.observe = false
         }
-        // 2000 asks make 4000 callbacks (request + outcome). A thread that
+        // 2000 asks make 3000 callbacks (bytes request + outcome). A thread that
         // JNA detached after a callback comes back as a new Thread object,
         // so the set would grow with every callback.
         val threads = JvmThreads.observed.toList()
@@ -89,6 +100,12 @@ class RuntimeTest {
         assertTrue(s.dlqDepth <= dlq)
         node.purgeDeadLetters()
         node.close()
+        // The pools' worker tasks (and with them the reply caches) end on
+        // the runtime shortly after the close.
+        var tries = 0
+        while ((HandleTable.size() != 0 || HandleTable.nativeRefs() != 0L) && tries++ < 500) {
+            kotlinx.coroutines.delay(10)
+        }
         assertEquals(0, HandleTable.size(), "objects in the handle table")
         assertEquals(0L, HandleTable.nativeRefs(), "handles held by Rust")
     }

@@ -1,0 +1,83 @@
+//! The hot path's way back into the JVM. A uniffi callback costs tens of
+//! microseconds in JNA (each builds a `Structure` for its call status; see
+//! the `kotlin` bench's floors), so the two events every ask produces (a
+//! request for a host handler, a host-object reply) go through this queue
+//! instead: one JVM thread blocks in [`askpool_hot_wait`] and takes them in
+//! batches of plain integers. Everything rarer still uses the foreign traits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::payload::HostRef;
+
+pub const REPLY: i64 = 1;
+pub const HANDLE: i64 = 2;
+
+struct Event {
+    words: [i64; 4],
+    /// Keeps the object in the handle table until the JVM has looked it up.
+    _keep: Arc<HostRef>,
+}
+
+#[derive(Default)]
+struct Queue {
+    events: Vec<Event>,
+    /// The batch the consumer is working on; dropped when it comes back.
+    held: Vec<Event>,
+    waiting: bool,
+}
+
+static QUEUE: Mutex<Queue> = Mutex::new(Queue {
+    events: Vec::new(),
+    held: Vec::new(),
+    waiting: false,
+});
+static READY: Condvar = Condvar::new();
+
+pub fn push(kind: i64, a: i64, b: i64, keep: Arc<HostRef>) {
+    let mut q = QUEUE.lock();
+    q.events.push(Event {
+        words: [kind, a, b, keep.handle()],
+        _keep: keep,
+    });
+    if q.waiting {
+        READY.notify_one();
+    }
+}
+
+/// Waits up to `timeout_ms` for events and writes up to `cap` of them to
+/// `buf` as 4 words each: kind, a, b, handle. Returns how many. One caller
+/// at a time: each call releases the previous batch.
+///
+/// # Safety
+/// `buf` must point to `4 * cap` writable `i64`s.
+#[no_mangle]
+pub unsafe extern "C" fn askpool_hot_wait(buf: *mut i64, cap: i32, timeout_ms: i32) -> i32 {
+    let cap = usize::try_from(cap).unwrap_or(0);
+    if buf.is_null() || cap == 0 {
+        return 0;
+    }
+    let released = {
+        let mut q = QUEUE.lock();
+        let released = std::mem::take(&mut q.held);
+        if q.events.is_empty() {
+            q.waiting = true;
+            let timeout = Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0));
+            let _ = READY.wait_for(&mut q, timeout);
+            q.waiting = false;
+        }
+        let n = q.events.len().min(cap);
+        let batch: Vec<Event> = q.events.drain(..n).collect();
+        for (i, e) in batch.iter().enumerate() {
+            // SAFETY: the caller provides 4 * cap words and i < n <= cap.
+            unsafe { std::ptr::copy_nonoverlapping(e.words.as_ptr(), buf.add(4 * i), 4) };
+        }
+        q.held = batch;
+        released
+    };
+    // Dropping handles takes the release lock: outside the queue's lock.
+    drop(released);
+    i32::try_from(QUEUE.lock().held.len()).unwrap_or(i32::MAX)
+}

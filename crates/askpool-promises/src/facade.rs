@@ -1,0 +1,136 @@
+//! [`DurablePromises`]: a store with the wall clock filled in, waiting
+//! (`wait`) built in, and the durable asks' settings. The surface bindings
+//! wrap: ids are strings, payloads bytes, times milliseconds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::durable::now_millis;
+use crate::memory::MemoryStore;
+use crate::model::{CompleteRequest, Completed, Completion, CreateRequest, Created, Promise};
+use crate::sqlite::SqliteStore;
+use crate::store::{Result, Store};
+
+#[derive(Clone)]
+pub struct DurablePromises {
+    store: Arc<dyn Store>,
+    /// Woken by every completion made through this value (or a clone), so
+    /// waiters in this process hear at once; others find out by polling.
+    settled: Arc<Notify>,
+    /// How long a durable ask's promise stays pending at most.
+    pub timeout: Duration,
+    /// How often `wait` looks at the store for completions made elsewhere
+    /// (another process on the same file).
+    pub poll: Duration,
+}
+
+impl DurablePromises {
+    pub fn new(store: impl Store + 'static) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            settled: Arc::new(Notify::new()),
+            timeout: Duration::from_secs(3600),
+            poll: Duration::from_millis(100),
+        }
+    }
+
+    /// Promises in the SQLite file at `path` (created if missing).
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        Ok(Self::new(SqliteStore::open(path)?))
+    }
+
+    /// Promises in memory, gone with the process.
+    pub fn in_memory() -> Self {
+        Self::new(MemoryStore::new())
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Creates a promise that times out `timeout_ms` from now.
+    pub fn create(
+        &self,
+        id: &str,
+        param: Vec<u8>,
+        timeout_ms: u64,
+        key: Option<String>,
+    ) -> Result<Created> {
+        let now = now_millis();
+        let mut req = CreateRequest::new(id, now.saturating_add(timeout_ms)).param(param);
+        req.key = key;
+        self.store.create(&req, now)
+    }
+
+    pub fn get(&self, id: &str) -> Result<Promise> {
+        self.store.get(id, now_millis())
+    }
+
+    pub fn resolve(&self, id: &str, value: Vec<u8>, key: Option<String>) -> Result<Completed> {
+        self.complete(id, Completion::Resolve, value, key)
+    }
+
+    pub fn reject(&self, id: &str, value: Vec<u8>, key: Option<String>) -> Result<Completed> {
+        self.complete(id, Completion::Reject, value, key)
+    }
+
+    pub fn cancel(&self, id: &str, value: Vec<u8>, key: Option<String>) -> Result<Completed> {
+        self.complete(id, Completion::Cancel, value, key)
+    }
+
+    pub fn complete(
+        &self,
+        id: &str,
+        completion: Completion,
+        value: Vec<u8>,
+        key: Option<String>,
+    ) -> Result<Completed> {
+        let mut req = CompleteRequest::new(id, completion).value(value);
+        req.key = key;
+        let done = self.store.complete(&req, now_millis())?;
+        self.settled.notify_waiters();
+        Ok(done)
+    }
+
+    /// The promise once it has settled (resolved, rejected, canceled, or
+    /// timed out at its deadline). Needs a tokio runtime.
+    pub async fn wait(&self, id: &str) -> Result<Promise> {
+        loop {
+            // Registered before the look, so a completion in between wakes it.
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = now_millis();
+            let p = self.store.get(id, now)?;
+            if p.state.is_settled() {
+                return Ok(p);
+            }
+            let until_timeout = Duration::from_millis(p.timeout_at.saturating_sub(now));
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep(self.poll.min(until_timeout)) => {}
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for DurablePromises {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurablePromises")
+            .field("timeout", &self.timeout)
+            .field("poll", &self.poll)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<SqliteStore> for DurablePromises {
+    fn from(store: SqliteStore) -> Self {
+        Self::new(store)
+    }
+}
