@@ -155,6 +155,11 @@ class AskHandle {
   }
 }
 
+// Nodes with asks pending (held strongly while busy, see Node.#hold).
+const busy = new Set();
+// A collected node's keep-alive timer goes with it.
+const timers = new FinalizationRegistry((timer) => clearInterval(timer));
+
 // A handle nobody read the stages of: close its stream when it is collected.
 const unreadStreams = new FinalizationRegistry(({ stream, core }) => {
   core.dropStream(stream);
@@ -184,7 +189,11 @@ class Node {
    *   breaker, reconcileCapacity, processingTimeoutMs
    */
   constructor(options = {}) {
-    this.#core = call(() => new native.Core(this.#drainNow, options));
+    // The addon holds its wake callback strongly: through a WeakRef it does
+    // not keep this node (and so the addon's own state) from being collected.
+    const weak = new WeakRef(this);
+    const wake = () => weak.deref()?._wake();
+    this.#core = call(() => new native.Core(wake, options));
     this.#fast = this.#core.fastPath();
   }
 
@@ -275,8 +284,10 @@ class Node {
     this.#closed = true;
     call(() => this.#core.close());
     this.#drain();
+    busy.delete(this);
     if (this.#keepAlive) {
       clearInterval(this.#keepAlive);
+      timers.unregister(this);
       this.#keepAlive = null;
     }
   }
@@ -339,12 +350,26 @@ class Node {
 
   // A referenced timer keeps the process alive while asks are pending; the
   // addon's threadsafe function is weak, so an idle node lets it exit.
+  // While busy the node is also held strongly, so that a node dropped with
+  // asks pending is not collected under them.
   #hold() {
+    busy.add(this);
     if (this.#keepAlive === null) {
       this.#keepAlive = setInterval(() => {}, 1 << 30);
+      timers.register(this, this.#keepAlive, this);
     } else {
       this.#keepAlive.ref();
     }
+  }
+
+  #idle() {
+    busy.delete(this);
+    this.#keepAlive?.unref();
+  }
+
+  /** @internal Called by the addon when a future woke on another thread. */
+  _wake() {
+    this.#drain();
   }
 
   // After a call into the addon that may have woken a future on this thread
@@ -383,7 +408,7 @@ class Node {
     } finally {
       this.#draining = false;
     }
-    if (this.#outstanding === 0 && this.#keepAlive !== null) this.#keepAlive.unref();
+    if (this.#outstanding === 0) this.#idle();
   }
 
   #dispatch(kind, a, b, c) {
