@@ -57,9 +57,27 @@ const SUITES: &[Suite] = &[
         also: &["ack"],
     },
     Suite {
+        name: "promises",
+        needs: None,
+        run: || cargo_bench("askpool-promises", "promises"),
+        also: &[],
+    },
+    Suite {
+        name: "python",
+        needs: Some("python3"),
+        run: crate::python::bench,
+        also: &[],
+    },
+    Suite {
         name: "node",
         needs: Some("node"),
         run: crate::node::bench,
+        also: &[],
+    },
+    Suite {
+        name: "kotlin",
+        needs: Some("mvn"),
+        run: crate::kotlin::bench,
         also: &[],
     },
 ];

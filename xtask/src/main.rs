@@ -8,7 +8,9 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod kotlin;
 mod node;
+mod python;
 
 #[derive(Parser)]
 #[command(
@@ -63,6 +65,15 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Build the Python wheel (target/wheels) and install it into .venv.
+    Python,
+    /// The Kotlin binding: build the uniffi cdylib, generate its Kotlin,
+    /// run the JUnit tests with Maven.
+    Kotlin {
+        /// Asks of the leak check (default 100,000).
+        #[arg(long)]
+        leak_asks: Option<u64>,
+    },
     /// What CI runs: the full test command.
     Ci,
     /// Install the Node package's tools (`npm ci`) and build its addon.
@@ -82,6 +93,8 @@ fn main() -> ExitCode {
             sabotage,
         } => sim(seeds, asks, first_seed, sabotage.as_deref()),
         Task::Bench { suite, quick } => bench::run(suite.as_deref(), quick),
+        Task::Python => python::build().map(|_| ()),
+        Task::Kotlin { leak_asks } => kotlin::test(leak_asks),
         Task::Ci => test(false),
         Task::Node => node::build(),
     };
@@ -144,7 +157,9 @@ fn test(slow: bool) -> Result<(), String> {
     cargo(&["test", "--workspace", "--all-targets"])?;
     cargo(&["test", "--workspace", "--doc"])?;
     loom(slow)?;
+    python::test()?;
     node::test()?;
+    kotlin::test(None)?;
     if slow {
         // The long tiers: 10 million entries through the capped dedup
         // table, and anything else marked #[ignore] as slow.

@@ -1,5 +1,7 @@
 //! `askpool`: run the ask protocol under faults and see what it does.
 
+mod promises;
+
 use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -35,6 +37,9 @@ enum Command {
     /// Run seeds on a paused clock, each twice: invariants must hold and both
     /// runs must give the same trace hash; exit status 1 if any seed fails.
     Check(CheckArgs),
+    /// Inspect and settle durable promises in a SQLite store file.
+    #[command(subcommand)]
+    Promises(promises::PromisesCommand),
 }
 
 #[derive(Args)]
@@ -167,6 +172,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Simulate(args) => simulate(args),
         Command::Check(args) => check(args),
+        Command::Promises(command) => promises::run(command),
     }
 }
 

@@ -1,0 +1,72 @@
+package askpool
+
+import askpool.ffi.Stage
+import kotlinx.coroutines.CancellationException
+import kotlinx.coroutines.CompletableDeferred
+import kotlinx.coroutines.channels.Channel
+import kotlinx.coroutines.flow.Flow
+import kotlinx.coroutines.flow.receiveAsFlow
+import kotlin.time.Duration
+import kotlin.time.Duration.Companion.microseconds
+
+/** One stage change of an ask's ACK lifecycle. */
+data class StageEvent(
+    /** `SENT`, `RECEIVED`, `READ`, `PARTIAL`, `FULFILLED`, `REJECTED`, `FAILED`, `TIMED_OUT`. */
+    val stage: String,
+    val sincePrevious: Duration,
+    val sinceSent: Duration,
+    val progress: Float?,
+    val note: String?,
+)
+
+/** An ask in flight, from [Node.send]. */
+class AskHandle internal constructor(private val node: Node) : Completion {
+    internal var token = 0L
+
+    /** The ask's request id, 32 hex digits. */
+    lateinit var requestId: String
+        internal set
+
+    private val result = CompletableDeferred<Any?>()
+    private val stageEvents = Channel<StageEvent>(Channel.UNLIMITED)
+
+    /** The ask's stages, ending after the terminal one; one collector. */
+    val stages: Flow<StageEvent> = stageEvents.receiveAsFlow()
+
+    /** The reply. Cancelling the awaiting coroutine cancels the ask. */
+    suspend fun await(): Any? = try {
+        result.await()
+    } catch (e: CancellationException) {
+        cancel()
+        throw e
+    }
+
+    /** Cancels the ask: [await] throws [AskException.AskCancelled] unless it already ended. */
+    fun cancel() = node.native.cancel(token)
+
+    val isCompleted: Boolean get() = result.isCompleted
+
+    override fun complete(value: Any?) {
+        result.complete(value)
+    }
+
+    override fun fail(error: AskException) {
+        result.completeExceptionally(error)
+    }
+
+    override fun stage(stage: Stage) {
+        stageEvents.trySend(
+            StageEvent(
+                stage.stage,
+                stage.sincePreviousMicros.toLong().microseconds,
+                stage.sinceSentMicros.toLong().microseconds,
+                stage.progress,
+                stage.note,
+            ),
+        )
+    }
+
+    override fun stagesEnd() {
+        stageEvents.close()
+    }
+}

@@ -1,0 +1,43 @@
+package askpool
+
+import java.util.concurrent.ConcurrentHashMap
+import java.util.concurrent.atomic.AtomicLong
+
+/**
+ * The JVM side of "objects pass directly": an object given to `ask` (or
+ * returned by a handler) stays here and Rust carries its handle, so the
+ * other side gets the very same reference. Rust decides when a handle is
+ * released (it may keep the object for retries, its reply cache or the
+ * DLQ); released handles are drained in batches.
+ */
+object HandleTable {
+    private val objects = ConcurrentHashMap<Long, Any>()
+    private val next = AtomicLong(1)
+
+    /** Handle 0 stands for `null`. */
+    internal fun put(obj: Any?): Long {
+        if (obj == null) return 0
+        val handle = next.getAndIncrement()
+        objects[handle] = obj
+        return handle
+    }
+
+    internal fun get(handle: Long): Any? {
+        if (handle == 0L) return null
+        return objects[handle] ?: throw AskException.Internal("host handle $handle is not in the handle table")
+    }
+
+    /** Drops the objects Rust no longer holds. */
+    fun drain() {
+        for (handle in askpool.ffi.takeReleased()) objects.remove(handle)
+    }
+
+    /** Objects held for Rust right now (after a [drain]). */
+    fun size(): Int {
+        drain()
+        return objects.size
+    }
+
+    /** Handles Rust holds right now (0 once every ask, cache and letter is gone). */
+    fun nativeRefs(): Long = askpool.ffi.liveHostRefs()
+}

@@ -1,0 +1,197 @@
+package askpool
+
+import askpool.ffi.NativeNode
+import askpool.ffi.Payload
+import askpool.ffi.nodeAsk
+import kotlinx.coroutines.CoroutineScope
+import kotlinx.coroutines.SupervisorJob
+import kotlinx.coroutines.cancel
+import kotlinx.coroutines.suspendCancellableCoroutine
+import java.util.concurrent.ConcurrentHashMap
+import kotlin.coroutines.resume
+import kotlin.coroutines.resumeWithException
+
+/**
+ * A caller of asks and a host of worker pools, on the askpool runtime.
+ *
+ * ```
+ * Node().use { node ->
+ *     node.pool("upper", PoolOptions(concurrency = 4)) { msg, _ -> (msg as String).uppercase() }
+ *     val reply = node.ask("upper", "hi", AskOptions(timeout = 5.seconds))
+ * }
+ * ```
+ * Objects pass by reference (`===` on the other side); a `ByteArray`
+ * crosses as bytes.
+ */
+class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
+    private val completions = Completions()
+    internal val native = NativeNode(
+        askpool.ffi.NodeOptions(
+            defaultTimeoutMs = options.defaultTimeout.inWholeMilliseconds.toULong(),
+            maxAttempts = options.maxAttempts.toUInt(),
+            trackStages = options.trackStages,
+            dlqCapacity = options.dlqCapacity.toULong(),
+            circuitBreaker = options.circuitBreaker,
+        ),
+        completions,
+    )
+    private val id = native.id()
+    private val poolIds = ConcurrentHashMap<String, Long>()
+    private val pools = ConcurrentHashMap<String, Pool>()
+    internal val scope = CoroutineScope(SupervisorJob())
+
+    /** Hosts a pool whose requests run [handler] (see [Handler]). */
+    fun pool(name: String, options: PoolOptions = PoolOptions(), handler: Handler): Pool {
+        val pool = Pool(this, name, options, handler)
+        AskException.native { native.createPool(name, pool.nativeOptions(), pool) }
+        pools[name] = pool
+        return pool
+    }
+
+    /**
+     * Asks [pool] and suspends until the reply. Cancelling the calling
+     * coroutine cancels the ask (the protocol cancel reaches the handler).
+     * @throws AskException how the ask failed.
+     */
+    suspend fun ask(pool: String, msg: Any?, options: AskOptions = AskOptions()): Any? {
+        if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
+        val poolId = poolIds.getOrPut(pool) { native.poolId(pool) }
+        val timeoutMs = options.timeout?.inWholeMilliseconds?.coerceAtLeast(1) ?: 0
+        return suspendCancellableCoroutine { cont ->
+            val token = completions.register(ContinuationCompletion(cont))
+            val pendingReleases = nodeAsk(id, poolId, HandleTable.put(msg), timeoutMs.toULong(), token)
+            if (pendingReleases == ULong.MAX_VALUE) {
+                completions.failNow(token, AskException.Unavailable("node closed"))
+            } else if (pendingReleases >= DRAIN_BATCH) {
+                HandleTable.drain()
+            }
+            cont.invokeOnCancellation { native.cancel(token) }
+        }
+    }
+
+    /** Asks and returns at once with the ask's [AskHandle]. */
+    fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
+        val handle = AskHandle(this)
+        val token = completions.register(handle, stages = true)
+        handle.token = token
+        handle.requestId = startOrForget(token) {
+            native.askWith(pool, payloadOf(msg), options.toArgs(stages = true, oneWay = false), token)
+        }
+        return handle
+    }
+
+    /**
+     * A one-way message: suspends until [pool] accepted it, returns its
+     * request id. A duplicate (same request id) is not run again.
+     */
+    suspend fun tell(pool: String, msg: Any?, options: TellOptions = TellOptions()): String {
+        val handle = AskHandle(this)
+        val token = completions.register(handle)
+        handle.token = token
+        val args = askpool.ffi.AskArgs(
+            timeoutMs = options.timeout?.inWholeMilliseconds?.toULong(),
+            preferredWorker = null,
+            requestId = options.requestId,
+            correlationId = null,
+            maxAttempts = options.maxAttempts?.toUInt(),
+            stages = false,
+            oneWay = true,
+        )
+        val id = startOrForget(token) { native.askWith(pool, payloadOf(msg), args, token) }
+        handle.requestId = id
+        handle.await()
+        return id
+    }
+
+    /** The dead-letter queue, oldest first. */
+    fun deadLetters(): List<DeadLetter> = native.deadLetters().map { DeadLetter.of(it) }
+
+    /** Takes a dead letter out and asks it again with its request id. */
+    suspend fun replayDeadLetter(requestId: String): Any? {
+        val handle = AskHandle(this)
+        val token = completions.register(handle)
+        handle.token = token
+        handle.requestId = requestId
+        startOrForget(token) { native.replayDeadLetter(requestId, token) }
+        return handle.await()
+    }
+
+    /** A refused start reports nothing: its waiter must not stay behind. */
+    private inline fun <T> startOrForget(token: Long, start: () -> T): T = try {
+        AskException.native(start)
+    } catch (e: AskException) {
+        completions.failNow(token, e)
+        throw e
+    }
+
+    fun purgeDeadLetters(): Int = native.purgeDeadLetters().toInt()
+
+    fun stats(): NodeStats {
+        val s = native.stats()
+        return NodeStats(
+            pending = s.pending.toLong(),
+            armedTimers = s.armedTimers.toLong(),
+            asksInFlight = s.asksInFlight.toLong(),
+            awaitedOutcomes = completions.size().toLong(),
+            dlqDepth = s.dlqDepth.toLong(),
+            timedOutRecords = s.timedOutRecords.toLong(),
+        )
+    }
+
+    /** Fails pending asks (`Unavailable`), stops the pools, frees the node. */
+    override fun close() {
+        native.shutdown()
+        pools.clear()
+        scope.cancel()
+        native.close()
+        HandleTable.drain()
+    }
+
+    internal companion object {
+        const val DRAIN_BATCH: ULong = 256u
+
+        fun payloadOf(msg: Any?): Payload =
+            if (msg is ByteArray) Payload.Bytes(msg) else Payload.Host(HandleTable.put(msg))
+    }
+}
+
+data class NodeStats(
+    val pending: Long,
+    val armedTimers: Long,
+    val asksInFlight: Long,
+    /** Outcomes and stage streams the Kotlin side still waits for. */
+    val awaitedOutcomes: Long,
+    val dlqDepth: Long,
+    val timedOutRecords: Long,
+)
+
+data class DeadLetter(
+    val requestId: String,
+    val pool: String,
+    val payload: Any?,
+    val error: AskException,
+    val attempts: Int,
+    /** `RETRIES_EXHAUSTED` or `POISON`. */
+    val reason: String,
+) {
+    internal companion object {
+        fun of(d: askpool.ffi.DeadLetterInfo) = DeadLetter(
+            requestId = d.requestId,
+            pool = d.pool,
+            payload = when (val p = d.payload) {
+                is Payload.Host -> HandleTable.get(p.handle)
+                is Payload.Bytes -> p.data
+            },
+            error = AskException.of(d.failure),
+            attempts = d.attempts.toInt(),
+            reason = d.reason,
+        )
+    }
+}
+
+private class ContinuationCompletion(
+    private val cont: kotlinx.coroutines.CancellableContinuation<Any?>,
+) : Completion {
+    override fun complete(value: Any?) = cont.resume(value)
+    override fun fail(error: AskException) = cont.resumeWithException(error)
+}

@@ -1,0 +1,163 @@
+//! Runs Rust futures on an asyncio event loop's own thread.
+//!
+//! One [`LoopDriver`] per event loop. Its tasks (an ask in flight, a pool's
+//! worker slot, a stage stream, ...) are polled on the loop thread, so a
+//! reply produced by a handler on that loop completes the caller's asyncio
+//! future in the same pass, with no thread hop. A waker fired on another
+//! thread (a tokio timer, a pool on another loop) pushes its task onto a
+//! queue and writes one byte to a socket the loop watches with
+//! `add_reader`: it never takes the GIL, and one byte wakes a whole batch.
+
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+
+/// A task the driver polls on its loop thread.
+pub(crate) trait LoopTask: Send + Sync + 'static {
+    fn queued(&self) -> &AtomicBool;
+    /// Polls the task once; `self` is the task's own handle, for its waker.
+    fn run(self: Arc<Self>, py: Python<'_>);
+}
+
+pub(crate) struct DriverShared {
+    queue: Mutex<Vec<Arc<dyn LoopTask>>>,
+    signalled: AtomicBool,
+    tx: UnixStream,
+    rx: UnixStream,
+}
+
+thread_local! {
+    /// The driver draining on this thread, if any: its wake-ups need no byte.
+    static DRAINING: Cell<*const DriverShared> = const { Cell::new(std::ptr::null()) };
+}
+
+impl DriverShared {
+    /// Queues `task` for the loop thread (once until it runs).
+    pub(crate) fn schedule(&self, task: Arc<dyn LoopTask>) {
+        if task.queued().swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.queue.lock().push(task);
+        if DRAINING.with(|d| std::ptr::eq(d.get(), self)) {
+            return;
+        }
+        if !self.signalled.swap(true, Ordering::AcqRel) {
+            // A full socket already holds a wake-up; nothing else can fail
+            // on a connected pair.
+            let _ = (&self.tx).write(&[1]);
+        }
+    }
+
+    /// Reads the wake-up bytes (the loop saw the socket readable), then runs
+    /// the queue.
+    fn drain_signalled(&self, py: Python<'_>) {
+        let mut buf = [0u8; 256];
+        while let Ok(n) = (&self.rx).read(&mut buf) {
+            if n < buf.len() {
+                break;
+            }
+        }
+        // After the bytes are read: a push from now on writes a new byte.
+        self.signalled.store(false, Ordering::Release);
+        self.run_queue(py);
+    }
+
+    /// Runs every queued task, and the tasks they wake, until none is left.
+    fn run_queue(&self, py: Python<'_>) {
+        let previous = DRAINING.with(|d| d.replace(self));
+        let _runtime = crate::runtime().enter();
+        loop {
+            let batch = std::mem::take(&mut *self.queue.lock());
+            if batch.is_empty() {
+                break;
+            }
+            for task in batch {
+                task.queued().store(false, Ordering::Release);
+                task.run(py);
+            }
+        }
+        DRAINING.with(|d| d.set(previous));
+        crate::obj::release_dropped(py);
+    }
+}
+
+/// The driver of one asyncio loop (the Python wrapper keeps one per loop and
+/// registers `drain` with `loop.add_reader(driver.fileno(), driver.drain)`).
+#[pyclass(frozen, module = "askpool._native")]
+pub(crate) struct LoopDriver {
+    pub(crate) shared: Arc<DriverShared>,
+}
+
+#[pymethods]
+impl LoopDriver {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let (tx, rx) = UnixStream::pair()?;
+        tx.set_nonblocking(true)?;
+        rx.set_nonblocking(true)?;
+        Ok(Self {
+            shared: Arc::new(DriverShared {
+                queue: Mutex::new(Vec::new()),
+                signalled: AtomicBool::new(false),
+                tx,
+                rx,
+            }),
+        })
+    }
+
+    fn fileno(&self) -> i32 {
+        self.shared.rx.as_raw_fd()
+    }
+
+    /// The loop's reader callback: runs every queued task, and the tasks
+    /// they wake, until none is left.
+    fn drain(&self, py: Python<'_>) {
+        self.shared.drain_signalled(py);
+    }
+
+    /// Tasks waiting to run (for tests: 0 once the loop is idle).
+    fn queued(&self) -> usize {
+        self.shared.queue.lock().len()
+    }
+}
+
+impl LoopDriver {
+    /// Runs `start` (which queues work on this loop, e.g. an ask to a pool
+    /// hosted here), then the queue, on the loop thread: a handler that does
+    /// not await has answered before the caller awaits. Wake-ups inside
+    /// `start` write no byte (no syscall); inside a drain, that drain runs
+    /// the new work instead.
+    pub(crate) fn eager<T>(&self, py: Python<'_>, start: impl FnOnce() -> T) -> T {
+        if DRAINING.with(|d| !d.get().is_null()) {
+            return start();
+        }
+        let out = {
+            let _scope = Scope::enter(&self.shared);
+            start()
+        };
+        self.shared.run_queue(py);
+        out
+    }
+}
+
+/// Marks this thread as about to run `shared`'s queue.
+struct Scope;
+
+impl Scope {
+    fn enter(shared: &DriverShared) -> Self {
+        DRAINING.with(|d| d.set(shared));
+        Scope
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        DRAINING.with(|d| d.set(std::ptr::null()));
+    }
+}

@@ -1,0 +1,54 @@
+//! `askpool._native`: the Python binding of askpool. Thin glue: conversion,
+//! future bridging onto the asyncio loop's thread, error mapping. The
+//! ergonomic API is the `askpool` package around it.
+
+use std::sync::OnceLock;
+
+use pyo3::prelude::*;
+
+mod driver;
+mod errors;
+mod node;
+mod obj;
+mod pool;
+mod stats;
+mod task;
+
+static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+
+/// The runtime behind timers and `ask_sync`; its one worker thread never
+/// runs Python.
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("askpool-runtime")
+            .enable_time()
+            .build()
+            .expect("a tokio runtime can start")
+    })
+}
+
+/// Panics inside the extension (for the test that a panic surfaces as an
+/// exception and the process lives on).
+#[pyfunction]
+fn _panic(message: &str) {
+    panic!("{message}");
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<driver::LoopDriver>()?;
+    m.add_class::<node::NativeNode>()?;
+    m.add_class::<node::NativeAsk>()?;
+    m.add_class::<pool::NativePool>()?;
+    m.add_class::<pool::Ctx>()?;
+    m.add_class::<pool::Reply>()?;
+    m.add_function(wrap_pyfunction!(errors::register_error_factory, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::register_dispatch, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic, m)?)?;
+    Ok(())
+}
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

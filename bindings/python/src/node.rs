@@ -1,0 +1,368 @@
+//! `NativeNode`: a core [`Node`] of Python objects.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use askpool::{
+    AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, PayloadFingerprint,
+    RequestId, StageEvent, StageStream,
+};
+use futures::StreamExt;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::driver::LoopDriver;
+use crate::errors::{self, to_py};
+use crate::obj::Obj;
+use crate::pool::NativePool;
+use crate::task::FutureTask;
+
+type Handle = AskHandle<Obj, Obj>;
+
+fn seconds(what: &str, value: f64) -> Result<Duration, AskError> {
+    Duration::try_from_secs_f64(value).map_err(|_| AskError::InvalidArgument {
+        message: format!("{what} must be a finite number of seconds >= 0, not {value}"),
+    })
+}
+
+fn parse<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, AskError> {
+    text.parse().map_err(|_| AskError::InvalidArgument {
+        message: format!("{what} must be 32 hex digits, not {text:?}"),
+    })
+}
+
+/// The options of one ask, as the wrapper passes them.
+struct Options<'a> {
+    timeout: Option<f64>,
+    preferred_worker: Option<&'a str>,
+    request_id: Option<&'a str>,
+    correlation_id: Option<&'a str>,
+    causation_id: Option<&'a str>,
+    fingerprint: Option<u128>,
+}
+
+#[pyclass(frozen, module = "askpool._native")]
+pub(crate) struct NativeNode {
+    node: Node<Obj, Obj>,
+}
+
+impl NativeNode {
+    fn start(&self, pool: &str, msg: Py<PyAny>, o: &Options<'_>) -> Result<Handle, AskError> {
+        let mut ask = self.node.ask(pool, Obj::new(msg));
+        if let Some(t) = o.timeout {
+            ask = ask.timeout(seconds("timeout", t)?);
+        }
+        if let Some(w) = o.preferred_worker {
+            ask = ask.preferred_worker(w);
+        }
+        if let Some(id) = o.request_id {
+            ask = ask.request_id(parse::<RequestId>("request_id", id)?);
+        }
+        if let Some(id) = o.correlation_id {
+            ask = ask.correlation_id(parse::<CorrelationId>("correlation_id", id)?);
+        }
+        if let Some(id) = o.causation_id {
+            ask = ask.causation_id(parse::<CausationId>("causation_id", id)?);
+        }
+        if let Some(f) = o.fingerprint {
+            ask = ask.fingerprint(PayloadFingerprint::from_u128(f));
+        }
+        Ok(ask.send())
+    }
+}
+
+fn request_id_str(
+    py: Python<'_>,
+    result: Result<RequestId, AskError>,
+) -> Result<Py<PyAny>, AskError> {
+    let id = result?.to_string();
+    Ok(id
+        .into_pyobject(py)
+        .map_err(|e| AskError::internal(e.to_string()))?
+        .into_any()
+        .unbind())
+}
+
+fn reply(py: Python<'_>, result: Result<Obj, AskError>) -> Result<Py<PyAny>, AskError> {
+    result.map(|obj| obj.get(py))
+}
+
+fn spawn_ask(driver: &LoopDriver, handle: Handle, target: Py<PyAny>) -> NativeAsk {
+    let ids = *handle.ids();
+    let stages = Arc::new(Mutex::new(handle.stages()));
+    let task = FutureTask::spawn(&driver.shared, handle, target, reply);
+    NativeAsk { task, ids, stages }
+}
+
+#[pymethods]
+impl NativeNode {
+    #[new]
+    #[pyo3(signature = (default_timeout=None, dlq_capacity=None, track_stages=true,
+        circuit_breaker=true))]
+    fn new(
+        default_timeout: Option<f64>,
+        dlq_capacity: Option<usize>,
+        track_stages: bool,
+        circuit_breaker: bool,
+    ) -> PyResult<Self> {
+        let mut config = NodeConfig {
+            track_stages,
+            ..NodeConfig::default()
+        };
+        if !circuit_breaker {
+            config.breaker = None;
+        }
+        if let Some(t) = default_timeout {
+            config.default_timeout = to_py(seconds("default_timeout", t))?;
+        }
+        if let Some(n) = dlq_capacity {
+            config.dlq_capacity = n;
+        }
+        Ok(Self {
+            node: Node::with_config(config),
+        })
+    }
+
+    #[getter]
+    fn caller_id(&self) -> String {
+        self.node.caller_id().to_string()
+    }
+
+    /// Starts an ask; `target` (an asyncio future of `driver`'s loop) gets
+    /// the reply or the error.
+    #[pyo3(signature = (driver, target, pool, msg, timeout=None, preferred_worker=None,
+        request_id=None, correlation_id=None, causation_id=None, fingerprint=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn ask(
+        &self,
+        py: Python<'_>,
+        driver: &LoopDriver,
+        target: Py<PyAny>,
+        pool: &str,
+        msg: Py<PyAny>,
+        timeout: Option<f64>,
+        preferred_worker: Option<&str>,
+        request_id: Option<&str>,
+        correlation_id: Option<&str>,
+        causation_id: Option<&str>,
+        fingerprint: Option<u128>,
+    ) -> PyResult<NativeAsk> {
+        let options = Options {
+            timeout,
+            preferred_worker,
+            request_id,
+            correlation_id,
+            causation_id,
+            fingerprint,
+        };
+        driver.eager(py, || {
+            let handle = to_py(self.start(pool, msg, &options))?;
+            Ok(spawn_ask(driver, handle, target))
+        })
+    }
+
+    /// Asks and blocks this thread (the GIL released) until the outcome.
+    #[pyo3(signature = (pool, msg, timeout=None, preferred_worker=None,
+        request_id=None, correlation_id=None, causation_id=None, fingerprint=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn ask_sync(
+        &self,
+        py: Python<'_>,
+        pool: &str,
+        msg: Py<PyAny>,
+        timeout: Option<f64>,
+        preferred_worker: Option<&str>,
+        request_id: Option<&str>,
+        correlation_id: Option<&str>,
+        causation_id: Option<&str>,
+        fingerprint: Option<u128>,
+    ) -> PyResult<Py<PyAny>> {
+        let options = Options {
+            timeout,
+            preferred_worker,
+            request_id,
+            correlation_id,
+            causation_id,
+            fingerprint,
+        };
+        let handle = to_py(self.start(pool, msg, &options))?;
+        let result = py.detach(|| crate::runtime().block_on(handle));
+        crate::obj::release_dropped(py);
+        result
+            .map(|obj| obj.get(py))
+            .map_err(|e| errors::exception(py, &e))
+    }
+
+    /// A one-way message; `target` gets its request id once the pool
+    /// accepted it.
+    #[pyo3(signature = (driver, target, pool, msg, timeout=None, request_id=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn tell(
+        &self,
+        py: Python<'_>,
+        driver: &LoopDriver,
+        target: Py<PyAny>,
+        pool: &str,
+        msg: Py<PyAny>,
+        timeout: Option<f64>,
+        request_id: Option<&str>,
+    ) -> PyResult<()> {
+        let mut tell = self.node.tell(pool, Obj::new(msg));
+        if let Some(t) = timeout {
+            tell = tell.timeout(to_py(seconds("timeout", t))?);
+        }
+        if let Some(id) = request_id {
+            tell = tell.request_id(to_py(parse::<RequestId>("request_id", id))?);
+        }
+        driver.eager(py, || {
+            FutureTask::spawn(&driver.shared, tell.send(), target, request_id_str);
+        });
+        Ok(())
+    }
+
+    /// Hosts a pool whose `concurrency` worker slots run on `driver`'s loop
+    /// and run `handler(msg, ctx)` (an `async def`) for each request.
+    #[pyo3(signature = (driver, name, handler, concurrency, max_in_flight=None))]
+    fn pool(
+        &self,
+        py: Python<'_>,
+        driver: &LoopDriver,
+        name: &str,
+        handler: Py<PyAny>,
+        concurrency: usize,
+        max_in_flight: Option<usize>,
+    ) -> PyResult<NativePool> {
+        let mut builder = self.node.pool(name).concurrency(concurrency);
+        if let Some(n) = max_in_flight {
+            builder = builder.max_in_flight(n);
+        }
+        let pool = to_py(builder.build())?;
+        to_py(NativePool::start(pool, driver, concurrency, &handler, py))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        crate::stats::node_dict(py, &self.node.stats())
+    }
+
+    /// `(request_id, correlation_id, pool, payload, error, attempts, reason)`
+    /// for every dead letter, oldest first.
+    fn dead_letters<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        self.node
+            .dead_letters()
+            .into_iter()
+            .map(|l| {
+                let reason = match l.reason {
+                    askpool::DeadLetterReason::Poison => "poison",
+                    askpool::DeadLetterReason::RetriesExhausted => "retries_exhausted",
+                };
+                PyTuple::new(
+                    py,
+                    [
+                        l.ids.request_id.to_string().into_pyobject(py)?.into_any(),
+                        l.ids
+                            .correlation_id
+                            .to_string()
+                            .into_pyobject(py)?
+                            .into_any(),
+                        l.pool.to_string().into_pyobject(py)?.into_any(),
+                        l.payload.get(py).into_bound(py),
+                        errors::exception(py, &l.error)
+                            .into_value(py)
+                            .into_bound(py)
+                            .into_any(),
+                        l.attempts.into_pyobject(py)?.into_any(),
+                        reason.into_pyobject(py)?.into_any(),
+                    ],
+                )
+            })
+            .collect()
+    }
+
+    /// Takes a dead letter out and asks it again with its request id.
+    fn replay_dead_letter(
+        &self,
+        py: Python<'_>,
+        driver: &LoopDriver,
+        target: Py<PyAny>,
+        request_id: &str,
+    ) -> PyResult<NativeAsk> {
+        let id = to_py(parse::<RequestId>("request_id", request_id))?;
+        driver.eager(py, || {
+            let handle = to_py(self.node.replay_dead_letter(id))?;
+            Ok(spawn_ask(driver, handle, target))
+        })
+    }
+
+    fn purge_dead_letters(&self) -> usize {
+        self.node.purge_dead_letters()
+    }
+
+    /// Pending asks fail with `UnavailableError`, pools stop. Idempotent.
+    fn shutdown(&self) {
+        self.node.shutdown();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.node.is_closed()
+    }
+}
+
+/// An ask in flight.
+#[pyclass(frozen, module = "askpool._native")]
+pub(crate) struct NativeAsk {
+    task: Arc<FutureTask<Handle>>,
+    ids: AskIds,
+    stages: Arc<Mutex<StageStream<Obj>>>,
+}
+
+fn stage_tuple(py: Python<'_>, e: StageEvent) -> Result<Py<PyAny>, AskError> {
+    let (fraction, note) = match e.progress {
+        Some(p) => (Some(p.fraction), Some(p.note)),
+        None => (None, None),
+    };
+    let tuple = (
+        e.stage.as_str(),
+        e.since_sent.as_secs_f64(),
+        e.since_previous.as_secs_f64(),
+        fraction,
+        note,
+    );
+    tuple
+        .into_pyobject(py)
+        .map(|t| t.into_any().unbind())
+        .map_err(|e| AskError::internal(e.to_string()))
+}
+
+#[pymethods]
+impl NativeAsk {
+    #[getter]
+    fn request_id(&self) -> String {
+        self.ids.request_id.to_string()
+    }
+    #[getter]
+    fn correlation_id(&self) -> String {
+        self.ids.correlation_id.to_string()
+    }
+    /// Cancels the ask: a protocol cancel goes to the pool. The asyncio
+    /// future is left to the caller (it is being cancelled).
+    fn cancel(&self) {
+        if let Some(mut handle) = self.task.abandon() {
+            handle.cancel();
+        }
+    }
+    /// Completes `target` with the next stage event as
+    /// `(stage, since_sent, since_previous, fraction, note)`, or `None` after
+    /// the terminal one.
+    fn next_stage(&self, py: Python<'_>, driver: &LoopDriver, target: Py<PyAny>) {
+        let stages = Arc::clone(&self.stages);
+        let next = futures::future::poll_fn(move |cx| stages.lock().poll_next_unpin(cx));
+        driver.eager(py, || {
+            FutureTask::spawn(&driver.shared, next, target, |py, event| match event {
+                Some(e) => stage_tuple(py, e),
+                None => Ok(py.None()),
+            });
+        });
+    }
+}

@@ -1,0 +1,370 @@
+//! A pool whose handlers are Python: each worker slot is a task on the
+//! pool's event loop that pulls the next request and starts the handler's
+//! coroutine with a [`Ctx`]. A slot takes its next request once the previous
+//! one is answered, so a handler that finishes without awaiting lets one
+//! slot drain a whole queue in one pass.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+
+use askpool::{AskError, Progress, Request, RequestContext, Responder, Worker, WorkerPool};
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
+use pyo3::intern;
+use pyo3::prelude::*;
+
+use crate::driver::{DriverShared, LoopDriver, LoopTask};
+use crate::errors;
+use crate::obj::Obj;
+use crate::task::FutureTask;
+
+type Pull = Pin<Box<dyn Future<Output = Option<Request<Obj, Obj>>> + Send>>;
+
+pub(crate) struct SlotTask {
+    queued: AtomicBool,
+    driver: Arc<DriverShared>,
+    state: Mutex<SlotState>,
+    /// A request is with the handler.
+    busy: AtomicBool,
+    /// `run` is on the stack: it takes the next request itself.
+    running: AtomicBool,
+    handler: Py<PyAny>,
+}
+
+struct SlotState {
+    worker: Option<Arc<Worker<Obj, Obj>>>,
+    pull: Option<Pull>,
+}
+
+impl SlotTask {
+    pub(crate) fn start(
+        driver: &Arc<DriverShared>,
+        worker: Worker<Obj, Obj>,
+        handler: Py<PyAny>,
+    ) -> Arc<Self> {
+        let task = Arc::new(Self {
+            queued: AtomicBool::new(false),
+            driver: Arc::clone(driver),
+            state: Mutex::new(SlotState {
+                worker: Some(Arc::new(worker)),
+                pull: None,
+            }),
+            busy: AtomicBool::new(false),
+            running: AtomicBool::new(false),
+            handler,
+        });
+        driver.schedule(task.clone());
+        task
+    }
+
+    /// The next request, or `None` while waiting (or once the pool closed).
+    fn next(self: &Arc<Self>) -> Option<Request<Obj, Obj>> {
+        let waker = Waker::from(Arc::clone(self));
+        let mut cx = Context::from_waker(&waker);
+        let mut state = self.state.lock();
+        let worker = state.worker.clone()?;
+        let pull = state
+            .pull
+            .get_or_insert_with(|| Box::pin(async move { worker.next_request().await }));
+        match pull.as_mut().poll(&mut cx) {
+            Poll::Pending => None,
+            Poll::Ready(Some(request)) => {
+                state.pull = None;
+                Some(request)
+            }
+            Poll::Ready(None) => {
+                // Closed: the worker leaves with its queue handed back.
+                state.pull = None;
+                state.worker = None;
+                None
+            }
+        }
+    }
+}
+
+impl Wake for SlotTask {
+    fn wake(self: Arc<Self>) {
+        let driver = Arc::clone(&self.driver);
+        driver.schedule(self);
+    }
+}
+
+impl LoopTask for SlotTask {
+    fn queued(&self) -> &AtomicBool {
+        &self.queued
+    }
+
+    fn run(self: Arc<Self>, py: Python<'_>) {
+        self.running.store(true, Ordering::Release);
+        self.pull_and_dispatch(py);
+        self.running.store(false, Ordering::Release);
+    }
+}
+
+impl SlotTask {
+    fn pull_and_dispatch(self: &Arc<Self>, py: Python<'_>) {
+        while !self.busy.load(Ordering::Acquire) {
+            let Some(request) = self.next() else {
+                return;
+            };
+            self.dispatch(py, request);
+        }
+    }
+
+    /// Starts the handler's coroutine right here. One that returns without
+    /// awaiting is answered at once (no task, no `Reply` object); one that
+    /// awaits goes on as an asyncio task holding the slot until it answers.
+    fn dispatch(self: &Arc<Self>, py: Python<'_>, request: Request<Obj, Obj>) {
+        let Request {
+            message,
+            context,
+            responder,
+        } = request;
+        let ctx = Ctx {
+            context,
+            driver: Arc::clone(&self.driver),
+        };
+        let started = self
+            .handler
+            .bind(py)
+            .call1((message.get(py), ctx))
+            .and_then(|coro| {
+                let first = coro.call_method1(intern!(py, "send"), (py.None(),))?;
+                Ok((coro, first))
+            });
+        match started {
+            Ok((coro, first)) => {
+                self.busy.store(true, Ordering::Release);
+                let reply = Reply {
+                    inner: Mutex::new(Some(Pending {
+                        responder,
+                        slot: SlotRelease(Arc::clone(self)),
+                    })),
+                };
+                if let Err(e) = hooks(py).and_then(|h| h.resume.call1(py, (coro, first, reply))) {
+                    // The dropped `Reply` fails the request: nothing is lost.
+                    e.write_unraisable(py, None);
+                }
+            }
+            Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
+                match e.value(py).getattr(intern!(py, "value")) {
+                    Ok(value) => responder.reply(Obj::new(value.unbind())),
+                    Err(e) => responder.fail(AskError::internal(e.to_string())),
+                }
+            }
+            Err(e) => fail(py, responder, &e),
+        }
+    }
+}
+
+/// Answers a request whose handler raised `error`.
+fn fail(py: Python<'_>, responder: Responder<Obj, Obj>, error: &PyErr) {
+    let described = hooks(py).and_then(|h| {
+        h.failure
+            .call1(py, (error.value(py),))?
+            .extract::<Option<(String, String, Option<String>)>>(py)
+    });
+    match described {
+        Ok(None) => responder.cancel(),
+        Ok(Some((type_name, message, code))) => {
+            responder.fail(errors::from_handler(code.as_deref(), type_name, message))
+        }
+        Err(e) => responder.fail(AskError::internal(e.to_string())),
+    }
+}
+
+/// The wrapper's functions for the two slow paths: `resume(coro, first,
+/// reply)` continues a handler that awaited as a task; `failure(exc)` gives
+/// `(type_name, message, code)`, or `None` for a cancellation.
+pub(crate) struct Hooks {
+    resume: Py<PyAny>,
+    failure: Py<PyAny>,
+}
+
+static HOOKS: OnceLock<Hooks> = OnceLock::new();
+
+fn hooks(_py: Python<'_>) -> PyResult<&'static Hooks> {
+    HOOKS
+        .get()
+        .ok_or_else(|| PyRuntimeError::new_err("askpool._native.register_dispatch was not called"))
+}
+
+#[pyfunction]
+pub(crate) fn register_dispatch(resume: Py<PyAny>, failure: Py<PyAny>) {
+    let _ = HOOKS.set(Hooks { resume, failure });
+}
+
+/// Frees its slot when the request is answered (or its `Reply` dropped).
+struct SlotRelease(Arc<SlotTask>);
+
+impl Drop for SlotRelease {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+        if !self.0.running.load(Ordering::Acquire) {
+            self.0.driver.schedule(self.0.clone());
+        }
+    }
+}
+
+struct Pending {
+    responder: Responder<Obj, Obj>,
+    slot: SlotRelease,
+}
+
+/// Answers one request, once.
+#[pyclass(frozen, module = "askpool._native")]
+pub(crate) struct Reply {
+    inner: Mutex<Option<Pending>>,
+}
+
+impl Reply {
+    fn take(&self) -> PyResult<Pending> {
+        let taken = self.inner.lock().take();
+        taken.ok_or_else(|| {
+            Python::attach(|py| {
+                errors::exception(
+                    py,
+                    &AskError::FailedPrecondition {
+                        message: "this request was already answered".into(),
+                    },
+                )
+            })
+        })
+    }
+}
+
+#[pymethods]
+impl Reply {
+    /// Replies with `value` (the caller receives this very object).
+    fn ok(&self, value: Py<PyAny>) -> PyResult<()> {
+        let pending = self.take()?;
+        pending.responder.reply(Obj::new(value));
+        drop(pending.slot);
+        Ok(())
+    }
+
+    /// Fails the request. `code` is an askpool error code for taxonomy
+    /// exceptions, `None` for any other exception.
+    #[pyo3(signature = (type_name, message, code=None))]
+    fn error(&self, type_name: String, message: String, code: Option<&str>) -> PyResult<()> {
+        let pending = self.take()?;
+        pending
+            .responder
+            .fail(errors::from_handler(code, type_name, message));
+        drop(pending.slot);
+        Ok(())
+    }
+
+    /// The handler stopped because its request was cancelled.
+    fn cancelled(&self) -> PyResult<()> {
+        let pending = self.take()?;
+        pending.responder.cancel();
+        drop(pending.slot);
+        Ok(())
+    }
+}
+
+/// What a handler knows about its request.
+#[pyclass(frozen, name = "Context", module = "askpool._native")]
+pub(crate) struct Ctx {
+    context: RequestContext,
+    driver: Arc<DriverShared>,
+}
+
+#[pymethods]
+impl Ctx {
+    #[getter]
+    fn request_id(&self) -> String {
+        self.context.request_id().to_string()
+    }
+    #[getter]
+    fn correlation_id(&self) -> String {
+        self.context.correlation_id().to_string()
+    }
+    #[getter]
+    fn causation_id(&self) -> Option<String> {
+        self.context.ids().causation_id.map(|c| c.to_string())
+    }
+    #[getter]
+    fn pool(&self) -> String {
+        self.context.pool().to_string()
+    }
+    #[getter]
+    fn attempt(&self) -> u32 {
+        self.context.attempt()
+    }
+    /// Whether the request was cancelled (by its caller, its deadline, or
+    /// its pool). A cancel never interrupts a handler; it may stop early.
+    #[getter]
+    fn cancelled(&self) -> bool {
+        self.context.is_cancelled()
+    }
+    /// Reports progress: the caller's stage stream gets a PARTIAL event.
+    #[pyo3(signature = (fraction, note=""))]
+    fn progress(&self, fraction: f32, note: &str) -> PyResult<()> {
+        if !fraction.is_finite() {
+            return errors::to_py(Err(AskError::InvalidArgument {
+                message: format!("progress fraction must be finite, not {fraction}"),
+            }));
+        }
+        self.context.report(Progress::new(fraction, note));
+        Ok(())
+    }
+    /// An asyncio future (of the running loop) that completes when the
+    /// request is cancelled.
+    fn wait_cancelled<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let target = py
+            .import(intern!(py, "asyncio"))?
+            .call_method0(intern!(py, "get_running_loop"))?
+            .call_method0(intern!(py, "create_future"))?;
+        let context = self.context.clone();
+        let wait: Pin<Box<dyn Future<Output = ()> + Send>> =
+            Box::pin(async move { context.cancelled().await });
+        FutureTask::spawn(&self.driver, wait, target.clone().unbind(), |py, ()| {
+            Ok(py.None())
+        });
+        Ok(target)
+    }
+}
+
+/// A pool hosted by a node, with Python handlers.
+#[pyclass(frozen, module = "askpool._native")]
+pub(crate) struct NativePool {
+    pub(crate) pool: WorkerPool<Obj, Obj>,
+}
+
+impl NativePool {
+    /// Starts `concurrency` worker slots (`w0`, `w1`, ...) on `driver`'s loop.
+    pub(crate) fn start(
+        pool: WorkerPool<Obj, Obj>,
+        driver: &LoopDriver,
+        concurrency: usize,
+        handler: &Py<PyAny>,
+        py: Python<'_>,
+    ) -> Result<Self, AskError> {
+        for i in 0..concurrency {
+            let worker = pool.worker(format!("w{i}"))?;
+            SlotTask::start(&driver.shared, worker, handler.clone_ref(py));
+        }
+        Ok(Self { pool })
+    }
+}
+
+#[pymethods]
+impl NativePool {
+    #[getter]
+    fn name(&self) -> String {
+        self.pool.name().to_string()
+    }
+    /// Leaves the transport (new asks get `NoRoute`) and cancels what is
+    /// queued; the worker slots stop.
+    fn close(&self) {
+        self.pool.close();
+    }
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        crate::stats::pool_dict(py, &self.pool.stats())
+    }
+}

@@ -1,0 +1,39 @@
+//! uniffi bindings of the askpool runtime, for Kotlin on the JVM.
+//!
+//! Thin by design: argument conversion, completion of host futures through
+//! foreign traits, error mapping. The hot path (`NativeNode::ask`, the
+//! handler call, `reply`, the completion) takes primitives only, so each is
+//! one cheap FFI crossing; see `bindings/kotlin` for the idiomatic API.
+
+mod error;
+mod handler;
+mod host;
+mod inflight;
+mod node;
+mod payload;
+mod runtime;
+
+pub use error::{CancelCause, Failure, Fault, NativeError};
+pub use handler::RequestInfo;
+pub use host::{AskListener, HostHandler, Stage};
+pub use node::{
+    node_ask, AskArgs, DeadLetterInfo, NativeNode, NativeStats, NodeOptions, PoolOptions,
+};
+pub use payload::{live_host_refs, take_released, Payload};
+pub use runtime::runtime_worker_threads;
+
+uniffi::setup_scaffolding!();
+
+/// Panics with `message`: lets the host's tests check that a panic inside
+/// the library becomes an exception instead of aborting the process.
+#[uniffi::export]
+pub fn panic_for_test(message: String) {
+    panic!("{message}");
+}
+
+/// Returns its argument: the cost of one generated call with primitives,
+/// the floor under every crossing of the hot path (the Kotlin bench).
+#[uniffi::export]
+pub fn ffi_probe(x: i64) -> i64 {
+    x
+}

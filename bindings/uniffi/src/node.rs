@@ -1,0 +1,430 @@
+//! `NativeNode`: one askpool node whose messages are host handles or bytes.
+//! Asks complete through the node's [`AskListener`]; Kotlin builds its
+//! suspend API, handles and flows on top.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use askpool::{
+    AskError, AskHandle, DedupConfig, Node, NodeConfig, PoolConfig, PoolName, RequestId,
+    RetryPolicy, WorkerPool,
+};
+use dashmap::DashMap;
+use futures::{FutureExt, StreamExt};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use tokio::sync::oneshot;
+
+use crate::error::{Failure, NativeError};
+use crate::host::{AskListener, HostHandler, Stage};
+use crate::payload::{released_len, Msg, Payload};
+use crate::runtime::runtime;
+
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct NodeOptions {
+    pub default_timeout_ms: u64,
+    /// Total sends of an ask, the first included.
+    pub max_attempts: u32,
+    pub track_stages: bool,
+    pub dlq_capacity: u64,
+    /// A circuit breaker per target pool (the runtime's default settings).
+    pub circuit_breaker: bool,
+}
+
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct PoolOptions {
+    pub concurrency: u32,
+    pub max_in_flight: u64,
+    pub dedup_capacity: u64,
+    pub dedup_ttl_ms: u64,
+    pub processing_timeout_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, uniffi::Record)]
+pub struct AskArgs {
+    pub timeout_ms: Option<u64>,
+    pub preferred_worker: Option<String>,
+    pub request_id: Option<String>,
+    pub correlation_id: Option<String>,
+    pub max_attempts: Option<u32>,
+    /// Stream the ask's stages to `AskListener::on_stage`.
+    pub stages: bool,
+    /// A tell: done when the pool accepts it.
+    pub one_way: bool,
+}
+
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct DeadLetterInfo {
+    pub request_id: String,
+    pub pool: String,
+    pub payload: Payload,
+    pub failure: Failure,
+    pub attempts: u32,
+    /// `RETRIES_EXHAUSTED` or `POISON`.
+    pub reason: String,
+}
+
+/// Counts that must return to zero when traffic stops.
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct NativeStats {
+    pub pending: u64,
+    pub armed_timers: u64,
+    pub asks_in_flight: u64,
+    pub dlq_depth: u64,
+    pub timed_out_records: u64,
+}
+
+#[derive(uniffi::Object)]
+pub struct NativeNode {
+    node: Node<Msg, Msg>,
+    listener: Arc<dyn AskListener>,
+    id: i64,
+    /// Cancel switches of running asks, by the caller's token.
+    asks: Arc<DashMap<i64, oneshot::Sender<()>>>,
+    /// Pool names interned for the primitive-only ask path.
+    pool_ids: Mutex<(Vec<PoolName>, FxHashMap<String, i64>)>,
+    pools: Mutex<FxHashMap<String, WorkerPool<Msg, Msg>>>,
+}
+
+enum Started {
+    Ask(AskHandle<Msg, Msg>),
+    Tell(askpool::TellHandle<Msg, Msg>),
+}
+
+fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+fn parse_id<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, NativeError> {
+    text.parse().map_err(|_| {
+        NativeError::from(AskError::InvalidArgument {
+            message: format!("{what} {text:?} is not 32 hex digits"),
+        })
+    })
+}
+
+#[uniffi::export]
+impl NativeNode {
+    #[uniffi::constructor]
+    pub fn new(options: NodeOptions, listener: Arc<dyn AskListener>) -> Arc<Self> {
+        let config = NodeConfig {
+            default_timeout: millis(options.default_timeout_ms),
+            retry: RetryPolicy {
+                max_attempts: options.max_attempts.max(1),
+                ..RetryPolicy::default()
+            },
+            track_stages: options.track_stages,
+            dlq_capacity: usize::try_from(options.dlq_capacity).unwrap_or(usize::MAX),
+            breaker: options
+                .circuit_breaker
+                .then(askpool::BreakerConfig::default),
+            ..NodeConfig::default()
+        };
+        let _rt = runtime().enter();
+        let node = Arc::new(Self {
+            node: Node::with_config(config),
+            listener,
+            id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+            asks: Arc::default(),
+            pool_ids: Mutex::default(),
+            pools: Mutex::default(),
+        });
+        NODES.insert(node.id, Arc::clone(&node));
+        node
+    }
+
+    /// The node's id for [`node_ask`]; valid until `shutdown`.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// A pool run by a Kotlin handler (`concurrency` requests at a time).
+    pub fn create_pool(
+        &self,
+        name: String,
+        options: PoolOptions,
+        handler: Arc<dyn HostHandler>,
+    ) -> Result<(), NativeError> {
+        let config = PoolConfig {
+            concurrency: options.concurrency as usize,
+            max_in_flight: usize::try_from(options.max_in_flight).unwrap_or(usize::MAX),
+            dedup: DedupConfig {
+                max_terminal: usize::try_from(options.dedup_capacity).unwrap_or(usize::MAX),
+                terminal_ttl: millis(options.dedup_ttl_ms),
+            },
+            processing_timeout: options.processing_timeout_ms.map(millis),
+            ..PoolConfig::default()
+        };
+        let _rt = runtime().enter();
+        let pool = self
+            .node
+            .pool(name.as_str())
+            .config(config)
+            .handler(crate::handler::bridge(handler))?;
+        self.pools.lock().insert(name, pool);
+        Ok(())
+    }
+
+    pub fn close_pool(&self, name: String) {
+        if let Some(pool) = self.pools.lock().remove(&name) {
+            pool.close();
+        }
+    }
+
+    /// A small id for `pool`, for [`ask`](Self::ask).
+    pub fn pool_id(&self, pool: String) -> i64 {
+        let mut ids = self.pool_ids.lock();
+        if let Some(&id) = ids.1.get(&pool) {
+            return id;
+        }
+        let id = ids.0.len() as i64;
+        ids.0.push(PoolName::from(pool.as_str()));
+        ids.1.insert(pool, id);
+        id
+    }
+
+    /// An ask (or a tell) with every option; returns its request id.
+    pub fn ask_with(
+        &self,
+        pool: String,
+        payload: Payload,
+        args: AskArgs,
+        token: i64,
+    ) -> Result<String, NativeError> {
+        // Adopted first: the handle is released even if the options are bad.
+        let msg = Msg::from(payload);
+        let request_id: Option<RequestId> = match &args.request_id {
+            Some(text) => Some(parse_id("request id", text)?),
+            None => None,
+        };
+        let correlation_id = match &args.correlation_id {
+            Some(text) => Some(parse_id("correlation id", text)?),
+            None => None,
+        };
+        let retry = args.max_attempts.map(|n| RetryPolicy {
+            max_attempts: n.max(1),
+            ..RetryPolicy::default()
+        });
+        let _rt = runtime().enter();
+        let started = if args.one_way {
+            let mut tell = self.node.tell(pool.as_str(), msg);
+            if let Some(ms) = args.timeout_ms {
+                tell = tell.timeout(millis(ms));
+            }
+            if let Some(id) = request_id {
+                tell = tell.request_id(id);
+            }
+            if let Some(retry) = retry {
+                tell = tell.retry(retry);
+            }
+            Started::Tell(tell.send())
+        } else {
+            let mut ask = self.node.ask(pool.as_str(), msg);
+            if let Some(ms) = args.timeout_ms {
+                ask = ask.timeout(millis(ms));
+            }
+            if let Some(worker) = args.preferred_worker {
+                ask = ask.preferred_worker(worker.as_str());
+            }
+            if let Some(id) = request_id {
+                ask = ask.request_id(id);
+            }
+            if let Some(id) = correlation_id {
+                ask = ask.correlation_id(id);
+            }
+            if let Some(retry) = retry {
+                ask = ask.retry(retry);
+            }
+            Started::Ask(ask.send())
+        };
+        let id = match &started {
+            Started::Ask(h) => h.request_id(),
+            Started::Tell(h) => h.request_id(),
+        };
+        self.drive(started, token, args.stages);
+        Ok(id.to_string())
+    }
+
+    /// Cancels the ask started under `token`; its outcome (`AskCancelled`,
+    /// or whatever came first) still goes to the listener.
+    pub fn cancel(&self, token: i64) {
+        if let Some((_, tx)) = self.asks.remove(&token) {
+            let _ = tx.send(());
+        }
+    }
+
+    pub fn dead_letters(&self) -> Vec<DeadLetterInfo> {
+        self.node
+            .dead_letters()
+            .iter()
+            .map(|d| DeadLetterInfo {
+                request_id: d.request_id().to_string(),
+                pool: d.pool.to_string(),
+                payload: Payload::from(&d.payload),
+                failure: Failure::from(&d.error),
+                attempts: d.attempts,
+                reason: match d.reason {
+                    askpool::DeadLetterReason::RetriesExhausted => "RETRIES_EXHAUSTED",
+                    askpool::DeadLetterReason::Poison => "POISON",
+                }
+                .to_owned(),
+            })
+            .collect()
+    }
+
+    /// Asks a dead letter again (same request id); the outcome goes to the
+    /// listener under `token`.
+    pub fn replay_dead_letter(&self, request_id: String, token: i64) -> Result<(), NativeError> {
+        let id: RequestId = parse_id("request id", &request_id)?;
+        let _rt = runtime().enter();
+        let handle = self.node.replay_dead_letter(id)?;
+        self.drive(Started::Ask(handle), token, false);
+        Ok(())
+    }
+
+    pub fn purge_dead_letters(&self) -> u64 {
+        self.node.purge_dead_letters() as u64
+    }
+
+    pub fn stats(&self) -> NativeStats {
+        let s = self.node.stats();
+        NativeStats {
+            pending: s.pending as u64,
+            armed_timers: s.armed_timers as u64,
+            asks_in_flight: self.asks.len() as u64,
+            dlq_depth: s.dlq_depth as u64,
+            timed_out_records: s.timed_out_records as u64,
+        }
+    }
+
+    /// Fails pending asks (`Unavailable`), stops the pools. Idempotent.
+    pub fn shutdown(&self) {
+        NODES.remove(&self.id);
+        let pools: Vec<_> = self.pools.lock().drain().map(|(_, p)| p).collect();
+        drop(pools);
+        self.node.shutdown();
+    }
+}
+
+/// Nodes by id, for the hot path: a top-level call with primitives costs
+/// one crossing, a method call two (the generated code clones the object
+/// handle first).
+static NODES: LazyLock<DashMap<i64, Arc<NativeNode>>> = LazyLock::new(DashMap::new);
+static NEXT_NODE: AtomicI64 = AtomicI64::new(1);
+
+/// The hot path: an ask of a host object with a timeout (0: the node's
+/// default), all primitives. The outcome goes to the node's listener under
+/// `token`. Returns how many released handles wait in `take_released`, or
+/// `u64::MAX` if the node is shut down (nothing will be reported).
+#[uniffi::export]
+pub fn node_ask(node: i64, pool: i64, handle: i64, timeout_ms: u64, token: i64) -> u64 {
+    let msg = Msg::host(handle);
+    let Some(node) = NODES.get(&node).map(|n| Arc::clone(&n)) else {
+        return u64::MAX;
+    };
+    node.ask(pool, msg, timeout_ms, token);
+    released_len() as u64
+}
+
+impl NativeNode {
+    fn ask(&self, pool: i64, msg: Msg, timeout_ms: u64, token: i64) {
+        let name = usize::try_from(pool)
+            .ok()
+            .and_then(|i| self.pool_ids.lock().0.get(i).cloned());
+        let Some(name) = name else {
+            let error = AskError::InvalidArgument {
+                message: format!("unknown pool id {pool}"),
+            };
+            // Callbacks come from runtime threads only (they stay attached).
+            let listener = Arc::clone(&self.listener);
+            runtime().spawn(async move { listener.on_failure(token, Failure::from(&error)) });
+            return;
+        };
+        let _rt = runtime().enter();
+        let mut ask = self.node.ask(name, msg);
+        if timeout_ms > 0 {
+            ask = ask.timeout(millis(timeout_ms));
+        }
+        self.drive(Started::Ask(ask.send()), token, false);
+    }
+
+    /// Runs an ask to its end on the runtime and reports the outcome.
+    fn drive(&self, started: Started, token: i64, stages: bool) {
+        let (cancel_tx, cancel_rx) = oneshot::channel();
+        self.asks.insert(token, cancel_tx);
+        if stages {
+            if let Started::Ask(h) = &started {
+                let mut stream = h.stages();
+                let listener = Arc::clone(&self.listener);
+                runtime().spawn(async move {
+                    while let Some(event) = stream.next().await {
+                        listener.on_stage(token, stage_of(&event));
+                    }
+                    listener.on_stages_end(token);
+                });
+            }
+        }
+        let asks = Arc::clone(&self.asks);
+        let listener = Arc::clone(&self.listener);
+        runtime().spawn(async move {
+            let outcome = AssertUnwindSafe(finish(started, cancel_rx))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| Err(AskError::internal(panic_message(panic.as_ref()))));
+            asks.remove(&token);
+            match outcome {
+                Ok(Some(Msg::Host(r))) => listener.on_reply(token, r.handle()),
+                Ok(Some(Msg::Bytes(b))) => listener.on_reply_bytes(token, b.to_vec()),
+                Ok(None) => listener.on_told(token),
+                Err(e) => listener.on_failure(token, Failure::from(&e)),
+            }
+        });
+    }
+}
+
+/// The outcome of an ask (`Some(reply)`) or tell (`None`), cancelling it
+/// when the caller asks to.
+async fn finish(started: Started, cancel: oneshot::Receiver<()>) -> Result<Option<Msg>, AskError> {
+    match started {
+        Started::Ask(mut h) => tokio::select! {
+            biased;
+            r = &mut h => r.map(Some),
+            c = cancel => {
+                if c.is_ok() {
+                    h.cancel();
+                }
+                h.await.map(Some)
+            }
+        },
+        Started::Tell(mut h) => tokio::select! {
+            biased;
+            r = &mut h => r.map(|_| None),
+            c = cancel => match c {
+                // Dropping an unaccepted tell cancels it.
+                Ok(()) => Err(AskError::AskCancelled { reason: askpool::CancelReason::Caller }),
+                Err(_) => h.await.map(|_| None),
+            },
+        },
+    }
+}
+
+fn stage_of(e: &askpool::StageEvent) -> Stage {
+    Stage {
+        stage: e.stage.as_str().to_owned(),
+        since_previous_micros: e.since_previous.as_micros() as u64,
+        since_sent_micros: e.since_sent.as_micros() as u64,
+        progress: e.progress.as_ref().map(|p| p.fraction),
+        note: e.progress.as_ref().map(|p| p.note.clone()),
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    format!("panic in askpool: {text}")
+}

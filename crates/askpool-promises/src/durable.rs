@@ -1,0 +1,297 @@
+//! Durable asks: an ask whose request id is a promise id (DESIGN section 5).
+//!
+//! `node.ask_durable(&promises, pool, msg)` creates a promise (param = the
+//! encoded message, tag `askpool:pool` = the pool), sends an ordinary ask
+//! with the promise's id as its request id, and settles the promise with
+//! the reply. After a caller restart, `node.await_durable(&promises, id)`
+//! on a node opened on the same store answers from the promise if it has
+//! settled, and otherwise asks again with the same request id and the
+//! stored message.
+//!
+//! What "the handler runs once" rests on: a settled promise is never asked
+//! again, and a re-sent ask carries the same request id, so a pool that is
+//! still running deduplicates it, joining a run in progress, provided the
+//! restarted caller has the same caller id (dedup keys are per caller; today
+//! a node's caller id follows from `NodeConfig::seed`). A caller with a new
+//! caller id, or a pool that restarted meanwhile (its dedup cache is gone),
+//! runs the handler again: handler-once across processes holds within one
+//! worker process only.
+//!
+//! Transient failures (timeouts, an unavailable pool, a cancelled ask)
+//! leave the promise pending for a later await; permanent ones reject it.
+//! The store is called inline from the async code (see [`Store`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use askpool::{AskError, ErrorClass, ErrorCode, Node, RequestId};
+
+use crate::model::{CompleteRequest, Completion, CreateRequest, Millis, Promise, State};
+use crate::store::Store;
+
+const POOL_TAG: &str = "askpool:pool";
+
+/// Unix-epoch milliseconds: the `now` of a production store.
+pub fn now_millis() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A message or reply type that a promise can hold.
+pub trait Durable: Sized {
+    fn to_bytes(&self) -> Vec<u8>;
+    fn from_bytes(bytes: &[u8]) -> Result<Self, String>;
+}
+
+impl Durable for Vec<u8> {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.clone()
+    }
+    fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        Ok(bytes.to_vec())
+    }
+}
+
+impl Durable for String {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.as_bytes().to_vec()
+    }
+    fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())
+    }
+}
+
+/// The store durable asks keep their promises in, and their timeout.
+#[derive(Clone)]
+pub struct DurablePromises {
+    store: Arc<dyn Store>,
+    /// How long a durable ask's promise stays pending at most.
+    pub timeout: Duration,
+}
+
+impl DurablePromises {
+    pub fn new(store: impl Store + 'static) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            timeout: Duration::from_secs(3600),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+}
+
+/// A durable ask in flight: a future of its outcome, with its promise id.
+#[must_use = "a durable ask's reply is recorded only while it is awaited"]
+pub struct DurableHandle<R> {
+    id: String,
+    inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>>,
+}
+
+impl<R: Send + 'static> DurableHandle<R> {
+    fn ready(id: String, outcome: Result<R, AskError>) -> Self {
+        Self {
+            id,
+            inner: Box::pin(async move { outcome }),
+        }
+    }
+}
+
+impl<R> DurableHandle<R> {
+    /// The promise id (also the ask's request id): await it after a restart.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl<R> Future for DurableHandle<R> {
+    type Output = Result<R, AskError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+/// Durable asks on an [`askpool::Node`].
+pub trait DurableAsk<M, R> {
+    /// Starts a durable ask of `msg` to `pool` under a fresh promise id.
+    fn ask_durable(
+        &self,
+        promises: &DurablePromises,
+        pool: &str,
+        msg: M,
+    ) -> Result<DurableHandle<R>, AskError>;
+
+    /// The same under a given id. Idempotent: a promise with this id that
+    /// has settled answers at once; one still pending is asked again.
+    fn ask_durable_with_id(
+        &self,
+        promises: &DurablePromises,
+        id: RequestId,
+        pool: &str,
+        msg: M,
+    ) -> Result<DurableHandle<R>, AskError>;
+
+    /// The outcome of the durable ask `id`, asking again if it is pending.
+    fn await_durable(
+        &self,
+        promises: &DurablePromises,
+        id: &str,
+    ) -> Result<DurableHandle<R>, AskError>;
+}
+
+impl<M, R> DurableAsk<M, R> for Node<M, R>
+where
+    M: Durable + Clone + Send + 'static,
+    R: Durable + Clone + Send + 'static,
+{
+    fn ask_durable(
+        &self,
+        promises: &DurablePromises,
+        pool: &str,
+        msg: M,
+    ) -> Result<DurableHandle<R>, AskError> {
+        let id = RequestId::generate(now_millis().saturating_mul(1000), &mut rand::rng());
+        self.ask_durable_with_id(promises, id, pool, msg)
+    }
+
+    fn ask_durable_with_id(
+        &self,
+        promises: &DurablePromises,
+        id: RequestId,
+        pool: &str,
+        msg: M,
+    ) -> Result<DurableHandle<R>, AskError> {
+        let now = now_millis();
+        let key = id.to_string();
+        let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
+        let created = promises.store.create(
+            &CreateRequest::new(key.clone(), now.saturating_add(timeout))
+                .param(msg.to_bytes())
+                .key(key.clone())
+                .tag(POOL_TAG, pool),
+            now,
+        )?;
+        if created.deduplicated && created.promise.param != msg.to_bytes() {
+            return Err(AskError::PayloadMismatch);
+        }
+        Ok(resume(self, promises, id, created.promise))
+    }
+
+    fn await_durable(
+        &self,
+        promises: &DurablePromises,
+        id: &str,
+    ) -> Result<DurableHandle<R>, AskError> {
+        let request_id: RequestId = id.parse().map_err(|e| AskError::InvalidArgument {
+            message: format!("not a durable ask id: {e}"),
+        })?;
+        let promise = promises.store.get(id, now_millis())?;
+        Ok(resume(self, promises, request_id, promise))
+    }
+}
+
+/// Answers from a settled promise, or (re-)sends the ask and records it.
+fn resume<M, R>(
+    node: &Node<M, R>,
+    promises: &DurablePromises,
+    id: RequestId,
+    promise: Promise,
+) -> DurableHandle<R>
+where
+    M: Durable + Clone + Send + 'static,
+    R: Durable + Clone + Send + 'static,
+{
+    let key = id.to_string();
+    if promise.state.is_settled() {
+        return DurableHandle::ready(key, outcome_of(&promise));
+    }
+    let pool = promise.tags.get(POOL_TAG).cloned().unwrap_or_default();
+    let msg = match M::from_bytes(&promise.param) {
+        Ok(msg) => msg,
+        Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
+    };
+    let ask = node.ask(pool, msg).request_id(id).send();
+    let store = Arc::clone(&promises.store);
+    let id = key.clone();
+    DurableHandle {
+        id: key,
+        inner: Box::pin(async move {
+            let outcome = ask.await;
+            record(&*store, &id, outcome)
+        }),
+    }
+}
+
+/// Settles the promise with the ask's outcome, unless the failure is worth
+/// asking again; a promise someone else settled first wins.
+fn record<R: Durable>(
+    store: &dyn Store,
+    id: &str,
+    outcome: Result<R, AskError>,
+) -> Result<R, AskError> {
+    let request = match &outcome {
+        Ok(reply) => CompleteRequest::new(id, Completion::Resolve).value(reply.to_bytes()),
+        Err(e) if e.class() == ErrorClass::Transient || e.code() == ErrorCode::AskCancelled => {
+            return outcome
+        }
+        Err(e) => CompleteRequest::new(id, Completion::Reject).value(encode_error(e)),
+    };
+    let completed = store.complete(&request.key(id), now_millis())?;
+    if completed.replayed {
+        return outcome_of(&completed.promise);
+    }
+    outcome
+}
+
+fn outcome_of<R: Durable>(p: &Promise) -> Result<R, AskError> {
+    let value = p.value.as_deref().unwrap_or_default();
+    match p.state {
+        State::Resolved => {
+            R::from_bytes(value).map_err(|message| AskError::DecodeFailure { message })
+        }
+        State::Rejected => Err(decode_error(value)),
+        State::Canceled => Err(AskError::FailedPrecondition {
+            message: format!("durable ask {} was canceled", p.id),
+        }),
+        State::TimedOut => Err(AskError::DeadlineExceeded),
+        State::Pending => Err(AskError::internal("outcome of a pending promise")),
+    }
+}
+
+fn encode_error(e: &AskError) -> Vec<u8> {
+    let (type_name, message) = match e {
+        AskError::HandlerFailed { type_name, message } => (type_name.clone(), message.clone()),
+        e => (String::new(), e.to_string()),
+    };
+    serde_json::json!({ "code": e.code().as_str(), "type": type_name, "message": message })
+        .to_string()
+        .into_bytes()
+}
+
+/// A stored rejection as an error: a handler's failure comes back as it
+/// was; any other code as `FailedPrecondition` naming it.
+fn decode_error(bytes: &[u8]) -> AskError {
+    let v: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_default();
+    let s = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    if s("code") == ErrorCode::HandlerFailed.as_str() {
+        AskError::handler_failed(s("type"), s("message"))
+    } else {
+        AskError::FailedPrecondition {
+            message: format!("durable ask rejected with {}: {}", s("code"), s("message")),
+        }
+    }
+}

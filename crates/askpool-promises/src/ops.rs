@@ -1,0 +1,462 @@
+//! The operations, written once over [`Tx`]: the storage primitives of one
+//! open transaction. Each store runs an operation inside its own
+//! transaction (a `BEGIN IMMEDIATE` for SQLite, a mutex for memory), so an
+//! operation and all its side effects commit together or not at all.
+//!
+//! Every domain check happens before the first write, so an operation that
+//! answers with a protocol error has written nothing.
+
+use crate::error::PromiseError;
+use crate::model::{
+    Callback, CallbackOutcome, CallbackRequest, ClaimRequest, Claimed, CompleteRequest, Completed,
+    CreateRequest, Created, Lease, Millis, Promise, SearchQuery, State, Task, TaskKind, TaskState,
+};
+use crate::rules::{self, CompleteDecision};
+use crate::store::Result;
+
+/// A task before the store gave it an id.
+pub(crate) struct NewTask {
+    pub kind: TaskKind,
+    pub promise_id: String,
+    pub awaiter: Option<String>,
+    pub epoch: u64,
+    pub pool: String,
+    pub preferred_worker: Option<String>,
+    pub created_at: Millis,
+}
+
+impl NewTask {
+    pub(crate) fn with_id(self, id: u64) -> Task {
+        Task {
+            id,
+            kind: self.kind,
+            promise_id: self.promise_id,
+            awaiter: self.awaiter,
+            epoch: self.epoch,
+            pool: self.pool,
+            preferred_worker: self.preferred_worker,
+            state: TaskState::Ready,
+            claims: 0,
+            lease_owner: None,
+            lease_expires_at: None,
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// A callback before the store gave it an id.
+pub(crate) struct NewCallback {
+    pub awaited: String,
+    pub awaiter: String,
+    pub epoch: u64,
+    pub pool: String,
+    pub preferred_worker: Option<String>,
+    pub created_at: Millis,
+}
+
+impl NewCallback {
+    pub(crate) fn with_id(self, id: u64) -> Callback {
+        Callback {
+            id,
+            awaited: self.awaited,
+            awaiter: self.awaiter,
+            epoch: self.epoch,
+            pool: self.pool,
+            preferred_worker: self.preferred_worker,
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// Storage primitives inside one transaction. Ids of tasks and callbacks
+/// count up from 1 and are never reused.
+pub(crate) trait Tx {
+    fn promise(&mut self, id: &str) -> Result<Option<Promise>>;
+    /// Inserts `p` unless its id exists; whether it did.
+    fn insert_promise(&mut self, p: &Promise) -> Result<bool>;
+    /// Stores what settling and resuming change: state, value, complete
+    /// key, `settled_at`, `resume_epoch`.
+    fn update_promise(&mut self, p: &Promise) -> Result<()>;
+    /// Ids of pending promises with `timeout_at <= now` (matching `pattern`
+    /// if given), by `(timeout_at, id)`, at most `limit`.
+    fn expired(&mut self, now: Millis, pattern: Option<&str>, limit: usize) -> Result<Vec<String>>;
+    /// Ids of settled promises with `settled_at < before` that no task
+    /// names (as its promise or awaiter), by `(settled_at, id)`.
+    fn prunable(&mut self, before: Millis, limit: usize) -> Result<Vec<String>>;
+    /// Deletes the promise and the callbacks it registered as an awaiter.
+    fn delete_promise(&mut self, id: &str) -> Result<()>;
+    /// The search itself (timeouts already applied).
+    fn search(&mut self, q: &SearchQuery) -> Result<Vec<Promise>>;
+
+    fn insert_task(&mut self, t: NewTask) -> Result<Task>;
+    fn task(&mut self, id: u64) -> Result<Option<Task>>;
+    fn update_task(&mut self, t: &Task) -> Result<()>;
+    fn delete_task(&mut self, id: u64) -> Result<()>;
+    /// Deletes the promise's invoke task, if it has one.
+    fn delete_invoke_task_of(&mut self, promise_id: &str) -> Result<bool>;
+    fn has_resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<bool>;
+    /// The task `worker` claims per [`rules::claimable`]: preferring it
+    /// first, then by id.
+    fn next_claimable(&mut self, pool: &str, worker: &str, now: Millis) -> Result<Option<Task>>;
+
+    /// Callbacks on `awaited`, by id.
+    fn callbacks_on(&mut self, awaited: &str) -> Result<Vec<Callback>>;
+    fn find_callback(
+        &mut self,
+        awaited: &str,
+        awaiter: &str,
+        epoch: u64,
+    ) -> Result<Option<Callback>>;
+    fn insert_callback(&mut self, c: NewCallback) -> Result<Callback>;
+    fn delete_callbacks_on(&mut self, awaited: &str) -> Result<()>;
+
+    /// Where the crash hook may fire: between two writes of one operation.
+    fn crash_point(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Loads a promise, timing it out first if its time has come.
+fn touch(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Option<Promise>> {
+    let Some(mut p) = tx.promise(id)? else {
+        return Ok(None);
+    };
+    if rules::is_expired(&p, now) {
+        let at = p.timeout_at;
+        settle(tx, &mut p, State::TimedOut, None, None, at, now)?;
+    }
+    Ok(Some(p))
+}
+
+fn touch_existing(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Promise> {
+    touch(tx, id, now)?.ok_or_else(|| PromiseError::NotFound { id: id.to_owned() })
+}
+
+/// Settles `p` with every side effect (see `rules`, "Settlement").
+fn settle(
+    tx: &mut impl Tx,
+    p: &mut Promise,
+    state: State,
+    value: Option<Vec<u8>>,
+    key: Option<String>,
+    settled_at: Millis,
+    now: Millis,
+) -> Result<()> {
+    p.state = state;
+    p.value = value;
+    p.complete_key = key;
+    p.settled_at = Some(settled_at);
+    tx.update_promise(p)?;
+    tx.crash_point()?;
+    if tx.delete_invoke_task_of(&p.id)? {
+        tx.crash_point()?;
+    }
+    let callbacks = tx.callbacks_on(&p.id)?;
+    if callbacks.is_empty() {
+        return Ok(());
+    }
+    for cb in callbacks {
+        let Some(awaiter) = tx.promise(&cb.awaiter)? else {
+            continue;
+        };
+        let current = awaiter.state == State::Pending && awaiter.resume_epoch == cb.epoch;
+        if current && !tx.has_resume_task(&cb.awaiter, cb.epoch)? {
+            tx.insert_task(NewTask {
+                kind: TaskKind::Resume,
+                promise_id: p.id.clone(),
+                awaiter: Some(cb.awaiter),
+                epoch: cb.epoch,
+                pool: cb.pool,
+                preferred_worker: cb.preferred_worker,
+                created_at: now,
+            })?;
+            tx.crash_point()?;
+        }
+    }
+    tx.delete_callbacks_on(&p.id)
+}
+
+pub(crate) fn create(tx: &mut impl Tx, req: &CreateRequest, now: Millis) -> Result<Created> {
+    rules::check_name("promise id", &req.id)?;
+    rules::check_opt_name("create key", req.key.as_deref())?;
+    if let Some(t) = &req.target {
+        rules::check_name("pool", &t.pool)?;
+        rules::check_opt_name("preferred worker", t.preferred_worker.as_deref())?;
+    }
+    let now = rules::clamp(now);
+    let timeout_at = rules::clamp(req.timeout_at);
+    let expired = now >= timeout_at;
+    let p = Promise {
+        id: req.id.clone(),
+        state: if expired {
+            State::TimedOut
+        } else {
+            State::Pending
+        },
+        param: req.param.clone(),
+        value: None,
+        timeout_at,
+        create_key: req.key.clone(),
+        complete_key: None,
+        strict: req.strict,
+        tags: req.tags.clone(),
+        created_at: now,
+        settled_at: expired.then_some(timeout_at),
+        resume_epoch: 0,
+    };
+    // Insert first: a new id (the common case) costs one statement.
+    if !tx.insert_promise(&p)? {
+        let existing = touch_existing(tx, &req.id, now)?;
+        rules::create_existing(&existing, req.key.as_deref())?;
+        return Ok(Created {
+            promise: existing,
+            deduplicated: true,
+        });
+    }
+    if let (Some(target), false) = (&req.target, expired) {
+        tx.crash_point()?;
+        tx.insert_task(NewTask {
+            kind: TaskKind::Invoke,
+            promise_id: p.id.clone(),
+            awaiter: None,
+            epoch: 0,
+            pool: target.pool.clone(),
+            preferred_worker: target.preferred_worker.clone(),
+            created_at: now,
+        })?;
+    }
+    Ok(Created {
+        promise: p,
+        deduplicated: false,
+    })
+}
+
+pub(crate) fn get(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Promise> {
+    touch_existing(tx, id, rules::clamp(now))
+}
+
+pub(crate) fn complete(tx: &mut impl Tx, req: &CompleteRequest, now: Millis) -> Result<Completed> {
+    rules::check_opt_name("complete key", req.key.as_deref())?;
+    let now = rules::clamp(now);
+    let mut p = touch_existing(tx, &req.id, now)?;
+    match rules::complete(&p, req.completion, req.key.as_deref())? {
+        CompleteDecision::Replay => Ok(Completed {
+            promise: p,
+            replayed: true,
+        }),
+        CompleteDecision::Settle => {
+            let state = req.completion.state();
+            settle(
+                tx,
+                &mut p,
+                state,
+                Some(req.value.clone()),
+                req.key.clone(),
+                now,
+                now,
+            )?;
+            Ok(Completed {
+                promise: p,
+                replayed: false,
+            })
+        }
+    }
+}
+
+pub(crate) fn search(tx: &mut impl Tx, q: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
+    rules::check_name("pattern", &q.pattern)?;
+    if q.limit == 0 || q.limit > SearchQuery::MAX_LIMIT {
+        return Err(PromiseError::invalid(format!(
+            "limit must be 1..={}",
+            SearchQuery::MAX_LIMIT
+        )));
+    }
+    let now = rules::clamp(now);
+    for id in tx.expired(now, Some(&q.pattern), usize::MAX)? {
+        touch(tx, &id, now)?;
+    }
+    tx.search(q)
+}
+
+pub(crate) fn prune(tx: &mut impl Tx, before: Millis, limit: usize) -> Result<usize> {
+    let ids = tx.prunable(rules::clamp(before), limit)?;
+    for id in &ids {
+        tx.delete_promise(id)?;
+    }
+    Ok(ids.len())
+}
+
+pub(crate) fn sweep(tx: &mut impl Tx, now: Millis, limit: usize) -> Result<usize> {
+    let now = rules::clamp(now);
+    let ids = tx.expired(now, None, limit)?;
+    for id in &ids {
+        touch(tx, id, now)?;
+    }
+    Ok(ids.len())
+}
+
+pub(crate) fn register_callback(
+    tx: &mut impl Tx,
+    req: &CallbackRequest,
+    now: Millis,
+) -> Result<CallbackOutcome> {
+    rules::check_name("awaited id", &req.awaited)?;
+    rules::check_name("awaiter id", &req.awaiter)?;
+    rules::check_name("pool", &req.pool)?;
+    rules::check_opt_name("preferred worker", req.preferred_worker.as_deref())?;
+    let now = rules::clamp(now);
+    let awaited = touch_existing(tx, &req.awaited, now)?;
+    let awaiter = touch_existing(tx, &req.awaiter, now)?;
+    if awaited.state.is_settled() {
+        return Ok(CallbackOutcome::AlreadyCompleted(awaited));
+    }
+    if awaiter.state.is_settled() {
+        return Err(PromiseError::AlreadySettled {
+            id: awaiter.id,
+            state: awaiter.state,
+        });
+    }
+    if let Some(cb) = tx.find_callback(&req.awaited, &req.awaiter, awaiter.resume_epoch)? {
+        return Ok(CallbackOutcome::Registered(cb));
+    }
+    let cb = tx.insert_callback(NewCallback {
+        awaited: req.awaited.clone(),
+        awaiter: req.awaiter.clone(),
+        epoch: awaiter.resume_epoch,
+        pool: req.pool.clone(),
+        preferred_worker: req.preferred_worker.clone(),
+        created_at: now,
+    })?;
+    Ok(CallbackOutcome::Registered(cb))
+}
+
+pub(crate) fn claim_task(
+    tx: &mut impl Tx,
+    req: &ClaimRequest,
+    now: Millis,
+) -> Result<Option<Claimed>> {
+    rules::check_name("pool", &req.pool)?;
+    rules::check_name("worker", &req.worker)?;
+    if req.lease_ms == 0 {
+        return Err(PromiseError::invalid("lease_ms must be positive"));
+    }
+    let now = rules::clamp(now);
+    // A claimable invoke task whose promise has timed out is completed by
+    // the touch; look again until a live task (or none) turns up.
+    loop {
+        let Some(mut task) = tx.next_claimable(&req.pool, &req.worker, now)? else {
+            return Ok(None);
+        };
+        let promise = touch_existing(tx, &task.promise_id, now)?;
+        if task.kind == TaskKind::Invoke && promise.state.is_settled() {
+            // Normally gone with the timeout the touch applied; a stray one
+            // (an edited file) must not make this loop forever.
+            tx.delete_invoke_task_of(&promise.id)?;
+            continue;
+        }
+        task.state = TaskState::Claimed;
+        task.claims = task.claims.saturating_add(1);
+        task.lease_owner = Some(req.worker.clone());
+        task.lease_expires_at = Some(rules::clamp(now.saturating_add(req.lease_ms)));
+        tx.update_task(&task)?;
+        return Ok(Some(Claimed { task, promise }));
+    }
+}
+
+/// The task of a lease, after the timeout of its promise (which ends an
+/// invoke task) and of a resume task's awaiter.
+fn held_task(tx: &mut impl Tx, lease: &Lease, now: Millis) -> Result<Task> {
+    let not_found = PromiseError::TaskNotFound { id: lease.task_id };
+    let task = tx.task(lease.task_id)?.ok_or(not_found.clone())?;
+    touch(tx, &task.promise_id, now)?;
+    if let Some(awaiter) = &task.awaiter {
+        touch(tx, awaiter, now)?;
+    }
+    let task = tx.task(lease.task_id)?.ok_or(not_found)?;
+    if !rules::holds_lease(&task, &lease.worker, lease.claim, now) {
+        return Err(PromiseError::LeaseLost { id: task.id });
+    }
+    Ok(task)
+}
+
+pub(crate) fn heartbeat(
+    tx: &mut impl Tx,
+    lease: &Lease,
+    lease_ms: Millis,
+    now: Millis,
+) -> Result<Task> {
+    if lease_ms == 0 {
+        return Err(PromiseError::invalid("lease_ms must be positive"));
+    }
+    let now = rules::clamp(now);
+    let mut task = held_task(tx, lease, now)?;
+    task.lease_expires_at = Some(rules::clamp(now.saturating_add(lease_ms)));
+    tx.update_task(&task)?;
+    Ok(task)
+}
+
+pub(crate) fn complete_task(tx: &mut impl Tx, lease: &Lease, now: Millis) -> Result<()> {
+    let now = rules::clamp(now);
+    let task = held_task(tx, lease, now)?;
+    if task.kind == TaskKind::Invoke {
+        return Err(PromiseError::invalid(
+            "an invoke task completes with its promise (resolve or reject it)",
+        ));
+    }
+    let awaiter_id = task.awaiter.clone().unwrap_or_default();
+    let awaiter = tx.promise(&awaiter_id)?;
+    tx.delete_task(task.id)?;
+    if let Some(mut awaiter) = awaiter.filter(|a| a.resume_epoch == task.epoch) {
+        tx.crash_point()?;
+        awaiter.resume_epoch += 1;
+        tx.update_promise(&awaiter)?;
+    }
+    Ok(())
+}
+
+/// `impl Store for $ty` by running each operation of this module through
+/// `$ty::run` (its transaction) and reading `$ty::read_snapshot`.
+macro_rules! store_via_ops {
+    ($ty:ty) => {
+        impl $crate::store::Store for $ty {
+            fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created> {
+                self.run(|t| $crate::ops::create(t, req, now))
+            }
+            fn get(&self, id: &str, now: Millis) -> Result<Promise> {
+                self.run(|t| $crate::ops::get(t, id, now))
+            }
+            fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
+                self.run(|t| $crate::ops::complete(t, req, now))
+            }
+            fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
+                self.run(|t| $crate::ops::search(t, query, now))
+            }
+            fn register_callback(
+                &self,
+                req: &CallbackRequest,
+                now: Millis,
+            ) -> Result<CallbackOutcome> {
+                self.run(|t| $crate::ops::register_callback(t, req, now))
+            }
+            fn claim_task(&self, req: &ClaimRequest, now: Millis) -> Result<Option<Claimed>> {
+                self.run(|t| $crate::ops::claim_task(t, req, now))
+            }
+            fn heartbeat(&self, lease: &Lease, lease_ms: Millis, now: Millis) -> Result<Task> {
+                self.run(|t| $crate::ops::heartbeat(t, lease, lease_ms, now))
+            }
+            fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
+                self.run(|t| $crate::ops::complete_task(t, lease, now))
+            }
+            fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
+                self.run(|t| $crate::ops::sweep(t, now, limit))
+            }
+            fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize> {
+                self.run(|t| $crate::ops::prune(t, settled_before, limit))
+            }
+            fn snapshot(&self) -> Result<Snapshot> {
+                self.read_snapshot()
+            }
+        }
+    };
+}
+pub(crate) use store_via_ops;

@@ -1,0 +1,170 @@
+//! The SQLite store: one file, WAL, one `BEGIN IMMEDIATE` transaction per
+//! operation. Several processes may open the same file; SQLite's lock
+//! serialises their writes (a writer waits up to `busy_timeout`, then gets
+//! [`PromiseError::Locked`]).
+
+mod schema;
+mod tx;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rusqlite::{Connection, ErrorCode, TransactionBehavior};
+
+pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
+
+use crate::error::PromiseError;
+use crate::model::{
+    CallbackOutcome, CallbackRequest, ClaimRequest, Claimed, CompleteRequest, Completed,
+    CreateRequest, Created, Lease, Millis, Promise, SearchQuery, Snapshot, Task,
+};
+use crate::ops;
+use crate::store::Result;
+use tx::SqlTx;
+
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    /// How long a write waits for another connection's lock before
+    /// [`PromiseError::Locked`].
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A test hook that interrupts an operation between two of its writes.
+pub enum CrashHook {
+    /// The operation fails with [`PromiseError::Crashed`] at its `n`th
+    /// crash point (0 = the first); its transaction is dropped unfinished.
+    FailAt(usize),
+    /// Calls the function at the `n`th crash point, inside the open
+    /// transaction (a child process signals its parent and waits there to
+    /// be killed).
+    CallAt(usize, Box<dyn FnMut() + Send>),
+}
+
+pub(crate) struct Hook {
+    hook: Option<CrashHook>,
+    passed: usize,
+}
+
+impl Hook {
+    pub(crate) fn point(&mut self) -> Result<()> {
+        let n = self.passed;
+        self.passed += 1;
+        match &mut self.hook {
+            Some(CrashHook::FailAt(at)) if *at == n => {
+                self.hook = None;
+                Err(PromiseError::Crashed)
+            }
+            Some(CrashHook::CallAt(at, f)) if *at == n => {
+                f();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+struct Inner {
+    conn: Connection,
+    hook: Hook,
+}
+
+pub struct SqliteStore {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store in the file at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, SqliteOptions::default())
+    }
+
+    pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
+        let path = path.as_ref().to_owned();
+        let mut conn = Connection::open(&path).map_err(|e| map_err(&path, e))?;
+        conn.busy_timeout(options.busy_timeout)
+            .map_err(|e| map_err(&path, e))?;
+        schema::prepare(&mut conn, &path)?;
+        Ok(Self {
+            path,
+            inner: Mutex::new(Inner {
+                conn,
+                hook: Hook {
+                    hook: None,
+                    passed: 0,
+                },
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Installs (or removes) the crash hook; it counts crash points from
+    /// the next operation on.
+    pub fn set_crash_hook(&self, hook: Option<CrashHook>) {
+        let mut inner = self.inner.lock();
+        inner.hook = Hook { hook, passed: 0 };
+    }
+
+    /// Runs `op` in one `BEGIN IMMEDIATE` transaction. A protocol answer
+    /// commits (the timeouts applied on the way are real); a storage
+    /// failure or the crash hook drops the transaction, which rolls it back.
+    fn run<T>(&self, op: impl FnOnce(&mut SqlTx<'_>) -> Result<T>) -> Result<T> {
+        let mut guard = self.inner.lock();
+        let Inner { conn, hook } = &mut *guard;
+        let path = &self.path;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| map_err(path, e))?;
+        let result = op(&mut SqlTx::new(&tx, path, hook));
+        match &result {
+            Err(e) if !e.is_protocol() => return result,
+            _ => {}
+        }
+        tx.commit().map_err(|e| map_err(path, e))?;
+        result
+    }
+}
+
+/// Maps SQLite's failures onto the typed errors of a database file.
+pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> PromiseError {
+    if let rusqlite::Error::SqliteFailure(f, _) = &e {
+        match f.code {
+            ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
+                return PromiseError::Corrupt {
+                    path: path.to_owned(),
+                    message: e.to_string(),
+                }
+            }
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                return PromiseError::Locked {
+                    path: path.to_owned(),
+                }
+            }
+            _ => {}
+        }
+    }
+    PromiseError::Storage {
+        message: format!("{}: {e}", path.display()),
+    }
+}
+
+impl SqliteStore {
+    fn read_snapshot(&self) -> Result<Snapshot> {
+        let guard = self.inner.lock();
+        tx::snapshot(&guard.conn, &self.path)
+    }
+}
+
+ops::store_via_ops!(SqliteStore);

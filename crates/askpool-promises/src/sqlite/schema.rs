@@ -1,0 +1,124 @@
+//! Opening a database file: telling an askpool store from a foreign or
+//! newer one, and the versioned migrations (`PRAGMA user_version`).
+
+use std::path::Path;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::map_err;
+use crate::error::PromiseError;
+use crate::store::Result;
+
+/// `PRAGMA application_id` of an askpool promise store ("ASKP").
+pub const APPLICATION_ID: i64 = 0x4153_4B50;
+
+/// Migration `i` takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: promises, tasks, callbacks.
+    "CREATE TABLE promises (
+        id TEXT PRIMARY KEY NOT NULL,
+        state INTEGER NOT NULL,
+        param BLOB NOT NULL,
+        value BLOB,
+        timeout_at INTEGER NOT NULL,
+        create_key TEXT,
+        complete_key TEXT,
+        strict INTEGER NOT NULL,
+        tags TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        settled_at INTEGER,
+        resume_epoch INTEGER NOT NULL
+    );
+    CREATE INDEX promises_pending_timeout ON promises(timeout_at, id) WHERE state = 0;
+    CREATE INDEX promises_settled ON promises(settled_at, id) WHERE state != 0;
+    CREATE TABLE tasks (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind INTEGER NOT NULL,
+        promise_id TEXT NOT NULL,
+        awaiter TEXT,
+        epoch INTEGER NOT NULL,
+        pool TEXT NOT NULL,
+        preferred_worker TEXT,
+        state INTEGER NOT NULL,
+        claims INTEGER NOT NULL,
+        lease_owner TEXT,
+        lease_expires_at INTEGER,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX tasks_pool ON tasks(pool, id);
+    CREATE INDEX tasks_promise ON tasks(promise_id) WHERE kind = 0;
+    CREATE INDEX tasks_awaiter ON tasks(awaiter, epoch) WHERE kind = 1;
+    CREATE TABLE callbacks (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        awaited TEXT NOT NULL,
+        awaiter TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        pool TEXT NOT NULL,
+        preferred_worker TEXT,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX callbacks_awaited ON callbacks(awaited, id);
+    CREATE INDEX callbacks_awaiter ON callbacks(awaiter);",
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Checks what the file is, then brings its schema up to date.
+pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<()> {
+    let err = |e| map_err(path, e);
+    let app_id: i64 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(err)?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(err)?;
+    let objects: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .map_err(err)?;
+    if app_id != APPLICATION_ID && (app_id != 0 || objects > 0 || version != 0) {
+        return Err(PromiseError::Foreign {
+            path: path.to_owned(),
+            message: format!(
+                "application_id {app_id:#x}, user_version {version}, {objects} schema objects"
+            ),
+        });
+    }
+    if version > SCHEMA_VERSION {
+        return Err(PromiseError::NewerVersion {
+            path: path.to_owned(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(PromiseError::Storage {
+            message: format!("cannot switch {path:?} to WAL (journal mode {mode})"),
+        });
+    }
+    // WAL + NORMAL: a commit survives a process crash; the last commits
+    // before a power loss may be lost, never half of one.
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(err)?;
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(err)?;
+    // Another process may have migrated while we waited for the lock.
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(err)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.execute_batch(sql).map_err(err)?;
+        tx.pragma_update(None, "user_version", i as i64 + 1)
+            .map_err(err)?;
+    }
+    tx.pragma_update(None, "application_id", APPLICATION_ID)
+        .map_err(err)?;
+    tx.commit().map_err(err)
+}

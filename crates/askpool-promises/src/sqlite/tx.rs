@@ -1,0 +1,461 @@
+//! The storage primitives of [`ops`](crate::ops) in SQL, on an open
+//! transaction, with cached statements.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
+
+use super::{map_err, Hook};
+use crate::error::PromiseError;
+use crate::model::{
+    Callback, Millis, Promise, SearchQuery, Snapshot, State, Task, TaskKind, TaskState,
+};
+use crate::ops::{NewCallback, NewTask, Tx};
+use crate::pattern;
+use crate::rules::PREFERENCE_GRACE_MS;
+use crate::store::Result;
+
+const PROMISE_COLS: &str = "id, state, param, value, timeout_at, create_key, complete_key, \
+     strict, tags, created_at, settled_at, resume_epoch";
+const TASK_COLS: &str = "id, kind, promise_id, awaiter, epoch, pool, preferred_worker, state, \
+     claims, lease_owner, lease_expires_at, created_at";
+const CALLBACK_COLS: &str = "id, awaited, awaiter, epoch, pool, preferred_worker, created_at";
+
+pub(crate) struct SqlTx<'a> {
+    tx: &'a Transaction<'a>,
+    path: &'a Path,
+    hook: &'a mut Hook,
+}
+
+impl<'a> SqlTx<'a> {
+    pub(crate) fn new(tx: &'a Transaction<'a>, path: &'a Path, hook: &'a mut Hook) -> Self {
+        Self { tx, path, hook }
+    }
+}
+
+fn t(v: Millis) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A value read back that this store never writes: the file was altered.
+fn bad(what: &str) -> rusqlite::Error {
+    rusqlite::Error::InvalidColumnType(0, what.to_owned(), rusqlite::types::Type::Null)
+}
+
+fn promise_row(r: &Row<'_>) -> rusqlite::Result<Promise> {
+    let state: i64 = r.get(1)?;
+    let tags: String = r.get(8)?;
+    Ok(Promise {
+        id: r.get(0)?,
+        state: State::from_code(state).ok_or_else(|| bad("promise state"))?,
+        param: r.get(2)?,
+        value: r.get(3)?,
+        timeout_at: r.get::<_, i64>(4)? as u64,
+        create_key: r.get(5)?,
+        complete_key: r.get(6)?,
+        strict: r.get(7)?,
+        tags: serde_json::from_str::<BTreeMap<String, String>>(&tags)
+            .map_err(|_| bad("promise tags"))?,
+        created_at: r.get::<_, i64>(9)? as u64,
+        settled_at: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
+        resume_epoch: r.get::<_, i64>(11)? as u64,
+    })
+}
+
+fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
+    let kind = match r.get::<_, i64>(1)? {
+        0 => TaskKind::Invoke,
+        1 => TaskKind::Resume,
+        _ => return Err(bad("task kind")),
+    };
+    let state = match r.get::<_, i64>(7)? {
+        0 => TaskState::Ready,
+        1 => TaskState::Claimed,
+        _ => return Err(bad("task state")),
+    };
+    Ok(Task {
+        id: r.get::<_, i64>(0)? as u64,
+        kind,
+        promise_id: r.get(2)?,
+        awaiter: r.get(3)?,
+        epoch: r.get::<_, i64>(4)? as u64,
+        pool: r.get(5)?,
+        preferred_worker: r.get(6)?,
+        state,
+        claims: r.get(8)?,
+        lease_owner: r.get(9)?,
+        lease_expires_at: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
+        created_at: r.get::<_, i64>(11)? as u64,
+    })
+}
+
+fn callback_row(r: &Row<'_>) -> rusqlite::Result<Callback> {
+    Ok(Callback {
+        id: r.get::<_, i64>(0)? as u64,
+        awaited: r.get(1)?,
+        awaiter: r.get(2)?,
+        epoch: r.get::<_, i64>(3)? as u64,
+        pool: r.get(4)?,
+        preferred_worker: r.get(5)?,
+        created_at: r.get::<_, i64>(6)? as u64,
+    })
+}
+
+fn kind_code(k: TaskKind) -> i64 {
+    match k {
+        TaskKind::Invoke => 0,
+        TaskKind::Resume => 1,
+    }
+}
+
+fn state_code(s: TaskState) -> i64 {
+    match s {
+        TaskState::Ready => 0,
+        TaskState::Claimed => 1,
+    }
+}
+
+fn tags_json(tags: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(tags).unwrap_or_else(|_| "{}".into())
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(-1)
+}
+
+impl SqlTx<'_> {
+    fn err(&self, e: rusqlite::Error) -> PromiseError {
+        if matches!(e, rusqlite::Error::InvalidColumnType(..)) {
+            return PromiseError::Corrupt {
+                path: self.path.to_owned(),
+                message: e.to_string(),
+            };
+        }
+        map_err(self.path, e)
+    }
+
+    fn insert_promise_row(&mut self, sql: &str, p: &Promise) -> Result<usize> {
+        let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
+        stmt.execute(params![
+            p.id,
+            p.state.code(),
+            p.param,
+            p.value,
+            t(p.timeout_at),
+            p.create_key,
+            p.complete_key,
+            p.strict,
+            tags_json(&p.tags),
+            t(p.created_at),
+            p.settled_at.map(t),
+            t(p.resume_epoch),
+        ])
+        .map_err(|e| self.err(e))
+    }
+
+    fn one_task(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<Option<Task>> {
+        let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
+        stmt.query_row(p, task_row)
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+}
+
+impl Tx for SqlTx<'_> {
+    fn promise(&mut self, id: &str) -> Result<Option<Promise>> {
+        let sql = format!("SELECT {PROMISE_COLS} FROM promises WHERE id = ?1");
+        let mut stmt = self.tx.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        stmt.query_row([id], promise_row)
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    fn insert_promise(&mut self, p: &Promise) -> Result<bool> {
+        let sql = format!(
+            "INSERT INTO promises ({PROMISE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+             ON CONFLICT (id) DO NOTHING"
+        );
+        Ok(self.insert_promise_row(&sql, p)? == 1)
+    }
+
+    fn update_promise(&mut self, p: &Promise) -> Result<()> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "UPDATE promises SET state = ?2, value = ?3, complete_key = ?4, settled_at = ?5, \
+                 resume_epoch = ?6 WHERE id = ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        stmt.execute(params![
+            p.id,
+            p.state.code(),
+            p.value,
+            p.complete_key,
+            p.settled_at.map(t),
+            t(p.resume_epoch),
+        ])
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn expired(&mut self, now: Millis, pat: Option<&str>, n: usize) -> Result<Vec<String>> {
+        let glob = pat.map(pattern::to_glob);
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT id FROM promises WHERE state = 0 AND timeout_at <= ?1 \
+                 AND (?2 IS NULL OR id GLOB ?2) ORDER BY timeout_at, id LIMIT ?3",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![t(now), glob, limit(n)], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<String>>>()
+            .map_err(|e| self.err(e))
+    }
+
+    fn prunable(&mut self, before: Millis, n: usize) -> Result<Vec<String>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "SELECT id FROM promises p WHERE state != 0 AND settled_at < ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM tasks WHERE promise_id = p.id) \
+                 AND NOT EXISTS (SELECT 1 FROM tasks WHERE kind = 1 AND awaiter = p.id) \
+                 ORDER BY settled_at, id LIMIT ?2",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![t(before), limit(n)], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<String>>>()
+            .map_err(|e| self.err(e))
+    }
+
+    fn delete_promise(&mut self, id: &str) -> Result<()> {
+        for sql in [
+            "DELETE FROM promises WHERE id = ?1",
+            "DELETE FROM callbacks WHERE awaiter = ?1",
+        ] {
+            let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
+            stmt.execute([id]).map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    fn search(&mut self, q: &SearchQuery) -> Result<Vec<Promise>> {
+        let sql = format!(
+            "SELECT {PROMISE_COLS} FROM promises WHERE id GLOB ?1 AND (?2 IS NULL OR state = ?2) \
+             AND (?3 IS NULL OR id > ?3) ORDER BY id LIMIT ?4"
+        );
+        let mut stmt = self.tx.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(
+                params![
+                    pattern::to_glob(&q.pattern),
+                    q.state.map(State::code),
+                    q.after,
+                    limit(q.limit)
+                ],
+                promise_row,
+            )
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.err(e))
+    }
+
+    fn insert_task(&mut self, n: NewTask) -> Result<Task> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "INSERT INTO tasks (kind, promise_id, awaiter, epoch, pool, preferred_worker, \
+                 state, claims, lease_owner, lease_expires_at, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, 0, NULL, NULL, ?7)",
+            )
+            .map_err(|e| self.err(e))?;
+        stmt.execute(params![
+            kind_code(n.kind),
+            n.promise_id,
+            n.awaiter,
+            t(n.epoch),
+            n.pool,
+            n.preferred_worker,
+            t(n.created_at),
+        ])
+        .map_err(|e| self.err(e))?;
+        let id = self.tx.last_insert_rowid() as u64;
+        Ok(n.with_id(id))
+    }
+
+    fn task(&mut self, id: u64) -> Result<Option<Task>> {
+        let sql = format!("SELECT {TASK_COLS} FROM tasks WHERE id = ?1");
+        self.one_task(&sql, [t(id)])
+    }
+
+    fn update_task(&mut self, k: &Task) -> Result<()> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "UPDATE tasks SET state = ?2, claims = ?3, lease_owner = ?4, lease_expires_at = ?5 \
+                 WHERE id = ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        stmt.execute(params![
+            t(k.id),
+            state_code(k.state),
+            k.claims,
+            k.lease_owner,
+            k.lease_expires_at.map(t),
+        ])
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn delete_task(&mut self, id: u64) -> Result<()> {
+        let mut stmt = self
+            .tx
+            .prepare_cached("DELETE FROM tasks WHERE id = ?1")
+            .map_err(|e| self.err(e))?;
+        stmt.execute([t(id)]).map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn delete_invoke_task_of(&mut self, promise_id: &str) -> Result<bool> {
+        let mut stmt = self
+            .tx
+            .prepare_cached("DELETE FROM tasks WHERE promise_id = ?1 AND kind = 0")
+            .map_err(|e| self.err(e))?;
+        let deleted = stmt.execute([promise_id]).map_err(|e| self.err(e))?;
+        Ok(deleted > 0)
+    }
+
+    fn has_resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<bool> {
+        let mut stmt = self
+            .tx
+            .prepare_cached("SELECT 1 FROM tasks WHERE awaiter = ?1 AND epoch = ?2 AND kind = 1")
+            .map_err(|e| self.err(e))?;
+        stmt.exists(params![awaiter, t(epoch)])
+            .map_err(|e| self.err(e))
+    }
+
+    fn next_claimable(&mut self, pool: &str, worker: &str, now: Millis) -> Result<Option<Task>> {
+        // `created_at <= now - grace` is rules::claimable's grace test.
+        let others_from = if now >= PREFERENCE_GRACE_MS {
+            t(now - PREFERENCE_GRACE_MS)
+        } else {
+            -1
+        };
+        let sql = format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE pool = ?1 \
+             AND (state = 0 OR (state = 1 AND lease_expires_at <= ?3)) \
+             AND (preferred_worker IS NULL OR preferred_worker = ?2 OR created_at <= ?4) \
+             ORDER BY (preferred_worker IS ?2) DESC, id LIMIT 1"
+        );
+        self.one_task(&sql, params![pool, worker, t(now), others_from])
+    }
+
+    fn callbacks_on(&mut self, awaited: &str) -> Result<Vec<Callback>> {
+        let sql = format!("SELECT {CALLBACK_COLS} FROM callbacks WHERE awaited = ?1 ORDER BY id");
+        let mut stmt = self.tx.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map([awaited], callback_row)
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.err(e))
+    }
+
+    fn find_callback(
+        &mut self,
+        awaited: &str,
+        awaiter: &str,
+        epoch: u64,
+    ) -> Result<Option<Callback>> {
+        let sql = format!(
+            "SELECT {CALLBACK_COLS} FROM callbacks WHERE awaited = ?1 AND awaiter = ?2 AND epoch = ?3 \
+             ORDER BY id LIMIT 1"
+        );
+        let mut stmt = self.tx.prepare_cached(&sql).map_err(|e| self.err(e))?;
+        stmt.query_row(params![awaited, awaiter, t(epoch)], callback_row)
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    fn insert_callback(&mut self, n: NewCallback) -> Result<Callback> {
+        let mut stmt = self
+            .tx
+            .prepare_cached(
+                "INSERT INTO callbacks (awaited, awaiter, epoch, pool, preferred_worker, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .map_err(|e| self.err(e))?;
+        stmt.execute(params![
+            n.awaited,
+            n.awaiter,
+            t(n.epoch),
+            n.pool,
+            n.preferred_worker,
+            t(n.created_at),
+        ])
+        .map_err(|e| self.err(e))?;
+        let id = self.tx.last_insert_rowid() as u64;
+        Ok(n.with_id(id))
+    }
+
+    fn delete_callbacks_on(&mut self, awaited: &str) -> Result<()> {
+        let mut stmt = self
+            .tx
+            .prepare_cached("DELETE FROM callbacks WHERE awaited = ?1")
+            .map_err(|e| self.err(e))?;
+        stmt.execute([awaited]).map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    fn crash_point(&mut self) -> Result<()> {
+        self.hook.point()
+    }
+}
+
+/// Everything in the file, by id.
+pub(crate) fn snapshot(conn: &Connection, path: &Path) -> Result<Snapshot> {
+    let err = |e: rusqlite::Error| match e {
+        rusqlite::Error::InvalidColumnType(..) => PromiseError::Corrupt {
+            path: path.to_owned(),
+            message: e.to_string(),
+        },
+        e => map_err(path, e),
+    };
+    fn all<T>(
+        conn: &Connection,
+        sql: &str,
+        f: fn(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<Vec<T>> {
+        let mut stmt = conn.prepare_cached(sql)?;
+        let rows = stmt.query_map([], f)?;
+        rows.collect()
+    }
+    // One read transaction: a consistent view even with other writers.
+    let tx = conn.unchecked_transaction().map_err(err)?;
+    let conn: &Connection = &tx;
+    let snapshot = Snapshot {
+        promises: all(
+            conn,
+            &format!("SELECT {PROMISE_COLS} FROM promises ORDER BY id"),
+            promise_row,
+        )
+        .map_err(err)?,
+        tasks: all(
+            conn,
+            &format!("SELECT {TASK_COLS} FROM tasks ORDER BY id"),
+            task_row,
+        )
+        .map_err(err)?,
+        callbacks: all(
+            conn,
+            &format!("SELECT {CALLBACK_COLS} FROM callbacks ORDER BY id"),
+            callback_row,
+        )
+        .map_err(err)?,
+    };
+    tx.commit().map_err(err)?;
+    Ok(snapshot)
+}

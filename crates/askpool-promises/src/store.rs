@@ -1,0 +1,82 @@
+//! The [`Store`] trait: the operations of the protocol, each atomic, each
+//! given `now`. Implemented by [`MemoryStore`](crate::MemoryStore) (the
+//! reference model) and [`SqliteStore`](crate::SqliteStore).
+//!
+//! The API is synchronous: SQLite is. The runtime integration calls it
+//! inline from async code (a local SQLite transaction takes microseconds to
+//! a millisecond, the same order as a tokio task switch); a store on slow
+//! storage should be called through `tokio::task::spawn_blocking`.
+
+use crate::error::PromiseError;
+use crate::model::{
+    CallbackOutcome, CallbackRequest, ClaimRequest, Claimed, CompleteRequest, Completed,
+    CreateRequest, Created, Lease, Millis, Promise, SearchQuery, Snapshot, Task,
+};
+
+pub type Result<T> = std::result::Result<T, PromiseError>;
+
+pub trait Store: Send + Sync {
+    /// Creates a promise (idempotent by key); see [`rules`](crate::rules).
+    fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created>;
+    /// The promise, timed out first if its time has come.
+    fn get(&self, id: &str, now: Millis) -> Result<Promise>;
+    /// Resolves, rejects or cancels a promise, once; replays on its key.
+    fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed>;
+    fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>>;
+    /// Registers `Resume(awaiter, awaited)`, or answers that the awaited
+    /// promise has already settled.
+    fn register_callback(&self, req: &CallbackRequest, now: Millis) -> Result<CallbackOutcome>;
+    /// Claims the next claimable task of a pool for a worker, if any.
+    fn claim_task(&self, req: &ClaimRequest, now: Millis) -> Result<Option<Claimed>>;
+    /// Extends a held lease to `now + lease_ms`.
+    fn heartbeat(&self, lease: &Lease, lease_ms: Millis, now: Millis) -> Result<Task>;
+    /// Completes a held resume task (invoke tasks complete with their
+    /// promise).
+    fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()>;
+    /// Times out up to `limit` expired pending promises, oldest deadline
+    /// first; returns how many.
+    fn sweep(&self, now: Millis, limit: usize) -> Result<usize>;
+    /// Deletes up to `limit` promises settled before `settled_before` that
+    /// no task refers to, oldest first, with the stale callbacks they had
+    /// registered as awaiters; returns how many. What keeps a long-running
+    /// store bounded.
+    fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize>;
+    /// Everything stored, in canonical order, without applying timeouts.
+    fn snapshot(&self) -> Result<Snapshot>;
+}
+
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created> {
+        (**self).create(req, now)
+    }
+    fn get(&self, id: &str, now: Millis) -> Result<Promise> {
+        (**self).get(id, now)
+    }
+    fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
+        (**self).complete(req, now)
+    }
+    fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
+        (**self).search(query, now)
+    }
+    fn register_callback(&self, req: &CallbackRequest, now: Millis) -> Result<CallbackOutcome> {
+        (**self).register_callback(req, now)
+    }
+    fn claim_task(&self, req: &ClaimRequest, now: Millis) -> Result<Option<Claimed>> {
+        (**self).claim_task(req, now)
+    }
+    fn heartbeat(&self, lease: &Lease, lease_ms: Millis, now: Millis) -> Result<Task> {
+        (**self).heartbeat(lease, lease_ms, now)
+    }
+    fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
+        (**self).complete_task(lease, now)
+    }
+    fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
+        (**self).sweep(now, limit)
+    }
+    fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize> {
+        (**self).prune(settled_before, limit)
+    }
+    fn snapshot(&self) -> Result<Snapshot> {
+        (**self).snapshot()
+    }
+}

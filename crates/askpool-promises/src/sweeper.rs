@@ -1,0 +1,34 @@
+//! The sweeper: times out expired pending promises nobody touches, so
+//! their resume tasks go out and their invoke tasks end on time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::durable::now_millis;
+use crate::store::Store;
+
+/// Every `every`, sweeps in batches of `batch` until a batch comes back
+/// short. Needs a tokio runtime; abort the handle to stop it. A storage
+/// error is logged and retried at the next tick.
+pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration, batch: usize) -> JoinHandle<()> {
+    let batch = batch.max(1);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            loop {
+                match store.sweep(now_millis(), batch) {
+                    Ok(n) if n == batch => tokio::task::yield_now().await,
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "promise sweep failed");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,289 @@
+//! Durable asks across a caller restart: drop the node, reopen the same
+//! SQLite file in a new node, await the same outcome by id.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use askpool::{AskError, Node, RequestId};
+use askpool_promises::{DurableAsk, DurablePromises, SqliteStore, State, Store};
+
+type N = Node<String, String>;
+
+fn promises(path: &std::path::Path) -> DurablePromises {
+    DurablePromises::new(SqliteStore::open(path).unwrap())
+}
+
+/// A node whose pool "upper" upper-cases, counting finished runs and
+/// checking that the request id is the promise id.
+fn upper_node(runs: &Arc<AtomicUsize>) -> N {
+    let node = N::new();
+    let runs = Arc::clone(runs);
+    node.pool("upper")
+        .handler(move |msg: String, ctx| {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(format!("{}:{}", msg.to_uppercase(), ctx.request_id()))
+            }
+        })
+        .unwrap();
+    node
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_outcome_survives_the_restart_and_the_handler_ran_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("durable.db");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (id, first) = {
+        let node = upper_node(&runs);
+        let ask = node
+            .ask_durable(&promises(&path), "upper", "hello".into())
+            .unwrap();
+        let id = ask.id().to_owned();
+        (id, ask.await.unwrap())
+    };
+    assert_eq!(
+        first,
+        format!("HELLO:{id}"),
+        "the request id is the promise id"
+    );
+    // A new process, in effect: new node, new store handle on the same file.
+    let node = upper_node(&runs);
+    let store = promises(&path);
+    assert_eq!(
+        node.await_durable(&store, &id).unwrap().await.unwrap(),
+        first
+    );
+    let again = node
+        .ask_durable_with_id(&store, id.parse().unwrap(), "upper", "hello".into())
+        .unwrap();
+    assert_eq!(again.await.unwrap(), first);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(
+        store
+            .store()
+            .get(&id, askpool_promises::now_millis())
+            .unwrap()
+            .state,
+        State::Resolved
+    );
+    assert!(matches!(
+        node.ask_durable_with_id(&store, id.parse().unwrap(), "upper", "other".into()),
+        Err(AskError::PayloadMismatch)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_durable_ask_is_asked_again_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("durable.db");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let id = {
+        // The first caller's worker never finishes: the caller goes down
+        // with the ask outstanding.
+        let node = N::new();
+        let signal = Arc::clone(&started);
+        node.pool("upper")
+            .handler(move |_msg: String, _ctx| {
+                let started = Arc::clone(&signal);
+                async move {
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                    Ok(String::new())
+                }
+            })
+            .unwrap();
+        let store = promises(&path);
+        let ask = node.ask_durable(&store, "upper", "hello".into()).unwrap();
+        let id = ask.id().to_owned();
+        let waiting = tokio::spawn(ask);
+        started.notified().await;
+        node.shutdown();
+        let outcome = waiting.await.unwrap();
+        assert!(
+            matches!(outcome, Err(AskError::Unavailable { .. })),
+            "{outcome:?}"
+        );
+        let p = store
+            .store()
+            .get(&id, askpool_promises::now_millis())
+            .unwrap();
+        assert_eq!(
+            p.state,
+            State::Pending,
+            "a transient failure settles nothing"
+        );
+        id
+    };
+    let node = upper_node(&runs);
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        node.await_durable(&promises(&path), &id).unwrap(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(reply, format!("HELLO:{id}"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one finished run in all");
+    let p = promises(&path)
+        .store()
+        .get(&id, askpool_promises::now_millis())
+        .unwrap();
+    assert_eq!(p.value.as_deref(), Some(reply.as_bytes()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_failure_rejects_the_promise_and_replays_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("durable.db");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let failing = |runs: &Arc<AtomicUsize>| {
+        let node = N::new();
+        let runs = Arc::clone(runs);
+        node.pool("strict")
+            .handler(move |_msg: String, _ctx| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Err(AskError::handler_failed("ValueError", "no")) }
+            })
+            .unwrap();
+        node
+    };
+    let id = RequestId::from_parts(42, 7);
+    let first = failing(&runs)
+        .ask_durable_with_id(&promises(&path), id, "strict", "x".into())
+        .unwrap()
+        .await;
+    let expected = Err(AskError::handler_failed("ValueError", "no"));
+    assert_eq!(first, expected);
+    let node = failing(&runs);
+    let store = promises(&path);
+    assert_eq!(
+        node.await_durable(&store, &id.to_string()).unwrap().await,
+        expected
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let p = store.store().get(&id.to_string(), 0).unwrap();
+    assert_eq!(p.state, State::Rejected);
+    assert!(matches!(
+        node.await_durable(&store, "not-an-id"),
+        Err(AskError::InvalidArgument { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_times_out_promises_nobody_touches() {
+    use askpool_promises::{CreateRequest, MemoryStore};
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let now = askpool_promises::now_millis();
+    for i in 0..5 {
+        store
+            .create(&CreateRequest::new(format!("p{i}"), now + 20), now)
+            .unwrap();
+    }
+    store
+        .create(&CreateRequest::new("later", now + 3_600_000), now)
+        .unwrap();
+    let sweeper = askpool_promises::spawn_sweeper(Arc::clone(&store), Duration::from_millis(10), 2);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // The raw snapshot: only the sweeper can have timed them out.
+        let snap = store.snapshot().unwrap();
+        let timed_out = snap
+            .promises
+            .iter()
+            .filter(|p| p.state == State::TimedOut)
+            .count();
+        if timed_out == 5 {
+            assert_eq!(
+                snap.promises
+                    .iter()
+                    .find(|p| p.id == "later")
+                    .unwrap()
+                    .state,
+                State::Pending
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not swept: {snap:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sweeper.abort();
+}
+
+/// The worker process lives on while the caller restarts (same caller
+/// identity, here from the same seed): the re-sent ask carries the same
+/// request id, joins the run still in progress, and the handler starts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_caller_joins_the_run_in_progress() {
+    use askpool::{InProcessTransport, NodeConfig, WorkerTransport};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("durable.db");
+    let transport: Arc<dyn WorkerTransport<String, String>> = Arc::new(InProcessTransport::new());
+    let starts = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let worker = N::with_transport(Arc::clone(&transport), NodeConfig::default());
+    {
+        let (starts, started, gate) =
+            (Arc::clone(&starts), Arc::clone(&started), Arc::clone(&gate));
+        worker
+            .pool("slow")
+            .handler(move |msg: String, _ctx| {
+                starts.fetch_add(1, Ordering::SeqCst);
+                started.notify_one();
+                let gate = Arc::clone(&gate);
+                async move {
+                    let _permit = gate.acquire().await;
+                    Ok(msg.to_uppercase())
+                }
+            })
+            .unwrap();
+    }
+    let caller = || {
+        let config = NodeConfig {
+            seed: Some(7),
+            ..NodeConfig::default()
+        };
+        N::with_transport(Arc::clone(&transport), config)
+    };
+    let id = {
+        let first = caller();
+        let ask = first
+            .ask_durable(&promises(&path), "slow", "hi".into())
+            .unwrap();
+        let id = ask.id().to_owned();
+        let waiting = tokio::spawn(ask);
+        started.notified().await;
+        first.shutdown();
+        assert!(
+            waiting.await.unwrap().is_err(),
+            "the first caller went down"
+        );
+        id
+    };
+    let second = caller();
+    let ask = second.await_durable(&promises(&path), &id).unwrap();
+    let waiting = tokio::spawn(ask);
+    gate.add_permits(1);
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply, "HI");
+    assert_eq!(starts.load(Ordering::SeqCst), 1, "the handler started once");
+    let p = promises(&path)
+        .store()
+        .get(&id, askpool_promises::now_millis())
+        .unwrap();
+    assert_eq!(
+        (p.state, p.value.as_deref()),
+        (State::Resolved, Some(&b"HI"[..]))
+    );
+}

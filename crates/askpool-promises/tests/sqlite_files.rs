@@ -1,0 +1,163 @@
+//! What a database file can be: new, reopened, corrupt, someone else's,
+//! from a newer build, or locked by another writer. Each gets a typed error
+//! and nothing is changed in a file that is not ours.
+
+use std::time::Duration;
+
+use askpool_promises::{
+    CreateRequest, PromiseError, SearchQuery, SqliteOptions, SqliteStore, State, Store,
+    APPLICATION_ID, SCHEMA_VERSION,
+};
+use rusqlite::Connection;
+
+const T: u64 = 1_000_000;
+
+fn pragma(path: &std::path::Path, name: &str) -> i64 {
+    Connection::open(path)
+        .unwrap()
+        .pragma_query_value(None, name, |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn a_new_file_is_migrated_and_reopens_with_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        s.create(&CreateRequest::new("kept", T + 100).param("x"), T)
+            .unwrap();
+    }
+    assert_eq!(pragma(&path, "user_version"), SCHEMA_VERSION);
+    assert_eq!(pragma(&path, "application_id"), APPLICATION_ID);
+    let journal: String = Connection::open(&path)
+        .unwrap()
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .unwrap();
+    assert_eq!(journal, "wal");
+    let s = SqliteStore::open(&path).unwrap();
+    assert_eq!(s.get("kept", T).unwrap().param, b"x");
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("junk.db");
+    std::fs::write(&path, "this is not a database\n".repeat(400)).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    assert!(matches!(
+        SqliteStore::open(&path),
+        Err(PromiseError::Corrupt { .. })
+    ));
+    assert_eq!(std::fs::read(&path).unwrap(), before, "left untouched");
+}
+
+#[test]
+fn damaged_pages_read_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        for i in 0..300 {
+            s.create(
+                &CreateRequest::new(format!("p{i:04}"), T + 100).param(vec![7; 500]),
+                T,
+            )
+            .unwrap();
+        }
+    }
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 16 * 4096, "{} bytes", bytes.len());
+    for b in &mut bytes[4096..12 * 4096] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, bytes).unwrap();
+    let outcome =
+        SqliteStore::open(&path).and_then(|s| s.search(&SearchQuery::new("*").limit(1000), T));
+    assert!(
+        matches!(outcome, Err(PromiseError::Corrupt { .. })),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn another_programs_database_is_foreign() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("theirs.db");
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE invoices (id INTEGER PRIMARY KEY); INSERT INTO invoices VALUES (1);",
+        )
+        .unwrap();
+    assert!(matches!(
+        SqliteStore::open(&path),
+        Err(PromiseError::Foreign { .. })
+    ));
+    assert_eq!(pragma(&path, "user_version"), 0, "not migrated");
+    let journal: String = Connection::open(&path)
+        .unwrap()
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .unwrap();
+    assert_eq!(journal, "delete", "journal mode left alone");
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    drop(SqliteStore::open(&path).unwrap());
+    Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    match SqliteStore::open(&path) {
+        Err(PromiseError::NewerVersion {
+            found, supported, ..
+        }) => {
+            assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+        }
+        other => panic!("expected NewerVersion, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn a_write_locked_by_another_connection_is_locked_then_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let s = SqliteStore::open_with(
+        &path,
+        SqliteOptions {
+            busy_timeout: Duration::from_millis(50),
+        },
+    )
+    .unwrap();
+    s.create(&CreateRequest::new("a", T + 100), T).unwrap();
+    let other = Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    assert!(matches!(
+        s.create(&CreateRequest::new("b", T + 100), T),
+        Err(PromiseError::Locked { .. })
+    ));
+    // Reads of the snapshot still work under WAL.
+    assert_eq!(s.snapshot().unwrap().promises.len(), 1);
+    other.execute_batch("COMMIT").unwrap();
+    s.create(&CreateRequest::new("b", T + 100), T).unwrap();
+    assert_eq!(s.get("b", T).unwrap().state, State::Pending);
+}
+
+#[test]
+fn two_stores_on_one_file_see_each_others_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let a = SqliteStore::open(&path).unwrap();
+    let b = SqliteStore::open(&path).unwrap();
+    a.create(&CreateRequest::new("x", T + 100).key("k"), T)
+        .unwrap();
+    assert!(
+        b.create(&CreateRequest::new("x", T + 100).key("k"), T)
+            .unwrap()
+            .deduplicated
+    );
+    assert_eq!(a.snapshot().unwrap(), b.snapshot().unwrap());
+}

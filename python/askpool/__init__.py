@@ -1,0 +1,71 @@
+"""askpool: a reliable ask (request/reply) between callers and worker pools,
+asyncio-native, with the protocol (ids, retries, acks, dedup, timeouts,
+cancellation) in Rust.
+
+    async with askpool.Node() as node:
+        pool = node.pool("echo", concurrency=4)
+
+        @pool.handler
+        async def echo(msg, ctx):
+            return msg
+
+        reply = await node.ask("echo", "hi", timeout=5)
+"""
+
+from . import _dispatch, _native
+from ._errors import (
+    AskCancelledError,
+    AskpoolError,
+    AskTimeoutError,
+    BufferFullError,
+    DeadlineExceededError,
+    DecodeFailureError,
+    FailedPreconditionError,
+    HandlerError,
+    InternalError,
+    InvalidArgumentError,
+    NoRouteError,
+    NoRunningLoopError,
+    OversizePayloadError,
+    PayloadMismatchError,
+    PermissionDeniedError,
+    UnavailableError,
+    ValidationError,
+    from_native,
+)
+from ._node import AskHandle, DeadLetter, Node, Pool, StageEvent
+from ._stats import NodeStats, PoolStats
+
+_native.register_error_factory(from_native)
+_native.register_dispatch(_dispatch.resume, _dispatch.failure)
+
+#: What a handler receives as its second argument.
+Context = _native.Context
+
+__all__ = [
+    "AskCancelledError",
+    "AskHandle",
+    "AskTimeoutError",
+    "AskpoolError",
+    "BufferFullError",
+    "Context",
+    "DeadLetter",
+    "DeadlineExceededError",
+    "DecodeFailureError",
+    "FailedPreconditionError",
+    "HandlerError",
+    "InternalError",
+    "InvalidArgumentError",
+    "Node",
+    "NodeStats",
+    "NoRouteError",
+    "NoRunningLoopError",
+    "OversizePayloadError",
+    "PayloadMismatchError",
+    "PermissionDeniedError",
+    "Pool",
+    "PoolStats",
+    "StageEvent",
+    "UnavailableError",
+    "ValidationError",
+]

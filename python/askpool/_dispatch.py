@@ -1,0 +1,81 @@
+"""The slow paths of running a pool's handlers, called by the extension.
+
+The extension starts each handler's coroutine itself, on the loop thread; a
+handler that returns without awaiting is answered there and never reaches
+this module. One that awaits continues here as an asyncio task from where it
+stopped (``resume``); an exception is described by ``failure``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional
+
+from . import _native
+from ._errors import AskpoolError
+
+Handler = Callable[[Any, "_native.Context"], Awaitable[Any]]
+
+#: Handler tasks while they run: the loop keeps only weak references.
+_running: set[asyncio.Task[None]] = set()
+
+
+def failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
+    """``(type_name, message, code)`` for a handler's exception; ``None``
+    when the handler was cancelled."""
+    if isinstance(exc, asyncio.CancelledError):
+        return None
+    code = exc.code if isinstance(exc, AskpoolError) else None
+    return (type(exc).__name__, str(exc), code)
+
+
+def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:
+    described = failure(exc)
+    if described is None:
+        reply.cancelled()
+    else:
+        reply.error(*described)
+
+
+class _Resume:
+    """Awaitable that drives a coroutine the extension already started."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, yielded = self._coro, self._first
+        while True:
+            try:
+                sent = yield yielded
+            except BaseException as exc:  # a cancel thrown in by the task
+                try:
+                    yielded = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    yielded = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _finish(coro: Coroutine[Any, Any, Any], first: Any, reply: _native.Reply) -> None:
+    try:
+        value = await _Resume(coro, first)
+    except BaseException as exc:
+        _answer_failure(reply, exc)
+        if not isinstance(exc, Exception):
+            raise
+    else:
+        reply.ok(value)
+
+
+def resume(coro: Coroutine[Any, Any, Any], first: Any, reply: _native.Reply) -> None:
+    """Continues a handler that awaited as a task of the running loop."""
+    task = asyncio.get_running_loop().create_task(_finish(coro, first, reply))
+    _running.add(task)
+    task.add_done_callback(_running.discard)

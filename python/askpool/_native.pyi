@@ -1,0 +1,135 @@
+"""Type stubs of the extension module (bindings/python)."""
+
+import asyncio
+from typing import Any, Callable, Optional, final
+
+__all__ = [
+    "Context",
+    "LoopDriver",
+    "NativeAsk",
+    "NativeNode",
+    "NativePool",
+    "Reply",
+    "register_dispatch",
+    "register_error_factory",
+    "_panic",
+]
+
+def register_error_factory(
+    factory: Callable[[str, str, Optional[str], Optional[str]], BaseException],
+) -> None: ...
+def register_dispatch(
+    resume: Callable[[Any, Any, Reply], None],
+    failure: Callable[[BaseException], Optional[tuple[str, str, Optional[str]]]],
+) -> None: ...
+def _panic(message: str) -> None: ...
+
+@final
+class LoopDriver:
+    def __new__(cls) -> LoopDriver: ...
+    def fileno(self) -> int: ...
+    def drain(self) -> None: ...
+    def queued(self) -> int: ...
+
+@final
+class Context:
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def correlation_id(self) -> str: ...
+    @property
+    def causation_id(self) -> Optional[str]: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def cancelled(self) -> bool: ...
+    def progress(self, fraction: float, note: str = "") -> None: ...
+    def wait_cancelled(self) -> asyncio.Future[None]: ...
+
+@final
+class Reply:
+    def ok(self, value: Any) -> None: ...
+    def error(self, type_name: str, message: str, code: Optional[str] = None) -> None: ...
+    def cancelled(self) -> None: ...
+
+@final
+class NativeAsk:
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def correlation_id(self) -> str: ...
+    def cancel(self) -> None: ...
+    def next_stage(self, driver: LoopDriver, target: asyncio.Future[Any]) -> None: ...
+
+@final
+class NativePool:
+    @property
+    def name(self) -> str: ...
+    def close(self) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+@final
+class NativeNode:
+    def __new__(
+        cls,
+        default_timeout: Optional[float] = None,
+        dlq_capacity: Optional[int] = None,
+        track_stages: bool = True,
+        circuit_breaker: bool = True,
+    ) -> NativeNode: ...
+    @property
+    def caller_id(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def ask(
+        self,
+        driver: LoopDriver,
+        target: asyncio.Future[Any],
+        pool: str,
+        msg: Any,
+        timeout: Optional[float] = None,
+        preferred_worker: Optional[str] = None,
+        request_id: Optional[str] = None,
+        correlation_id: Optional[str] = None,
+        causation_id: Optional[str] = None,
+        fingerprint: Optional[int] = None,
+    ) -> NativeAsk: ...
+    def ask_sync(
+        self,
+        pool: str,
+        msg: Any,
+        timeout: Optional[float] = None,
+        preferred_worker: Optional[str] = None,
+        request_id: Optional[str] = None,
+        correlation_id: Optional[str] = None,
+        causation_id: Optional[str] = None,
+        fingerprint: Optional[int] = None,
+    ) -> Any: ...
+    def tell(
+        self,
+        driver: LoopDriver,
+        target: asyncio.Future[str],
+        pool: str,
+        msg: Any,
+        timeout: Optional[float] = None,
+        request_id: Optional[str] = None,
+    ) -> None: ...
+    def pool(
+        self,
+        driver: LoopDriver,
+        name: str,
+        handler: Callable[[Any, Context], Any],
+        concurrency: int,
+        max_in_flight: Optional[int] = None,
+    ) -> NativePool: ...
+    def stats(self) -> dict[str, Any]: ...
+    def dead_letters(
+        self,
+    ) -> list[tuple[str, str, str, Any, Any, int, str]]: ...
+    def replay_dead_letter(
+        self, driver: LoopDriver, target: asyncio.Future[Any], request_id: str
+    ) -> NativeAsk: ...
+    def purge_dead_letters(self) -> int: ...
+    def shutdown(self) -> None: ...

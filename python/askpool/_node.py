@@ -1,0 +1,314 @@
+"""The asyncio API: Node, Pool, AskHandle."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import weakref
+from types import TracebackType
+from typing import Any, AsyncIterator, NamedTuple, Optional, TypeVar
+
+from . import _native
+from ._dispatch import Handler
+from ._errors import AskpoolError, NoRunningLoopError
+from ._stats import NodeStats, PoolStats
+
+H = TypeVar("H", bound=Handler)
+
+_drivers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _native.LoopDriver] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _running_loop(what: str) -> asyncio.AbstractEventLoop:
+    loop = asyncio._get_running_loop()
+    if loop is None:
+        raise NoRunningLoopError(
+            f"{what} needs a running asyncio event loop in this thread; "
+            "from plain threads use Node.ask_sync()"
+        )
+    return loop
+
+
+def _driver(loop: asyncio.AbstractEventLoop) -> _native.LoopDriver:
+    driver = _drivers.get(loop)
+    if driver is None:
+        driver = _native.LoopDriver()
+        loop.add_reader(driver.fileno(), driver.drain)
+        _drivers[loop] = driver
+    return driver
+
+
+class StageEvent(NamedTuple):
+    """One ACK-lifecycle stage of an ask (SENT, RECEIVED, READ, PARTIAL, then
+    one of FULFILLED, REJECTED, FAILED, TIMED_OUT)."""
+
+    stage: str
+    #: Seconds since SENT.
+    since_sent: float
+    #: Seconds spent in the previous stage.
+    since_previous: float
+    #: Set on PARTIAL events: the handler's ``ctx.progress(fraction, note)``.
+    fraction: Optional[float]
+    note: Optional[str]
+
+
+class DeadLetter(NamedTuple):
+    request_id: str
+    correlation_id: str
+    pool: str
+    payload: Any
+    error: AskpoolError
+    attempts: int
+    #: "poison" or "retries_exhausted".
+    reason: str
+
+
+class AskHandle(asyncio.Future[Any]):
+    """An ask in flight: an asyncio future of the reply. Cancelling it (or
+    the task awaiting it) sends the protocol cancel to the pool."""
+
+    __slots__ = ("_native",)
+    _native: _native.NativeAsk
+
+    @property
+    def request_id(self) -> str:
+        return self._native.request_id
+
+    @property
+    def correlation_id(self) -> str:
+        return self._native.correlation_id
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.done():
+            return False
+        self._native.cancel()
+        return super().cancel(msg)
+
+    async def stages(self) -> AsyncIterator[StageEvent]:
+        """The ask's stage events as they happen, ending after the terminal
+        one. Empty on a node made with ``track_stages=False``."""
+        loop = _running_loop("AskHandle.stages()")
+        driver = _driver(loop)
+        while True:
+            target: asyncio.Future[Optional[tuple[str, float, float, Optional[float], Optional[str]]]]
+            target = loop.create_future()
+            self._native.next_stage(driver, target)
+            event = await target
+            if event is None:
+                return
+            yield StageEvent(*event)
+
+
+class Pool:
+    """A pool hosted by a node; give it a handler with ``@pool.handler``."""
+
+    def __init__(
+        self, node: Node, name: str, concurrency: int, max_in_flight: Optional[int]
+    ) -> None:
+        if concurrency < 1:
+            from ._errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"concurrency must be at least 1, not {concurrency}")
+        self._node = node
+        self.name = name
+        self.concurrency = concurrency
+        self.max_in_flight = max_in_flight
+        self._native: Optional[_native.NativePool] = None
+
+    def handler(self, fn: H) -> H:
+        """Registers ``async def fn(msg, ctx)`` and starts the pool's workers
+        on the running event loop."""
+        declared: object = fn  # no TypeGuard narrowing of `fn` itself
+        if not inspect.iscoroutinefunction(declared):
+            raise TypeError(f"a pool handler must be an `async def`, not {fn!r}")
+        if self._native is not None:
+            from ._errors import FailedPreconditionError
+
+            raise FailedPreconditionError(f"pool {self.name!r} already has a handler")
+        loop = _running_loop("Pool.handler")
+        self._native = self._node._native.pool(
+            _driver(loop), self.name, fn, self.concurrency, self.max_in_flight
+        )
+        return fn
+
+    def close(self) -> None:
+        """Leaves the node: new asks get ``NoRouteError``, queued ones are
+        cancelled."""
+        if self._native is not None:
+            self._native.close()
+
+    def stats(self) -> PoolStats:
+        if self._native is None:
+            from ._errors import FailedPreconditionError
+
+            raise FailedPreconditionError(f"pool {self.name!r} has no handler yet")
+        return self._native.stats()  # type: ignore[return-value]
+
+
+class Node:
+    """A caller of asks and a host of worker pools. Use it as an async
+    context manager: leaving it shuts it down (pending asks fail with
+    ``UnavailableError``).
+
+    ``default_timeout``: seconds, for asks that give none (30).
+    ``dlq_capacity``: dead letters kept (1,000). ``track_stages``: record
+    each ask's ACK lifecycle for ``AskHandle.stages()``. ``circuit_breaker``:
+    a breaker per target pool that fails asks fast (``UnavailableError``)
+    after repeated failures."""
+
+    def __init__(
+        self,
+        *,
+        default_timeout: Optional[float] = None,
+        dlq_capacity: Optional[int] = None,
+        track_stages: bool = True,
+        circuit_breaker: bool = True,
+    ) -> None:
+        self._native = _native.NativeNode(
+            default_timeout, dlq_capacity, track_stages, circuit_breaker
+        )
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._driver: Optional[_native.LoopDriver] = None
+
+    async def __aenter__(self) -> Node:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._native.shutdown()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    @property
+    def caller_id(self) -> str:
+        return self._native.caller_id
+
+    def _here(self, what: str) -> tuple[asyncio.AbstractEventLoop, _native.LoopDriver]:
+        loop = asyncio._get_running_loop()
+        if loop is not None and loop is self._loop:
+            assert self._driver is not None
+            return loop, self._driver
+        loop = _running_loop(what)
+        self._loop, self._driver = loop, _driver(loop)
+        return loop, self._driver
+
+    def pool(
+        self, name: str, *, concurrency: int = 1, max_in_flight: Optional[int] = None
+    ) -> Pool:
+        return Pool(self, name, concurrency, max_in_flight)
+
+    def ask(
+        self,
+        pool: str,
+        msg: Any,
+        *,
+        timeout: Optional[float] = None,
+        preferred_worker: Optional[str] = None,
+        request_id: Optional[str] = None,
+        correlation_id: Optional[str] = None,
+        causation_id: Optional[str] = None,
+        fingerprint: Optional[int] = None,
+    ) -> AskHandle:
+        """Asks ``pool`` with ``msg``; await the handle for the reply (the
+        handler's returned object itself).
+
+        ``request_id`` (32 hex digits) makes a retry across a restart
+        deduplicated; ``fingerprint`` (an int < 2**128, e.g. a hash of the
+        payload) makes reusing that id for another payload fail with
+        ``PayloadMismatchError`` instead of returning the other reply."""
+        # The common case inline (no call): the same loop as last time.
+        loop = asyncio._get_running_loop()
+        if loop is None or loop is not self._loop or self._driver is None:
+            loop, driver = self._here("Node.ask")
+        else:
+            driver = self._driver
+        handle = AskHandle(loop=loop)
+        handle._native = self._native.ask(
+            driver,
+            handle,
+            pool,
+            msg,
+            timeout,
+            preferred_worker,
+            request_id,
+            correlation_id,
+            causation_id,
+            fingerprint,
+        )
+        return handle
+
+    def ask_sync(
+        self,
+        pool: str,
+        msg: Any,
+        *,
+        timeout: Optional[float] = None,
+        preferred_worker: Optional[str] = None,
+        request_id: Optional[str] = None,
+        correlation_id: Optional[str] = None,
+        causation_id: Optional[str] = None,
+        fingerprint: Optional[int] = None,
+    ) -> Any:
+        """Asks from a thread without a running loop: blocks this thread (not
+        others: the GIL is released) until the reply. The pool's handlers must
+        run on a loop in another thread."""
+        if asyncio._get_running_loop() is not None:
+            from ._errors import FailedPreconditionError
+
+            raise FailedPreconditionError(
+                "ask_sync() would block the running event loop; await ask() instead"
+            )
+        return self._native.ask_sync(
+            pool,
+            msg,
+            timeout,
+            preferred_worker,
+            request_id,
+            correlation_id,
+            causation_id,
+            fingerprint,
+        )
+
+    def tell(
+        self,
+        pool: str,
+        msg: Any,
+        *,
+        timeout: Optional[float] = None,
+        request_id: Optional[str] = None,
+    ) -> asyncio.Future[str]:
+        """A one-way message: the future gives its request id once the pool
+        accepted it; nothing comes back after that."""
+        loop, driver = self._here("Node.tell")
+        target: asyncio.Future[str] = loop.create_future()
+        self._native.tell(driver, target, pool, msg, timeout, request_id)
+        return target
+
+    def stats(self) -> NodeStats:
+        return self._native.stats()  # type: ignore[return-value]
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """Asks that failed for good (poison, or retries exhausted), oldest
+        first, with their payloads."""
+        return [DeadLetter(*letter) for letter in self._native.dead_letters()]
+
+    def replay_dead_letter(self, request_id: str) -> AskHandle:
+        """Takes a dead letter out and asks it again with its request id."""
+        loop, driver = self._here("Node.replay_dead_letter")
+        handle = AskHandle(loop=loop)
+        handle._native = self._native.replay_dead_letter(driver, handle, request_id)
+        return handle
+
+    def purge_dead_letters(self) -> int:
+        return self._native.purge_dead_letters()
+

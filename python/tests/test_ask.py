@@ -1,0 +1,225 @@
+"""Round trips, identity, ids, tell, stages, dedup."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import askpool
+from askpool import Context, Node
+
+
+async def test_round_trip_passes_the_objects_themselves() -> None:
+    sent = {"payload": [1, 2, 3]}
+    returned = object()
+    seen: list[Any] = []
+    async with Node() as node:
+        pool = node.pool("echo")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            seen.append(msg)
+            return returned
+
+        reply = await node.ask("echo", sent, timeout=5)
+    assert seen[0] is sent
+    assert reply is returned
+
+
+async def test_handle_is_a_future_with_ids() -> None:
+    async with Node() as node:
+        pool = node.pool("ids")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return (ctx.request_id, ctx.correlation_id, ctx.pool, ctx.attempt)
+
+        handle_ = node.ask("ids", None, timeout=5)
+        assert isinstance(handle_, asyncio.Future)
+        assert len(handle_.request_id) == 32
+        int(handle_.request_id, 16)
+        request_id, correlation_id, pool_name, attempt = await handle_
+        assert request_id == handle_.request_id
+        # A fresh ask correlates to itself.
+        assert correlation_id == handle_.correlation_id == request_id
+        assert pool_name == "ids"
+        assert attempt == 1
+
+
+async def test_given_ids_reach_the_handler() -> None:
+    rid = "0123456789abcdef0123456789abcdef"
+    cid = "fedcba9876543210fedcba9876543210"
+    async with Node() as node:
+        pool = node.pool("ids")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return (ctx.request_id, ctx.correlation_id, ctx.causation_id)
+
+        got = await node.ask("ids", 1, timeout=5, request_id=rid, correlation_id=cid, causation_id=cid)
+        assert got == (rid, cid, cid)
+
+
+async def test_handlers_that_await_run_concurrently_up_to_the_limit() -> None:
+    running = 0
+    peak = 0
+    async with Node() as node:
+        pool = node.pool("slow", concurrency=4)
+
+        @pool.handler
+        async def handle(msg: int, ctx: Context) -> int:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.001)
+            running -= 1
+            return msg * 2
+
+        replies = await asyncio.gather(*(node.ask("slow", i, timeout=10) for i in range(100)))
+        assert replies == [i * 2 for i in range(100)]
+        assert peak == 4
+        stats = node.stats()
+        assert stats["pending"] == 0
+        assert stats["pools"]["slow"]["handler_runs"] == 100
+
+
+async def test_preferred_worker_is_accepted() -> None:
+    async with Node() as node:
+        pool = node.pool("p", concurrency=2)
+
+        @pool.handler
+        async def handle(msg: int, ctx: Context) -> int:
+            return msg + 1
+
+        assert await node.ask("p", 1, timeout=5, preferred_worker="w1") == 2
+        assert await node.ask("p", 2, timeout=5, preferred_worker="no-such-worker") == 3
+
+
+async def test_tell_delivers_and_returns_its_request_id() -> None:
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    async with Node() as node:
+        pool = node.pool("sink")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> None:
+            got.set_result((msg, ctx.request_id))
+
+        request_id = await node.tell("sink", "fire", timeout=5)
+        msg, seen_id = await asyncio.wait_for(got, 5)
+        assert msg == "fire"
+        assert seen_id == request_id
+
+
+async def test_stages_stream_the_ack_lifecycle_with_progress() -> None:
+    async with Node() as node:
+        pool = node.pool("work")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> str:
+            await asyncio.sleep(0)
+            ctx.progress(0.5, "half")
+            await asyncio.sleep(0)
+            return "done"
+
+        handle_ = node.ask("work", None, timeout=5)
+        events = [e async for e in handle_.stages()]
+        assert await handle_ == "done"
+    stages = [e.stage for e in events]
+    assert stages == ["SENT", "RECEIVED", "READ", "PARTIAL", "FULFILLED"]
+    partial = events[3]
+    assert partial.fraction == 0.5 and partial.note == "half"
+    assert all(e.since_sent >= 0 for e in events)
+
+
+async def test_same_request_id_runs_the_handler_once() -> None:
+    runs = 0
+    async with Node() as node:
+        pool = node.pool("once")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            nonlocal runs
+            runs += 1
+            return object()
+
+        rid = "00000000000000010000000000000001"
+        first = await node.ask("once", 1, timeout=5, request_id=rid)
+        second = await node.ask("once", 1, timeout=5, request_id=rid)
+        assert runs == 1
+        assert second is first
+        assert node.stats()["pools"]["once"]["replays"] == 1
+
+
+async def test_a_handler_can_ask_another_pool() -> None:
+    async with Node() as node:
+        inner = node.pool("inner")
+        outer = node.pool("outer")
+
+        @inner.handler
+        async def double(msg: int, ctx: Context) -> int:
+            return msg * 2
+
+        @outer.handler
+        async def plus_one_doubled(msg: int, ctx: Context) -> int:
+            doubled: int = await node.ask("inner", msg, timeout=5)
+            return doubled + 1
+
+        assert await node.ask("outer", 20, timeout=5) == 41
+
+
+def test_version_and_exports() -> None:
+    for name in askpool.__all__:
+        assert hasattr(askpool, name), name
+
+
+async def test_stages_are_empty_when_not_tracked() -> None:
+    async with Node(track_stages=False) as node:
+        pool = node.pool("p")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        handle_ = node.ask("p", 1, timeout=5)
+        assert [e async for e in handle_.stages()] == []
+        assert await handle_ == 1
+
+
+async def test_a_handler_must_be_async_and_registered_once() -> None:
+    async with Node() as node:
+        pool = node.pool("p", concurrency=2)
+
+        def not_async(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        with pytest.raises(TypeError):
+            pool.handler(not_async)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        with pytest.raises(askpool.FailedPreconditionError):
+            pool.handler(handle)
+        with pytest.raises(askpool.InvalidArgumentError):
+            node.pool("q", concurrency=0)
+        assert await node.ask("p", "x", timeout=5) == "x"
+        stats = pool.stats()
+        assert stats["name"] == "p"
+        assert stats["admitted"] == 1
+        assert stats["in_flight"] == 0
+
+
+async def test_a_second_pool_with_the_same_name_is_refused() -> None:
+    async with Node() as node:
+        first = node.pool("dup")
+        second = node.pool("dup")
+
+        @first.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        with pytest.raises(askpool.InvalidArgumentError):
+            second.handler(handle)

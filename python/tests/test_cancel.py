@@ -1,0 +1,146 @@
+"""Cancellation both ways, and asks from threads without a loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+import askpool
+from askpool import Context, Node
+
+
+async def _hosted_waiter(node: Node, name: str, seen: list[bool], started: asyncio.Event) -> None:
+    pool = node.pool(name)
+
+    @pool.handler
+    async def handle(msg: Any, ctx: Context) -> Any:
+        started.set()
+        await ctx.wait_cancelled()
+        seen.append(ctx.cancelled)
+        return None
+
+
+async def test_cancelling_the_awaiting_task_cancels_the_handler() -> None:
+    seen: list[bool] = []
+    started = asyncio.Event()
+    async with Node() as node:
+        await _hosted_waiter(node, "wait", seen, started)
+        task = asyncio.ensure_future(node.ask("wait", 1, timeout=10))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [True]
+        stats = node.stats()
+        assert stats["pending"] == 0
+        assert stats["pools"]["wait"]["cancels"] == 1
+
+
+async def test_cancelling_the_handle_cancels_the_handler() -> None:
+    seen: list[bool] = []
+    started = asyncio.Event()
+    async with Node() as node:
+        await _hosted_waiter(node, "wait", seen, started)
+        handle = node.ask("wait", 1, timeout=10)
+        await started.wait()
+        assert handle.cancel()
+        assert handle.cancelled()
+        assert not handle.cancel()
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [True]
+
+
+async def test_the_callers_deadline_is_visible_to_the_handler() -> None:
+    seen: list[bool] = []
+    started = asyncio.Event()
+    async with Node() as node:
+        await _hosted_waiter(node, "wait", seen, started)
+        with pytest.raises(askpool.AskTimeoutError):
+            await node.ask("wait", 1, timeout=0.05)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [True]
+
+
+async def test_a_cancel_does_not_interrupt_a_handler_that_polls() -> None:
+    flags: list[bool] = []
+    async with Node() as node:
+        pool = node.pool("poll")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            flags.append(ctx.cancelled)
+            while not ctx.cancelled:
+                await asyncio.sleep(0.005)
+            flags.append(ctx.cancelled)
+
+        handle_ = node.ask("poll", 1, timeout=10)
+        await asyncio.sleep(0.02)
+        handle_.cancel()
+        for _ in range(200):
+            if len(flags) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert flags == [False, True]
+
+
+async def test_ask_sync_from_a_thread_without_a_loop() -> None:
+    async with Node() as node:
+        pool = node.pool("threads", concurrency=2)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            return (msg, threading.current_thread().name)
+
+        payload = object()
+        loop_thread = threading.current_thread().name
+        got = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: node.ask_sync("threads", payload, timeout=5)
+        )
+        assert got[0] is payload
+        # The handler ran on the loop's thread, not the asking one.
+        assert got[1] == loop_thread
+
+        def ask_missing() -> Any:
+            return node.ask_sync("missing", 1, timeout=1)
+
+        with pytest.raises(askpool.NoRouteError):
+            await asyncio.get_running_loop().run_in_executor(None, ask_missing)
+
+
+async def test_ask_sync_on_the_loop_thread_is_refused() -> None:
+    async with Node() as node:
+        with pytest.raises(askpool.FailedPreconditionError):
+            node.ask_sync("p", 1)
+
+
+async def test_a_caller_on_another_loop_and_thread() -> None:
+    async with Node() as node:
+        pool = node.pool("shared")
+
+        @pool.handler
+        async def handle(msg: int, ctx: Context) -> int:
+            await asyncio.sleep(0)
+            return msg + 1
+
+        def other_loop() -> list[int]:
+            async def main() -> list[int]:
+                return list(await asyncio.gather(*(node.ask("shared", i, timeout=5) for i in range(50))))
+
+            return asyncio.run(main())
+
+        got = await asyncio.get_running_loop().run_in_executor(None, other_loop)
+        assert got == [i + 1 for i in range(50)]

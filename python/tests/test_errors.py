@@ -1,0 +1,275 @@
+"""Every error class of the taxonomy, raised the Python way."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import askpool
+from askpool import Context, Node
+from askpool._errors import ERRORS, from_native
+
+BUILTIN = {
+    "UNAVAILABLE": ConnectionError,
+    "DEADLINE_EXCEEDED": TimeoutError,
+    "ASK_TIMEOUT": TimeoutError,
+    "BUFFER_FULL": RuntimeError,
+    "NO_ROUTE": LookupError,
+    "INVALID_ARGUMENT": ValueError,
+    "VALIDATION_ERROR": ValueError,
+    "PAYLOAD_MISMATCH": ValueError,
+    "PERMISSION_DENIED": PermissionError,
+    "OVERSIZE_PAYLOAD": ValueError,
+    "FAILED_PRECONDITION": RuntimeError,
+    "DECODE_FAILURE": ValueError,
+    "INTERNAL": RuntimeError,
+    "ASK_CANCELLED": RuntimeError,
+    "HANDLER_FAILED": RuntimeError,
+}
+
+
+@pytest.mark.parametrize("code", sorted(BUILTIN))
+def test_every_code_maps_to_a_class_that_subclasses_its_builtin(code: str) -> None:
+    exc = from_native(code, "text", "KeyError", "detail")
+    assert type(exc) is ERRORS[code]
+    assert isinstance(exc, askpool.AskpoolError)
+    assert isinstance(exc, BUILTIN[code])
+    assert exc.code == code
+    assert str(exc) == "text"
+
+
+def test_transient_codes_are_marked() -> None:
+    transient = {c for c, cls in ERRORS.items() if cls.transient}
+    assert transient == {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ASK_TIMEOUT", "BUFFER_FULL"}
+
+
+async def test_unknown_pool_is_no_route_a_lookup_error() -> None:
+    async with Node() as node:
+        with pytest.raises(askpool.NoRouteError) as info:
+            await node.ask("nowhere", 1, timeout=1)
+        assert isinstance(info.value, LookupError)
+        assert "nowhere" in str(info.value)
+
+
+async def test_handler_exception_reaches_the_caller_with_type_and_message() -> None:
+    async with Node() as node:
+        pool = node.pool("bad")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            raise KeyError("missing thing")
+
+        with pytest.raises(askpool.HandlerError) as info:
+            await node.ask("bad", 1, timeout=5)
+        assert info.value.type_name == "KeyError"
+        assert info.value.message == "'missing thing'"
+        assert isinstance(info.value, RuntimeError)
+
+
+async def test_handler_exception_after_an_await() -> None:
+    async with Node() as node:
+        pool = node.pool("bad")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            raise ZeroDivisionError("later")
+
+        with pytest.raises(askpool.HandlerError) as info:
+            await node.ask("bad", 1, timeout=5)
+        assert (info.value.type_name, info.value.message) == ("ZeroDivisionError", "later")
+
+
+async def test_handler_raising_a_taxonomy_error_keeps_its_code() -> None:
+    async with Node() as node:
+        pool = node.pool("strict")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            raise askpool.ValidationError("age must be positive")
+
+        with pytest.raises(askpool.ValidationError) as info:
+            await node.ask("strict", {"age": -1}, timeout=5)
+        assert isinstance(info.value, ValueError)
+        assert "age must be positive" in str(info.value)
+
+
+async def test_remote_timeout_is_ask_timeout_a_timeout_error() -> None:
+    async with Node() as node:
+        pool = node.pool("sleepy")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(10)
+
+        with pytest.raises(askpool.AskTimeoutError) as info:
+            await node.ask("sleepy", 1, timeout=0.05)
+        assert isinstance(info.value, TimeoutError)
+        assert info.value.transient
+
+
+async def test_bad_arguments_are_invalid_argument_value_errors() -> None:
+    async with Node() as node:
+        with pytest.raises(askpool.InvalidArgumentError):
+            node.ask("p", 1, request_id="not hex")
+        with pytest.raises(askpool.InvalidArgumentError):
+            node.ask("p", 1, timeout=-1.0)
+        with pytest.raises(ValueError):
+            node.ask("p", 1, timeout=float("nan"))
+
+
+async def test_a_reused_request_id_with_another_payload_is_payload_mismatch() -> None:
+    rid = "00000000000000020000000000000002"
+    async with Node() as node:
+        pool = node.pool("once")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        assert await node.ask("once", "a", timeout=5, request_id=rid, fingerprint=1) == "a"
+        with pytest.raises(askpool.PayloadMismatchError) as info:
+            await node.ask("once", "b", timeout=5, request_id=rid, fingerprint=2)
+        assert isinstance(info.value, ValueError)
+        assert node.stats()["pools"]["once"]["handler_runs"] == 1
+
+
+async def test_a_full_pool_refuses_with_buffer_full() -> None:
+    release = asyncio.Event()
+    async with Node() as node:
+        pool = node.pool("tight", concurrency=1, max_in_flight=1)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await release.wait()
+            return msg
+
+        first = node.ask("tight", 1, timeout=5)
+        with pytest.raises(askpool.BufferFullError):
+            await node.ask("tight", 2, timeout=0.2)
+        release.set()
+        assert await first == 1
+
+
+async def test_pending_ask_fails_unavailable_when_the_node_closes() -> None:
+    node = Node()
+    pool = node.pool("held")
+
+    @pool.handler
+    async def handle(msg: Any, ctx: Context) -> Any:
+        await asyncio.sleep(10)
+
+    handle_ = node.ask("held", 1, timeout=5)
+    await asyncio.sleep(0.01)
+    node.close()
+    with pytest.raises(askpool.UnavailableError) as info:
+        await handle_
+    assert isinstance(info.value, ConnectionError)
+    assert node.closed
+
+
+async def test_worker_side_cancel_is_ask_cancelled() -> None:
+    async with Node() as node:
+        pool = node.pool("quitter")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            raise asyncio.CancelledError()
+
+        with pytest.raises(askpool.AskCancelledError):
+            await node.ask("quitter", 1, timeout=5)
+
+
+async def test_a_handler_cancelled_before_awaiting_is_ask_cancelled() -> None:
+    async with Node() as node:
+        pool = node.pool("quitter")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            raise asyncio.CancelledError()
+
+        with pytest.raises(askpool.AskCancelledError):
+            await node.ask("quitter", 1, timeout=5)
+
+
+async def test_decode_failure_is_poison_and_lands_in_the_dlq() -> None:
+    payload = {"garbled": True}
+    runs = 0
+    async with Node() as node:
+        pool = node.pool("parse")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            nonlocal runs
+            runs += 1
+            raise askpool.DecodeFailureError("cannot parse")
+
+        handle_ = node.ask("parse", payload, timeout=5)
+        with pytest.raises(askpool.DecodeFailureError):
+            await handle_
+        letters = node.dead_letters()
+        assert len(letters) == 1
+        letter = letters[0]
+        assert letter.request_id == handle_.request_id
+        assert letter.payload is payload
+        assert letter.reason == "poison"
+        assert letter.pool == "parse"
+        assert isinstance(letter.error, askpool.DecodeFailureError)
+        assert node.stats()["dlq_depth"] == 1
+
+        # Replayed with its request id: the pool answers from its cache.
+        with pytest.raises(askpool.DecodeFailureError):
+            await node.replay_dead_letter(letter.request_id)
+        assert runs == 1
+        assert node.purge_dead_letters() == 1
+        assert node.dead_letters() == []
+        with pytest.raises(askpool.FailedPreconditionError):
+            await node.replay_dead_letter(letter.request_id)
+
+
+def test_async_api_without_a_running_loop_is_a_clear_error() -> None:
+    node = Node()
+    with pytest.raises(askpool.NoRunningLoopError) as info:
+        node.ask("p", 1)
+    assert "ask_sync" in str(info.value)
+    assert isinstance(info.value, RuntimeError)
+    with pytest.raises(askpool.NoRunningLoopError):
+        node.pool("p").handler(_noop)
+    node.close()
+
+
+async def _noop(msg: Any, ctx: Context) -> None:
+    return None
+
+
+def test_a_rust_panic_is_an_exception_not_an_abort() -> None:
+    from askpool import _native
+
+    with pytest.raises(BaseException) as info:
+        _native._panic("on purpose")
+    assert type(info.value).__name__ == "PanicException"
+    assert "on purpose" in str(info.value)
+    # The process and the extension carry on.
+    node = Node()
+    assert len(node.caller_id) > 0
+    node.close()
+
+
+async def test_repeated_timeouts_open_the_circuit_breaker() -> None:
+    async with Node() as node:
+        pool = node.pool("stuck", concurrency=64)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await ctx.wait_cancelled()
+
+        outcomes = await asyncio.gather(
+            *(node.ask("stuck", i, timeout=0.01) for i in range(64)), return_exceptions=True
+        )
+        assert all(isinstance(o, askpool.AskTimeoutError) for o in outcomes)
+        with pytest.raises(askpool.UnavailableError) as info:
+            await node.ask("stuck", 0, timeout=1)
+        assert "circuit open" in str(info.value)

@@ -1,0 +1,89 @@
+//! `cargo xtask kotlin`: the Kotlin binding end to end. Builds the uniffi
+//! cdylib (release: the tests and the bench load the same library),
+//! generates its Kotlin with uniffi-bindgen in library mode into
+//! `bindings/kotlin/target/generated-sources/uniffi` (generated at build
+//! time, never committed), then runs `mvn -B test` with the library path.
+//! Maven downloads what it needs on the first run and works offline after.
+
+use std::path::PathBuf;
+
+use crate::{cargo, root, run};
+
+const GENERATED: &str = "bindings/kotlin/target/generated-sources/uniffi";
+
+fn library() -> PathBuf {
+    root().join("target/release/libaskpool_uniffi.so")
+}
+
+/// Builds the cdylib and generates the Kotlin that loads it.
+pub fn generate() -> Result<(), String> {
+    cargo(&["build", "-q", "--release", "-p", "askpool-uniffi"])?;
+    cargo(&[
+        "build",
+        "-q",
+        "-p",
+        "askpool-uniffi",
+        "--features",
+        "cli",
+        "--bin",
+        "uniffi-bindgen",
+    ])?;
+    let generated = root().join(GENERATED);
+    let _ = std::fs::remove_dir_all(&generated);
+    let bindgen = root().join("target/debug/uniffi-bindgen");
+    run(
+        &bindgen.to_string_lossy(),
+        &[
+            "generate",
+            "--library",
+            &library().to_string_lossy(),
+            "--language",
+            "kotlin",
+            "--no-format",
+            "--out-dir",
+            &generated.to_string_lossy(),
+        ],
+        &[],
+    )
+}
+
+fn lib_dir_arg() -> String {
+    format!(
+        "-Daskpool.lib.dir={}",
+        root().join("target/release").display()
+    )
+}
+
+fn mvn(args: &[&str]) -> Result<(), String> {
+    let pom = root().join("bindings/kotlin/pom.xml");
+    let pom = pom.to_string_lossy();
+    let lib_dir = lib_dir_arg();
+    let mut all = vec!["-B", "-q", "-f", pom.as_ref(), lib_dir.as_str()];
+    all.extend_from_slice(args);
+    run("mvn", &all, &[])
+}
+
+/// `cargo xtask kotlin`: generate, then every JUnit test. `leak_asks`
+/// overrides the leak check's 100,000 asks (`-Daskpool.leak.asks`).
+pub fn test(leak_asks: Option<u64>) -> Result<(), String> {
+    generate()?;
+    let leak = leak_asks.map(|n| format!("-Daskpool.leak.asks={n}"));
+    let mut args = vec!["test"];
+    if let Some(leak) = &leak {
+        args.push(leak);
+    }
+    mvn(&args)
+}
+
+/// The `kotlin` bench suite: writes `target/bench/results/kotlin.json`.
+pub fn bench() -> Result<(), String> {
+    generate()?;
+    let quick = std::env::var_os("ASKPOOL_BENCH_QUICK").is_some_and(|v| v == "1");
+    let out = root().join("target/bench/results/kotlin.json");
+    let exec_args = format!(
+        "-Dexec.args={}{}",
+        out.display(),
+        if quick { " --quick" } else { "" }
+    );
+    mvn(&["test-compile", "exec:java", &exec_args])
+}

@@ -1,0 +1,237 @@
+//! The Python binding's tasks: `cargo xtask python` (the wheel, installed in
+//! `.venv`), its tests (pytest + mypy --strict, run by `cargo xtask test`)
+//! and its bench suite.
+//!
+//! Everything is idempotent: the venv is reused when it has the tools, and
+//! the wheel is rebuilt only when a source it is made from changed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Instant, SystemTime};
+
+use crate::root;
+
+const TOOLS: &[&str] = &["maturin", "pytest", "mypy"];
+
+fn venv() -> PathBuf {
+    root().join(".venv")
+}
+
+fn venv_bin(name: &str) -> PathBuf {
+    venv().join("bin").join(name)
+}
+
+fn wheels() -> PathBuf {
+    root().join("target/wheels")
+}
+
+fn exec(program: &Path, args: &[&str], dir: &Path, envs: &[(&str, &str)]) -> Result<(), String> {
+    let shown = format!("{} {}", program.display(), args.join(" "));
+    eprintln!("\n==> {shown}");
+    let started = Instant::now();
+    let status = Command::new(program)
+        .args(args)
+        .envs(envs.iter().copied())
+        .current_dir(dir)
+        .status()
+        .map_err(|e| format!("cannot start `{shown}`: {e}"))?;
+    eprintln!("<== {shown}: {status} in {:.1?}", started.elapsed());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{shown}` failed ({status})"))
+    }
+}
+
+/// `.venv` with maturin, pytest and mypy, made or completed as needed.
+fn ensure_venv() -> Result<(), String> {
+    let python = venv_bin("python");
+    if !python.exists() {
+        let system = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        exec(
+            Path::new(&system),
+            &["-m", "venv", &venv().to_string_lossy()],
+            &root(),
+            &[],
+        )?;
+    }
+    if TOOLS.iter().all(|t| venv_bin(t).exists()) {
+        return Ok(());
+    }
+    let mut args = vec![
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ];
+    args.extend(TOOLS);
+    exec(&python, &args, &root(), &[])
+}
+
+/// The newest modification time under `dir` (files only).
+fn newest(dir: &Path) -> SystemTime {
+    let mut latest = SystemTime::UNIX_EPOCH;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return latest;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "target" || name == "__pycache__" || name == ".mypy_cache" {
+            continue;
+        }
+        let time = if path.is_dir() {
+            newest(&path)
+        } else {
+            entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        };
+        latest = latest.max(time);
+    }
+    latest
+}
+
+/// The built wheel, if any.
+fn wheel() -> Option<PathBuf> {
+    std::fs::read_dir(wheels())
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with("askpool-") && name.ends_with(".whl")
+        })
+}
+
+/// Whether the wheel is older than anything it is built from.
+fn wheel_stale(wheel: &Path) -> bool {
+    let built = std::fs::metadata(wheel)
+        .and_then(|m| m.modified())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let root = root();
+    let sources = [
+        root.join("bindings/python"),
+        root.join("python/askpool"),
+        root.join("python/pyproject.toml"),
+        root.join("crates"),
+        root.join("Cargo.lock"),
+    ];
+    sources.iter().any(|s| {
+        let time = if s.is_dir() {
+            newest(s)
+        } else {
+            std::fs::metadata(s)
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        };
+        time > built
+    })
+}
+
+/// Removes extension modules `maturin develop` left in the source tree, so
+/// they never end up in the wheel.
+fn remove_dev_builds() {
+    let package = root().join("python/askpool");
+    for entry in std::fs::read_dir(package).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "so" || e == "pyd") {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// `cargo xtask python`: builds the wheel (release, abi3) into
+/// `target/wheels` and installs it into `.venv`. Returns the wheel.
+pub fn build() -> Result<PathBuf, String> {
+    ensure_venv()?;
+    let current = wheel().filter(|w| !wheel_stale(w));
+    let wheel = match current {
+        Some(wheel) => {
+            eprintln!("xtask python: {} is up to date", wheel.display());
+            wheel
+        }
+        None => {
+            if let Some(old) = wheel() {
+                let _ = std::fs::remove_file(old);
+            }
+            remove_dev_builds();
+            let out = wheels();
+            exec(
+                &venv_bin("maturin"),
+                &[
+                    "build",
+                    "--release",
+                    "--quiet",
+                    "--interpreter",
+                    &venv_bin("python").to_string_lossy(),
+                    "--out",
+                    &out.to_string_lossy(),
+                ],
+                &root().join("python"),
+                &[],
+            )?;
+            self::wheel().ok_or("maturin wrote no wheel")?
+        }
+    };
+    exec(
+        &venv_bin("python"),
+        &[
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--force-reinstall",
+            &wheel.to_string_lossy(),
+        ],
+        &root(),
+        &[],
+    )?;
+    Ok(wheel)
+}
+
+/// The Python part of `cargo xtask test`: the wheel, pytest (which also
+/// installs the wheel into a fresh venv), and mypy --strict.
+pub fn test() -> Result<(), String> {
+    let wheel = build()?;
+    let python = venv_bin("python");
+    let dir = root().join("python");
+    // The venv's pytest, not `python -m pytest`: the latter would put
+    // python/ first on sys.path and import the source tree without its
+    // extension instead of the installed wheel.
+    exec(
+        &venv_bin("pytest"),
+        &["-q", "tests"],
+        &dir,
+        &[("ASKPOOL_WHEEL", &wheel.to_string_lossy())],
+    )?;
+    exec(
+        &python,
+        &["-m", "mypy", "--strict", "askpool", "tests", "bench"],
+        &dir,
+        &[],
+    )?;
+    // The hand-written stubs against the built module: drift fails here.
+    exec(
+        &python,
+        &["-m", "mypy.stubtest", "askpool._native"],
+        &dir,
+        &[],
+    )
+}
+
+/// The `python` bench suite: writes `target/bench/results/python.json`.
+pub fn bench() -> Result<(), String> {
+    build()?;
+    let out = root().join("target/bench/results/python.json");
+    let out = out.to_string_lossy();
+    let mut args = vec!["bench/bench_ask.py", "--out", &out];
+    if std::env::var_os("ASKPOOL_BENCH_QUICK").is_some_and(|v| v == "1") {
+        args.push("--quick");
+    }
+    exec(&venv_bin("python"), &args, &root().join("python"), &[])
+}
