@@ -16,8 +16,19 @@ const REQUEST = 4;
 const STAGE = 5;
 const STAGE_END = 6;
 const CANCELLED = 7;
+const REQUEST_BYTES = 8;
+const ASK_OK_BYTES = 9;
+const DURABLE = 0x8000_0000;
 
 const EVENTS = 1024;
+
+// Durable payloads are stored as JSON.
+function encode(value) {
+  return Buffer.from(JSON.stringify(value === undefined ? null : value), 'utf8');
+}
+function decode(buffer) {
+  return buffer == null || buffer.length === 0 ? undefined : JSON.parse(buffer.toString('utf8'));
+}
 
 function call(fn) {
   try {
@@ -155,6 +166,71 @@ class AskHandle {
   }
 }
 
+/** A durable ask in flight: its promise id and its outcome. */
+class DurableAsk {
+  /** @internal */
+  constructor(id, result) {
+    this.id = id;
+    this.result = result;
+  }
+  then(onFulfilled, onRejected) {
+    return this.result.then(onFulfilled, onRejected);
+  }
+}
+
+function promiseOf(info) {
+  return {
+    id: info.id,
+    state: info.state,
+    param: decode(info.param),
+    value: decode(info.value),
+    timeoutAt: info.timeoutAt,
+    createdAt: info.createdAt,
+    settledAt: info.settledAt ?? undefined,
+  };
+}
+
+/** Durable promises: create, get, resolve, reject, cancel, await. */
+class DurablePromises {
+  #core;
+  /** @internal */
+  constructor(core) {
+    this.#core = core;
+  }
+  create(id, options = {}) {
+    const timeoutMs = options.timeoutMs ?? 3_600_000;
+    return promiseOf(
+      call(() => this.#core.promiseCreate(String(id), timeoutMs, encode(options.param), options.key)),
+    );
+  }
+  get(id) {
+    return promiseOf(call(() => this.#core.promiseGet(String(id))));
+  }
+  resolve(id, value, options = {}) {
+    return this.#complete(id, 'resolve', value, options);
+  }
+  reject(id, value, options = {}) {
+    return this.#complete(id, 'reject', value, options);
+  }
+  cancel(id, value, options = {}) {
+    return this.#complete(id, 'cancel', value, options);
+  }
+  #complete(id, how, value, options) {
+    return promiseOf(
+      call(() => this.#core.promiseComplete(String(id), how, encode(value), options.key)),
+    );
+  }
+  /** Waits until the promise settles (polling the store); resolves to it. */
+  async await(id, options = {}) {
+    const every = options.pollMs ?? 10;
+    for (;;) {
+      const p = this.get(id);
+      if (p.state !== 'PENDING') return p;
+      await new Promise((r) => setTimeout(r, every));
+    }
+  }
+}
+
 // Nodes with asks pending (held strongly while busy, see Node.#hold).
 const busy = new Set();
 // A collected node's keep-alive timer goes with it.
@@ -183,6 +259,7 @@ class Node {
   #drainQueued = false;
   #drainNow = () => this.#drain();
   #closed = false;
+  #promises;
 
   /**
    * @param {object} [options] defaultTimeoutMs, dlqCapacity, trackStages,
@@ -227,6 +304,50 @@ class Node {
   /** A one-way message; resolves to its request id once the pool accepted it. */
   tell(pool, msg, options = {}) {
     return this.#start(pool, msg, options, 2).result;
+  }
+
+  /** Opens (or creates) the SQLite file durable asks and promises live in. */
+  openPromises(path, options = {}) {
+    call(() => this.#core.openPromises(String(path), options.timeoutMs));
+    return this;
+  }
+
+  /**
+   * An ask recorded as a durable promise (its id is the request id): after
+   * a restart, `awaitDurable(id)` on a node opened on the same file answers
+   * from the promise, or asks again. Message and reply are stored as JSON.
+   */
+  askDurable(pool, msg, options = {}) {
+    const name = typeof pool === 'string' ? pool : pool?.name;
+    let task;
+    try {
+      const bytes = encode(msg);
+      const slot = this.#table.put(msg);
+      task = call(() => this.#core.askDurable(String(name), slot, bytes, options.id));
+    } catch (e) {
+      this.#schedule();
+      const result = Promise.reject(e);
+      return new DurableAsk(options.id ?? '', result);
+    }
+    const id = this.#core.requestId(task);
+    return new DurableAsk(id, this.#await(task, undefined, false));
+  }
+
+  /** The outcome of the durable ask `id` (stored, or asked again if pending). */
+  awaitDurable(id) {
+    let task;
+    try {
+      task = call(() => this.#core.awaitDurable(String(id)));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.#await(task, undefined, false);
+  }
+
+  /** Durable promises in the file opened by `openPromises`. */
+  get promises() {
+    this.#promises ??= new DurablePromises(this.#core);
+    return this.#promises;
   }
 
   /** The dead-letter queue, oldest first. */
@@ -432,8 +553,16 @@ class Node {
         return;
       }
       case REQUEST:
-        this.#run(a, this.#table.get(b), c);
+        this.#run(a, this.#table.get(b), c & ~DURABLE, (c & DURABLE) !== 0);
         return;
+      case REQUEST_BYTES:
+        this.#run(a, decode(this.#core.bytes(b)), c & ~DURABLE, true);
+        return;
+      case ASK_OK_BYTES: {
+        const entry = this.#settle(a);
+        entry.resolve(decode(this.#core.bytes(b)));
+        return;
+      }
       case STAGE:
         this.#streamReaders.get(a)?.(this.#core.stage(b));
         return;
@@ -461,9 +590,9 @@ class Node {
     return entry;
   }
 
-  #run(request, msg, pool) {
+  #run(request, msg, pool, durable) {
     const ctx = new Context(this, request);
-    this.#requests[request] = { ctx, controller: null };
+    this.#requests[request] = { ctx, controller: null, durable };
     let reply;
     try {
       reply = this.#handlers[pool](msg, ctx);
@@ -485,11 +614,26 @@ class Node {
     const r = this.#requests[request];
     this.#requests[request] = undefined;
     r.ctx._end();
+    return r;
   }
 
   #reply(request, value) {
-    this.#end(request);
+    const { durable } = this.#end(request);
     if (this.#closed) return;
+    if (durable) {
+      let bytes;
+      try {
+        bytes = encode(value);
+      } catch (e) {
+        const [, name, message] = describeThrown(e);
+        this.#core.fail(request, null, name, `the reply of a durable ask must be JSON: ${message}`);
+        this.#schedule();
+        return;
+      }
+      this.#core.replyBytes(request, this.#table.put(value), bytes);
+      this.#schedule();
+      return;
+    }
     const slot = this.#table.put(value);
     if (this.#draining) {
       this.#core.reply(request, slot);
@@ -590,4 +734,4 @@ class Node {
   }
 }
 
-module.exports = { Node, Pool, AskHandle, Context };
+module.exports = { Node, Pool, AskHandle, Context, DurableAsk, DurablePromises };
