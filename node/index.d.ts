@@ -193,6 +193,44 @@ export interface NodeStats {
   outstanding: number;
 }
 
+export type PromiseState = 'PENDING' | 'RESOLVED' | 'REJECTED' | 'CANCELED' | 'TIMED_OUT';
+
+/** A durable promise; `param` and `value` are stored as JSON. */
+export interface DurablePromise<P = unknown, V = unknown> {
+  id: string;
+  state: PromiseState;
+  param: P;
+  value: V | undefined;
+  timeoutAt: number;
+  createdAt: number;
+  settledAt?: number;
+}
+
+export class DurablePromises {
+  private constructor();
+  create<P = unknown>(
+    id: string,
+    options?: { timeoutMs?: number; param?: P; key?: string },
+  ): DurablePromise<P>;
+  get<P = unknown, V = unknown>(id: string): DurablePromise<P, V>;
+  resolve<V = unknown>(id: string, value?: V, options?: { key?: string }): DurablePromise<unknown, V>;
+  reject<V = unknown>(id: string, value?: V, options?: { key?: string }): DurablePromise<unknown, V>;
+  cancel<V = unknown>(id: string, value?: V, options?: { key?: string }): DurablePromise<unknown, V>;
+  /** Resolves once the promise has settled, whichever way. */
+  await<P = unknown, V = unknown>(id: string, options?: { pollMs?: number }): Promise<DurablePromise<P, V>>;
+}
+
+/** A durable ask in flight: its promise id (the request id) and its outcome. */
+export class DurableAsk<Reply = any> implements PromiseLike<Reply> {
+  private constructor();
+  readonly id: string;
+  readonly result: Promise<Reply>;
+  then<A = Reply, B = never>(
+    onFulfilled?: ((value: Reply) => A | PromiseLike<A>) | null,
+    onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
+  ): Promise<A | B>;
+}
+
 export type PoolRef = string | Pool;
 
 export class Node {
@@ -207,6 +245,13 @@ export class Node {
   replayDeadLetter<Reply = any>(requestId: string): Promise<Reply>;
   purgeDeadLetters(): number;
   evictExpired(): void;
+  /** Opens (or creates) the SQLite file of durable asks and promises. */
+  openPromises(path: string, options?: { timeoutMs?: number }): this;
+  /** An ask recorded as a durable promise; message and reply are stored as JSON. */
+  askDurable<Reply = any>(pool: PoolRef, msg: unknown, options?: { id?: string }): DurableAsk<Reply>;
+  /** The outcome of a durable ask by id: stored, or asked again if pending. */
+  awaitDurable<Reply = any>(id: string): Promise<Reply>;
+  readonly promises: DurablePromises;
   stats(): NodeStats;
   close(): Promise<void>;
 }

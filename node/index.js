@@ -3,13 +3,15 @@
 // pools, on the askpool Rust core. See index.d.ts for the API.
 
 const errors = require('./lib/errors');
-const { Node, Pool, AskHandle, Context } = require('./lib/node');
+const { Node, Pool, AskHandle, Context, DurableAsk, DurablePromises } = require('./lib/node');
 
 module.exports = {
   Node,
   Pool,
   AskHandle,
   Context,
+  DurableAsk,
+  DurablePromises,
   AskError: errors.AskError,
   UnavailableError: errors.UnavailableError,
   DeadlineExceededError: errors.DeadlineExceededError,

@@ -7,6 +7,8 @@ export const {
   Pool,
   AskHandle,
   Context,
+  DurableAsk,
+  DurablePromises,
   AskError,
   UnavailableError,
   DeadlineExceededError,

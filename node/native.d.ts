@@ -47,6 +47,8 @@ export declare class Core {
   drain(buf: Uint32Array): number
   /** The error of an `ASK_ERR` event of the last drain. */
   error(index: number): ErrorInfo
+  /** The bytes of a `REQUEST_BYTES` or `ASK_OK_BYTES` event of the last drain. */
+  bytes(index: number): Buffer
   /** The stage of a `STAGE` event of the last drain. */
   stage(index: number): StageInfo
   stats(): StatsInfo
@@ -61,6 +63,20 @@ export declare class Core {
   /** Panics, so tests can show a panic reaches JS as an error. */
   debugPanic(): void
   isClosed(): boolean
+  /** Opens (or creates) the SQLite promise store at `path`. */
+  openPromises(path: string, timeoutMs?: number | undefined | null): void
+  /**
+   * A durable ask of the object in slot `msg`, stored as `bytes`, under
+   * promise id `id` (32 hex digits) or a fresh one; returns the task.
+   */
+  askDurable(pool: string, msg: number, bytes: Buffer, id?: string | undefined | null): number
+  /** The outcome of durable ask `id`: stored if it settled, else asked again. */
+  awaitDurable(id: string): number
+  /** Creates a promise (idempotent under `key`). */
+  promiseCreate(id: string, timeoutMs: number, param: Buffer, key?: string | undefined | null): PromiseInfo
+  promiseGet(id: string): PromiseInfo
+  /** Settles a promise: `how` is `resolve`, `reject` or `cancel`. */
+  promiseComplete(id: string, how: string, value?: Buffer | undefined | null, key?: string | undefined | null): PromiseInfo
   /** Registers this core for the `fast*` functions; returns its number. */
   fastPath(): number
   /**
@@ -77,6 +93,8 @@ export declare class Core {
   closePool(pool: number): void
   /** Answers a request with the object in table slot `reply`. */
   reply(request: number, reply: number): void
+  /** Answers a durable request: the object in slot `reply`, stored as `bytes`. */
+  replyBytes(request: number, reply: number, bytes: Buffer): void
   /** `reply`, then `drain`: one call where a reply resolves an ask. */
   replyDrain(request: number, reply: number, buf: Uint32Array): number
   /**
@@ -171,6 +189,17 @@ export interface PoolStatsInfo {
   cancels: number
   dedupInProgress: number
   dedupTerminal: number
+}
+
+export interface PromiseInfo {
+  id: string
+  /** `PENDING`, `RESOLVED`, `REJECTED`, `CANCELED` or `TIMED_OUT`. */
+  state: string
+  param: Buffer
+  value?: Buffer
+  timeoutAt: number
+  createdAt: number
+  settledAt?: number
 }
 
 export interface RequestInfo {

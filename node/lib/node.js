@@ -16,8 +16,19 @@ const REQUEST = 4;
 const STAGE = 5;
 const STAGE_END = 6;
 const CANCELLED = 7;
+const REQUEST_BYTES = 8;
+const ASK_OK_BYTES = 9;
+const DURABLE = 0x8000_0000;
 
 const EVENTS = 1024;
+
+// Durable payloads are stored as JSON.
+function encode(value) {
+  return Buffer.from(JSON.stringify(value === undefined ? null : value), 'utf8');
+}
+function decode(buffer) {
+  return buffer == null || buffer.length === 0 ? undefined : JSON.parse(buffer.toString('utf8'));
+}
 
 function call(fn) {
   try {
@@ -155,6 +166,76 @@ class AskHandle {
   }
 }
 
+/** A durable ask in flight: its promise id and its outcome. */
+class DurableAsk {
+  /** @internal */
+  constructor(id, result) {
+    this.id = id;
+    this.result = result;
+  }
+  then(onFulfilled, onRejected) {
+    return this.result.then(onFulfilled, onRejected);
+  }
+}
+
+function promiseOf(info) {
+  return {
+    id: info.id,
+    state: info.state,
+    param: decode(info.param),
+    value: decode(info.value),
+    timeoutAt: info.timeoutAt,
+    createdAt: info.createdAt,
+    settledAt: info.settledAt ?? undefined,
+  };
+}
+
+/** Durable promises: create, get, resolve, reject, cancel, await. */
+class DurablePromises {
+  #core;
+  /** @internal */
+  constructor(core) {
+    this.#core = core;
+  }
+  create(id, options = {}) {
+    const timeoutMs = options.timeoutMs ?? 3_600_000;
+    return promiseOf(
+      call(() => this.#core.promiseCreate(String(id), timeoutMs, encode(options.param), options.key)),
+    );
+  }
+  get(id) {
+    return promiseOf(call(() => this.#core.promiseGet(String(id))));
+  }
+  resolve(id, value, options = {}) {
+    return this.#complete(id, 'resolve', value, options);
+  }
+  reject(id, value, options = {}) {
+    return this.#complete(id, 'reject', value, options);
+  }
+  cancel(id, value, options = {}) {
+    return this.#complete(id, 'cancel', value, options);
+  }
+  #complete(id, how, value, options) {
+    return promiseOf(
+      call(() => this.#core.promiseComplete(String(id), how, encode(value), options.key)),
+    );
+  }
+  /** Waits until the promise settles (polling the store); resolves to it. */
+  async await(id, options = {}) {
+    const every = options.pollMs ?? 10;
+    for (;;) {
+      const p = this.get(id);
+      if (p.state !== 'PENDING') return p;
+      await new Promise((r) => setTimeout(r, every));
+    }
+  }
+}
+
+// Nodes with asks pending (held strongly while busy, see Node.#hold).
+const busy = new Set();
+// A collected node's keep-alive timer goes with it.
+const timers = new FinalizationRegistry((timer) => clearInterval(timer));
+
 // A handle nobody read the stages of: close its stream when it is collected.
 const unreadStreams = new FinalizationRegistry(({ stream, core }) => {
   core.dropStream(stream);
@@ -178,13 +259,18 @@ class Node {
   #drainQueued = false;
   #drainNow = () => this.#drain();
   #closed = false;
+  #promises;
 
   /**
    * @param {object} [options] defaultTimeoutMs, dlqCapacity, trackStages,
    *   breaker, reconcileCapacity, processingTimeoutMs
    */
   constructor(options = {}) {
-    this.#core = call(() => new native.Core(this.#drainNow, options));
+    // The addon holds its wake callback strongly: through a WeakRef it does
+    // not keep this node (and so the addon's own state) from being collected.
+    const weak = new WeakRef(this);
+    const wake = () => weak.deref()?._wake();
+    this.#core = call(() => new native.Core(wake, options));
     this.#fast = this.#core.fastPath();
   }
 
@@ -218,6 +304,50 @@ class Node {
   /** A one-way message; resolves to its request id once the pool accepted it. */
   tell(pool, msg, options = {}) {
     return this.#start(pool, msg, options, 2).result;
+  }
+
+  /** Opens (or creates) the SQLite file durable asks and promises live in. */
+  openPromises(path, options = {}) {
+    call(() => this.#core.openPromises(String(path), options.timeoutMs));
+    return this;
+  }
+
+  /**
+   * An ask recorded as a durable promise (its id is the request id): after
+   * a restart, `awaitDurable(id)` on a node opened on the same file answers
+   * from the promise, or asks again. Message and reply are stored as JSON.
+   */
+  askDurable(pool, msg, options = {}) {
+    const name = typeof pool === 'string' ? pool : pool?.name;
+    let task;
+    try {
+      const bytes = encode(msg);
+      const slot = this.#table.put(msg);
+      task = call(() => this.#core.askDurable(String(name), slot, bytes, options.id));
+    } catch (e) {
+      this.#schedule();
+      const result = Promise.reject(e);
+      return new DurableAsk(options.id ?? '', result);
+    }
+    const id = this.#core.requestId(task);
+    return new DurableAsk(id, this.#await(task, undefined, false));
+  }
+
+  /** The outcome of the durable ask `id` (stored, or asked again if pending). */
+  awaitDurable(id) {
+    let task;
+    try {
+      task = call(() => this.#core.awaitDurable(String(id)));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.#await(task, undefined, false);
+  }
+
+  /** Durable promises in the file opened by `openPromises`. */
+  get promises() {
+    this.#promises ??= new DurablePromises(this.#core);
+    return this.#promises;
   }
 
   /** The dead-letter queue, oldest first. */
@@ -275,8 +405,10 @@ class Node {
     this.#closed = true;
     call(() => this.#core.close());
     this.#drain();
+    busy.delete(this);
     if (this.#keepAlive) {
       clearInterval(this.#keepAlive);
+      timers.unregister(this);
       this.#keepAlive = null;
     }
   }
@@ -339,12 +471,26 @@ class Node {
 
   // A referenced timer keeps the process alive while asks are pending; the
   // addon's threadsafe function is weak, so an idle node lets it exit.
+  // While busy the node is also held strongly, so that a node dropped with
+  // asks pending is not collected under them.
   #hold() {
+    busy.add(this);
     if (this.#keepAlive === null) {
       this.#keepAlive = setInterval(() => {}, 1 << 30);
+      timers.register(this, this.#keepAlive, this);
     } else {
       this.#keepAlive.ref();
     }
+  }
+
+  #idle() {
+    busy.delete(this);
+    this.#keepAlive?.unref();
+  }
+
+  /** @internal Called by the addon when a future woke on another thread. */
+  _wake() {
+    this.#drain();
   }
 
   // After a call into the addon that may have woken a future on this thread
@@ -383,7 +529,7 @@ class Node {
     } finally {
       this.#draining = false;
     }
-    if (this.#outstanding === 0 && this.#keepAlive !== null) this.#keepAlive.unref();
+    if (this.#outstanding === 0) this.#idle();
   }
 
   #dispatch(kind, a, b, c) {
@@ -407,8 +553,16 @@ class Node {
         return;
       }
       case REQUEST:
-        this.#run(a, this.#table.get(b), c);
+        this.#run(a, this.#table.get(b), c & ~DURABLE, (c & DURABLE) !== 0);
         return;
+      case REQUEST_BYTES:
+        this.#run(a, decode(this.#core.bytes(b)), c & ~DURABLE, true);
+        return;
+      case ASK_OK_BYTES: {
+        const entry = this.#settle(a);
+        entry.resolve(decode(this.#core.bytes(b)));
+        return;
+      }
       case STAGE:
         this.#streamReaders.get(a)?.(this.#core.stage(b));
         return;
@@ -436,9 +590,9 @@ class Node {
     return entry;
   }
 
-  #run(request, msg, pool) {
+  #run(request, msg, pool, durable) {
     const ctx = new Context(this, request);
-    this.#requests[request] = { ctx, controller: null };
+    this.#requests[request] = { ctx, controller: null, durable };
     let reply;
     try {
       reply = this.#handlers[pool](msg, ctx);
@@ -460,11 +614,26 @@ class Node {
     const r = this.#requests[request];
     this.#requests[request] = undefined;
     r.ctx._end();
+    return r;
   }
 
   #reply(request, value) {
-    this.#end(request);
+    const { durable } = this.#end(request);
     if (this.#closed) return;
+    if (durable) {
+      let bytes;
+      try {
+        bytes = encode(value);
+      } catch (e) {
+        const [, name, message] = describeThrown(e);
+        this.#core.fail(request, null, name, `the reply of a durable ask must be JSON: ${message}`);
+        this.#schedule();
+        return;
+      }
+      this.#core.replyBytes(request, this.#table.put(value), bytes);
+      this.#schedule();
+      return;
+    }
     const slot = this.#table.put(value);
     if (this.#draining) {
       this.#core.reply(request, slot);
@@ -565,4 +734,4 @@ class Node {
   }
 }
 
-module.exports = { Node, Pool, AskHandle, Context };
+module.exports = { Node, Pool, AskHandle, Context, DurableAsk, DurablePromises };

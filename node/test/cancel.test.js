@@ -84,3 +84,19 @@ test('the pool closing cancels a request being handled (ctx.signal)', async () =
   assert.equal(signal.aborted, true, 'closing cancelled the running request');
   assert.equal(node.stats().requests, 0, 'no request is held after close');
 });
+
+test('a processing timeout cancels the request from the runtime thread', async () => {
+  const node = new Node();
+  let signal;
+  node.pool('overdue', { processingTimeoutMs: 30 }).handle((m, ctx) => {
+    signal = ctx.signal;
+    return new Promise(() => {});
+  });
+  const before = node.stats().threadWakes;
+  await assert.rejects(node.ask('overdue', 1, { timeoutMs: 5000, maxAttempts: 1 }), {
+    code: 'ASK_CANCELLED',
+  });
+  assert.equal(signal.aborted, true);
+  assert.ok(node.stats().threadWakes > before, 'the wake crossed from the tokio thread');
+  await node.close();
+});

@@ -4,9 +4,9 @@ const assert = require('node:assert/strict');
 const { spawnSync } = require('node:child_process');
 const path = require('node:path');
 
-function run(fixture) {
+function run(fixture, flags = []) {
   const started = Date.now();
-  const r = spawnSync(process.execPath, [path.join(__dirname, 'fixtures', fixture)], {
+  const r = spawnSync(process.execPath, [...flags, path.join(__dirname, 'fixtures', fixture)], {
     encoding: 'utf8',
     timeout: 20_000,
   });
@@ -27,4 +27,18 @@ test('a pending ask keeps the process alive until it ends', () => {
   const m = /^ASK_TIMEOUT after (\d+)\n$/.exec(r.stdout);
   assert.ok(m, r.stdout);
   assert.ok(Number(m[1]) >= 250, `timed out after ${m[1]} ms`);
+});
+
+test('nodes dropped without close are collected once idle, not before', () => {
+  const r = run('collected.js', ['--expose-gc']);
+  assert.equal(r.error, undefined);
+  assert.equal(r.status, 0, r.stderr);
+  const m = /^survived ASK_TIMEOUT (\d+) (\d+) collected (\d+) threads (-?\d+)\n$/.exec(r.stdout);
+  assert.ok(m, r.stdout);
+  assert.equal(Number(m[1]), 20 + (19 * 20) / 2);
+  assert.equal(Number(m[2]), 42);
+  assert.equal(Number(m[3]), 21, 'every dropped node was collected once idle');
+  if (Number(m[4]) >= 0) {
+    assert.equal(Number(m[4]), 1, 'only the live node still runs its runtime thread');
+  }
 });

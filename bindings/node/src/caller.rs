@@ -121,6 +121,7 @@ impl Core {
         match self.task_mut(task) {
             Some(Task::Ask(h)) => Ok(h.request_id().to_string()),
             Some(Task::Tell(h)) => Ok(h.request_id().to_string()),
+            Some(Task::Durable(h)) => Ok(h.id().to_owned()),
             _ => Err(errors::invalid(format!("task {task} is not a running ask"))),
         }
     }

@@ -18,6 +18,8 @@ use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use tokio::runtime::Runtime;
 
+use askpool_promises::{DurableHandle, DurablePromises};
+
 use crate::errors::{self, ErrorInfo};
 use crate::info::{self, NodeOptions, StageInfo, StatsInfo};
 use crate::slots::Slots;
@@ -42,6 +44,14 @@ pub mod event {
     pub const STAGE_END: u32 = 6;
     /// `a` = request whose cancellation was watched.
     pub const CANCELLED: u32 = 7;
+    /// A request whose message exists only as bytes (a durable ask resumed
+    /// from its store): `a` = request, `b` = index for `Core.bytes`,
+    /// `c` = pool | `DURABLE`.
+    pub const REQUEST_BYTES: u32 = 8;
+    /// `a` = task, `b` = index for `Core.bytes`: a reply read from a store.
+    pub const ASK_OK_BYTES: u32 = 9;
+    /// Set in a request's `c` when its reply must carry bytes (`replyBytes`).
+    pub const DURABLE: u32 = 1 << 31;
 }
 
 pub(crate) type JsNode = Node<Tok, Tok>;
@@ -50,6 +60,7 @@ type PullFuture = Pin<Box<dyn Future<Output = (Worker<Tok, Tok>, Option<Request<
 pub(crate) enum Task {
     Ask(AskHandle<Tok, Tok>),
     Tell(TellHandle<Tok, Tok>),
+    Durable(DurableHandle<Tok>),
     /// A worker waiting for its next request.
     Pull {
         pool: u32,
@@ -104,6 +115,9 @@ pub struct Core {
     held: Vec<Tok>,
     errors: Vec<AskError>,
     stages: Vec<StageEvent>,
+    bytes: Vec<Vec<u8>>,
+    /// The store of durable asks and promises, once opened.
+    pub(crate) promises: Option<DurablePromises>,
     batch: Vec<u32>,
     freed_scratch: Vec<u32>,
     /// This core's entry in the fast-path registry (see `fast`).
@@ -199,6 +213,8 @@ impl Core {
             held: Vec::new(),
             errors: Vec::new(),
             stages: Vec::new(),
+            bytes: Vec::new(),
+            promises: None,
             batch: Vec::new(),
             freed_scratch: Vec::new(),
             fast_id: None,
@@ -234,6 +250,15 @@ impl Core {
             .get(index as usize)
             .map(ErrorInfo::from)
             .ok_or_else(|| errors::invalid("no such error in the last drain"))
+    }
+
+    /// The bytes of a `REQUEST_BYTES` or `ASK_OK_BYTES` event of the last drain.
+    #[napi(catch_unwind)]
+    pub fn bytes(&self, index: u32) -> Result<Buffer> {
+        self.bytes
+            .get(index as usize)
+            .map(|b| Buffer::from(b.clone()))
+            .ok_or_else(|| errors::invalid("no such bytes in the last drain"))
     }
 
     /// The stage of a `STAGE` event of the last drain.
@@ -295,6 +320,7 @@ impl Core {
         self.held.clear();
         self.errors.clear();
         self.stages.clear();
+        self.bytes.clear();
         let mut out = Out { buf, n: 0 };
         let mut freed = std::mem::take(&mut self.freed_scratch);
         self.freed.take_into(&mut freed, out.buf.len() / 4);
@@ -377,6 +403,41 @@ impl Core {
         self.spawn(Task::Pull { pool, fut });
     }
 
+    /// Reports an ask (plain or durable) that finished.
+    fn ask_polled(
+        &mut self,
+        out: &mut Out<'_>,
+        task: u32,
+        polled: Poll<std::result::Result<Tok, AskError>>,
+    ) {
+        let Poll::Ready(result) = polled else {
+            return;
+        };
+        self.tasks.remove(task);
+        match result {
+            Ok(reply) => self.push_reply(out, task, reply),
+            Err(error) => self.push_error(out, task, error),
+        }
+    }
+
+    /// A reply by its slot, or by its bytes when it was read from a store.
+    fn push_reply(&mut self, out: &mut Out<'_>, task: u32, reply: Tok) {
+        match reply.slot() {
+            Some(slot) => out.push(event::ASK_OK, task, slot, 0),
+            None => {
+                let index = self.bytes.len() as u32;
+                self.bytes.push(reply.bytes().unwrap_or_default().to_vec());
+                out.push(event::ASK_OK_BYTES, task, index, 0);
+            }
+        }
+        self.held.push(reply);
+    }
+
+    fn push_error(&mut self, out: &mut Out<'_>, task: u32, error: AskError) {
+        out.push(event::ASK_ERR, task, self.errors.len() as u32, 0);
+        self.errors.push(error);
+    }
+
     fn poll_task(&mut self, id: u32, out: &mut Out<'_>) {
         let Some(slot) = self.tasks.get_mut(id) else {
             return;
@@ -385,20 +446,12 @@ impl Core {
         let mut cx = Context::from_waker(&slot.waker);
         match &mut slot.task {
             Task::Ask(handle) => {
-                let Poll::Ready(result) = Pin::new(handle).poll(&mut cx) else {
-                    return;
-                };
-                self.tasks.remove(id);
-                match result {
-                    Ok(reply) => {
-                        out.push(event::ASK_OK, id, reply.id(), 0);
-                        self.held.push(reply);
-                    }
-                    Err(error) => {
-                        out.push(event::ASK_ERR, id, self.errors.len() as u32, 0);
-                        self.errors.push(error);
-                    }
-                }
+                let polled = Pin::new(handle).poll(&mut cx);
+                self.ask_polled(out, id, polled);
+            }
+            Task::Durable(handle) => {
+                let polled = Pin::new(handle).poll(&mut cx);
+                self.ask_polled(out, id, polled);
             }
             Task::Tell(handle) => {
                 let Poll::Ready(result) = Pin::new(handle).poll(&mut cx) else {
@@ -407,10 +460,7 @@ impl Core {
                 self.tasks.remove(id);
                 match result {
                     Ok(_) => out.push(event::TELL_OK, id, 0, 0),
-                    Err(error) => {
-                        out.push(event::ASK_ERR, id, self.errors.len() as u32, 0);
-                        self.errors.push(error);
-                    }
+                    Err(error) => self.push_error(out, id, error),
                 }
             }
             Task::Pull { pool, fut } => {
@@ -433,7 +483,20 @@ impl Core {
                         pool,
                         watch: None,
                     });
-                    out.push(event::REQUEST, request, message.id(), pool);
+                    let durable = if message.bytes().is_some() {
+                        event::DURABLE
+                    } else {
+                        0
+                    };
+                    match message.slot() {
+                        Some(slot) => out.push(event::REQUEST, request, slot, pool | durable),
+                        None => {
+                            let index = self.bytes.len() as u32;
+                            self.bytes
+                                .push(message.bytes().unwrap_or_default().to_vec());
+                            out.push(event::REQUEST_BYTES, request, index, pool | durable);
+                        }
+                    }
                     self.held.push(message);
                 }
             }

@@ -8,6 +8,7 @@
 
 mod caller;
 mod core;
+mod durable;
 mod errors;
 mod fast;
 mod info;

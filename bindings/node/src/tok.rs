@@ -2,9 +2,14 @@
 //! table and Rust carries its slot number. The runtime clones and drops
 //! payloads freely (resends, the reply cache, the DLQ); the slot is freed when
 //! the last clone drops, so the JS table holds exactly what Rust still holds.
+//!
+//! A durable ask's message and reply also carry their serialized bytes (the
+//! wrapper's JSON), which the promise store keeps; one read back from the
+//! store after a restart has bytes and no slot.
 
 use std::sync::Arc;
 
+use askpool_promises::Durable;
 use parking_lot::Mutex;
 
 /// Slots whose last `Tok` dropped, waiting for the JS thread to clear them.
@@ -19,20 +24,19 @@ impl FreeList {
         let start = freed.len() - n;
         out.extend(freed.drain(start..));
     }
-
-    pub fn len(&self) -> usize {
-        self.0.lock().len()
-    }
 }
 
 struct Slot {
-    id: u32,
-    freed: Arc<FreeList>,
+    /// The slot in the JS table and where to report it free, if any.
+    slot: Option<(u32, Arc<FreeList>)>,
+    bytes: Option<Box<[u8]>>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.freed.0.lock().push(self.id);
+        if let Some((id, freed)) = &self.slot {
+            freed.0.lock().push(*id);
+        }
     }
 }
 
@@ -43,12 +47,43 @@ pub struct Tok(Arc<Slot>);
 impl Tok {
     pub fn new(id: u32, freed: &Arc<FreeList>) -> Self {
         Tok(Arc::new(Slot {
-            id,
-            freed: Arc::clone(freed),
+            slot: Some((id, Arc::clone(freed))),
+            bytes: None,
         }))
     }
 
+    /// An object that also travels as `bytes` (a durable ask's payload).
+    pub fn with_bytes(id: u32, freed: &Arc<FreeList>, bytes: Vec<u8>) -> Self {
+        Tok(Arc::new(Slot {
+            slot: Some((id, Arc::clone(freed))),
+            bytes: Some(bytes.into_boxed_slice()),
+        }))
+    }
+
+    /// The table slot; `None` for a payload read back from a store.
+    pub fn slot(&self) -> Option<u32> {
+        self.0.slot.as_ref().map(|(id, _)| *id)
+    }
+
+    /// The slot, or `u32::MAX` where there is none.
     pub fn id(&self) -> u32 {
-        self.0.id
+        self.slot().unwrap_or(u32::MAX)
+    }
+
+    pub fn bytes(&self) -> Option<&[u8]> {
+        self.0.bytes.as_deref()
+    }
+}
+
+impl Durable for Tok {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.bytes().map(<[u8]>::to_vec).unwrap_or_default()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        Ok(Tok(Arc::new(Slot {
+            slot: None,
+            bytes: Some(bytes.into()),
+        })))
     }
 }

@@ -92,6 +92,16 @@ impl Core {
         Ok(())
     }
 
+    /// Answers a durable request: the object in slot `reply`, stored as `bytes`.
+    #[napi(catch_unwind)]
+    pub fn reply_bytes(&mut self, request: u32, reply: u32, bytes: Buffer) -> Result<()> {
+        let reply = crate::tok::Tok::with_bytes(reply, &self.freed, bytes.to_vec());
+        let h = self.finish(request)?;
+        h.responder.reply(reply);
+        self.pull(h.pool, h.worker);
+        Ok(())
+    }
+
     /// `reply`, then `drain`: one call where a reply resolves an ask.
     #[napi(catch_unwind)]
     pub fn reply_drain(

@@ -10,6 +10,8 @@ import {
   type NodeStats,
   type DeadLetter,
   type ErrorCode,
+  type DurableAsk,
+  type DurablePromise,
 } from '../../index.js';
 
 interface Order {
@@ -68,6 +70,18 @@ export async function usage(): Promise<void> {
   const stats: NodeStats = node.stats();
   void stats.pools[0]?.inFlight;
   node.purgeDeadLetters();
+
+  node.openPromises('/tmp/promises.db', { timeoutMs: 60_000 });
+  const durable: DurableAsk<Receipt> = node.askDurable<Receipt>('orders', { id: 4, items: [] });
+  const durableId: string = durable.id;
+  const again: Receipt = await node.awaitDurable<Receipt>(durableId);
+  void again;
+  const created: DurablePromise<Order> = node.promises.create<Order>('p-1', {
+    param: { id: 5, items: [] },
+    key: 'k',
+  });
+  const settled = await node.promises.await<Order, Receipt>(created.id, { pollMs: 5 });
+  if (settled.state === 'RESOLVED') void settled.value?.total;
   pool.close();
   await node.close();
 }

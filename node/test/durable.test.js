@@ -1,0 +1,86 @@
+'use strict';
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { execFileSync } = require('node:child_process');
+const { Node, AskError, InvalidArgumentError, FailedPreconditionError } = require('..');
+
+function tempFile() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-durable-'));
+  return { file: path.join(dir, 'promises.db'), done: () => fs.rmSync(dir, { recursive: true }) };
+}
+
+test('promises: create, get, resolve, reject, cancel, await', async () => {
+  const tmp = tempFile();
+  try {
+    const node = new Node().openPromises(tmp.file);
+    const p = node.promises;
+    const created = p.create('order-1', { param: { item: 'book' }, key: 'k1' });
+    assert.equal(created.state, 'PENDING');
+    assert.deepEqual(created.param, { item: 'book' });
+    assert.equal(p.create('order-1', { param: { item: 'book' }, key: 'k1' }).state, 'PENDING');
+    const waited = p.await('order-1', { pollMs: 5 });
+    const resolved = p.resolve('order-1', { total: 12 }, { key: 'done-1' });
+    assert.equal(resolved.state, 'RESOLVED');
+    assert.deepEqual((await waited).value, { total: 12 });
+    assert.deepEqual(p.get('order-1').value, { total: 12 });
+    assert.equal(p.resolve('order-1', { total: 12 }, { key: 'done-1' }).state, 'RESOLVED');
+    assert.throws(() => p.reject('order-1', 'no'), FailedPreconditionError);
+    p.create('order-2');
+    assert.equal(p.reject('order-2', { why: 'out of stock' }).state, 'REJECTED');
+    p.create('order-3');
+    assert.equal(p.cancel('order-3').state, 'CANCELED');
+    p.create('order-4', { timeoutMs: 0 });
+    assert.equal(p.get('order-4').state, 'TIMED_OUT');
+    assert.throws(() => p.get('missing'), InvalidArgumentError);
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});
+
+test('durable asks without a store, or with a bad id, fail with typed errors', async () => {
+  const node = new Node();
+  node.pool('p').handle((m) => m);
+  await assert.rejects(node.askDurable('p', 1).result, { code: 'FAILED_PRECONDITION' });
+  assert.throws(() => node.promises.get('x'), AskError);
+  const tmp = tempFile();
+  try {
+    node.openPromises(tmp.file);
+    await assert.rejects(node.askDurable('p', 1, { id: 'nope' }).result, InvalidArgumentError);
+    const ask = node.askDurable('p', { v: 1 });
+    assert.match(ask.id, /^[0-9a-f]{32}$/);
+    assert.deepEqual(await ask, { v: 1 });
+    assert.equal(node.promises.get(ask.id).state, 'RESOLVED');
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});
+
+test('a durable ask survives a restart: two processes, one SQLite file', () => {
+  const tmp = tempFile();
+  try {
+    const fixture = (name, args) =>
+      JSON.parse(
+        execFileSync(process.execPath, [path.join(__dirname, 'fixtures', name), ...args], {
+          encoding: 'utf8',
+          timeout: 30_000,
+        }),
+      );
+    const first = fixture('durable-first.js', [tmp.file]);
+    assert.deepEqual(first.reply, { n: 42 });
+    assert.equal(first.runs, 1);
+    const second = fixture('durable-second.js', [tmp.file, first.done, first.pending]);
+    assert.deepEqual(second.stored, { n: 42 }, 'the settled ask answers from its promise');
+    assert.deepEqual(second.again, { n: 42 });
+    assert.equal(second.runs.double, 0, 'the answered ask never ran again');
+    assert.deepEqual(second.resumed, { n: 6 }, 'the pending ask was asked again with its message');
+    assert.equal(second.runs.slow, 1);
+    assert.deepEqual(second.states, ['RESOLVED', 'RESOLVED']);
+  } finally {
+    tmp.done();
+  }
+});
