@@ -13,6 +13,7 @@ mod hot;
 mod inflight;
 mod node;
 mod payload;
+mod promises;
 mod runtime;
 
 pub use error::{CancelCause, Failure, Fault, NativeError};
@@ -22,6 +23,7 @@ pub use node::{
     node_ask, AskArgs, DeadLetterInfo, NativeNode, NativeStats, NodeOptions, PoolOptions,
 };
 pub use payload::{live_host_refs, take_released, Payload};
+pub use promises::{NativePromises, PromiseFault, PromiseRecord};
 pub use runtime::runtime_worker_threads;
 
 uniffi::setup_scaffolding!();

@@ -98,7 +98,7 @@ fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
-fn parse_id<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, NativeError> {
+pub(crate) fn parse_id<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, NativeError> {
     text.parse().map_err(|_| {
         NativeError::from(AskError::InvalidArgument {
             message: format!("{what} {text:?} is not 32 hex digits"),
@@ -331,6 +331,14 @@ pub fn node_ask(node: i64, pool: i64, handle: i64, timeout_ms: u64, token: i64) 
 }
 
 impl NativeNode {
+    pub(crate) fn node(&self) -> &Node<Msg, Msg> {
+        &self.node
+    }
+
+    pub(crate) fn listener(&self) -> Arc<dyn AskListener> {
+        Arc::clone(&self.listener)
+    }
+
     fn ask(&self, pool: i64, msg: Msg, timeout_ms: u64, token: i64) {
         let name = usize::try_from(pool)
             .ok()
@@ -422,7 +430,7 @@ fn stage_of(e: &askpool::StageEvent) -> Stage {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     let text = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

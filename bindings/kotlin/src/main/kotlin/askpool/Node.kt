@@ -23,7 +23,7 @@ import kotlin.coroutines.resumeWithException
  * crosses as bytes.
  */
 class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
-    private val completions = Completions()
+    internal val completions = Completions()
     internal val native = NativeNode(
         askpool.ffi.NodeOptions(
             defaultTimeoutMs = options.defaultTimeout.inWholeMilliseconds.toULong(),

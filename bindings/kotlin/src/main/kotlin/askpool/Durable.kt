@@ -1,0 +1,96 @@
+package askpool
+
+/**
+ * Turns values into bytes and back for durable asks: a promise outlives
+ * the process, so what it holds must be bytes (an in-process object would
+ * not survive a restart). Plug in any serializer (kotlinx.serialization,
+ * Jackson, protobuf) by implementing this.
+ */
+interface DurableCodec<T> {
+    fun encode(value: T): ByteArray
+    fun decode(bytes: ByteArray): T
+
+    companion object {
+        val BYTES: DurableCodec<ByteArray> = object : DurableCodec<ByteArray> {
+            override fun encode(value: ByteArray) = value
+            override fun decode(bytes: ByteArray) = bytes
+        }
+        val UTF8: DurableCodec<String> = object : DurableCodec<String> {
+            override fun encode(value: String) = value.encodeToByteArray()
+            override fun decode(bytes: ByteArray) = bytes.decodeToString(throwOnInvalidSequence = true)
+        }
+    }
+}
+
+/**
+ * A durable ask in flight. Its [id] (the promise id, also the request id)
+ * is what a restarted process passes to [Node.awaitDurable].
+ */
+class DurableAsk<R> internal constructor(
+    val id: String,
+    private val handle: AskHandle,
+    private val codec: DurableCodec<R>,
+) {
+    /**
+     * The reply, recorded in the promise. Cancelling the awaiting coroutine
+     * only stops waiting: the promise stays pending for a later await.
+     */
+    suspend fun await(): R = decode(handle.await(), codec)
+}
+
+/**
+ * Asks [pool] durably: the message and the outcome are kept in [promises]
+ * under the returned ask's id. The pool's handler gets the encoded message
+ * as a `ByteArray` and must reply with a `ByteArray`.
+ */
+fun <M, R> Node.askDurable(
+    promises: Promises,
+    pool: String,
+    msg: M,
+    codec: DurableCodec<M>,
+    replyCodec: DurableCodec<R>,
+    id: String? = null,
+): DurableAsk<R> {
+    val handle = durableHandle()
+    val askId = startDurable(handle) { native.askDurable(promises.native, pool, codec.encode(msg), id, it) }
+    handle.requestId = askId
+    return DurableAsk(askId, handle, replyCodec)
+}
+
+/** [askDurable] with bytes in and out. */
+fun Node.askDurable(promises: Promises, pool: String, msg: ByteArray, id: String? = null): DurableAsk<ByteArray> =
+    askDurable(promises, pool, msg, DurableCodec.BYTES, DurableCodec.BYTES, id)
+
+/**
+ * The outcome of the durable ask [id], typically after a restart: a
+ * settled promise answers at once; a pending one is asked again under the
+ * same id.
+ */
+suspend fun <R> Node.awaitDurable(promises: Promises, id: String, replyCodec: DurableCodec<R>): R {
+    val handle = durableHandle()
+    handle.requestId = id
+    startDurable(handle) { native.awaitDurable(promises.native, id, it) }
+    return decode(handle.await(), replyCodec)
+}
+
+suspend fun Node.awaitDurable(promises: Promises, id: String): ByteArray =
+    awaitDurable(promises, id, DurableCodec.BYTES)
+
+private fun Node.durableHandle(): AskHandle = AskHandle(this).also { it.token = completions.register(it) }
+
+private inline fun <T> Node.startDurable(handle: AskHandle, start: (Long) -> T): T = try {
+    AskException.native { start(handle.token) }
+} catch (e: AskException) {
+    completions.failNow(handle.token, e)
+    throw e
+}
+
+private fun <R> decode(reply: Any?, codec: DurableCodec<R>): R {
+    val bytes = reply as? ByteArray
+        ?: throw AskException.DecodeFailure("a durable reply must be bytes, got ${reply?.javaClass?.name}")
+    return try {
+        codec.decode(bytes)
+    } catch (e: Exception) {
+        throw AskException.DecodeFailure("${codec.javaClass.name} cannot decode the reply: $e")
+    }
+}

@@ -1,0 +1,138 @@
+package askpool
+
+import askpool.ffi.NativePromises
+import askpool.ffi.PromiseFault
+import askpool.ffi.PromiseRecord
+import java.nio.file.Path
+import kotlin.time.Duration
+import kotlin.time.Duration.Companion.hours
+
+/** Where a promise is: pending, or settled one of four ways. */
+enum class PromiseState { PENDING, RESOLVED, REJECTED, CANCELED, TIMEDOUT }
+
+/** A durable promise as stored; times are Unix milliseconds. */
+class DurablePromise internal constructor(r: PromiseRecord) {
+    val id: String = r.id
+    val state: PromiseState = PromiseState.valueOf(r.state)
+    val param: ByteArray = r.param
+    val value: ByteArray? = r.value
+    val timeoutAt: Long = r.timeoutAt.toLong()
+    val createdAt: Long = r.createdAt.toLong()
+    val settledAt: Long? = r.settledAt?.toLong()
+    /** This answer repeats an earlier call with the same idempotency key. */
+    val replayed: Boolean = r.replayed
+
+    override fun toString() = "DurablePromise($id, $state)"
+}
+
+/**
+ * What a promise-store call fails with. [code] is the store's stable name
+ * (`NotFound`, `AlreadySettled`, `Corrupt`, ...), shared with the other bindings.
+ */
+sealed class PromiseException(message: String, val code: String) : RuntimeException(message) {
+    /** No promise has this id. */
+    class NotFound(message: String) : PromiseException(message, "NotFound")
+    /** The id is taken by a create with another key. */
+    class AlreadyExists(message: String) : PromiseException(message, "AlreadyExists")
+    /** A refused transition: the promise already settled (another way, or without this key). */
+    class AlreadySettled(message: String) : PromiseException(message, "AlreadySettled")
+    /** The file is not a usable promise store: corrupt, foreign, or from a newer build. */
+    class BadDatabase(message: String, code: String) : PromiseException(message, code)
+    /** Another connection holds the file's lock; worth retrying. */
+    class Locked(message: String) : PromiseException(message, "Locked")
+    class InvalidArgument(message: String) : PromiseException(message, "InvalidArgument")
+    /** Any other storage failure. */
+    class Storage(message: String, code: String) : PromiseException(message, code)
+
+    internal companion object {
+        fun of(f: PromiseFault.Store): PromiseException {
+            val m = f.detail
+            return when (f.code) {
+                "NotFound" -> NotFound(m)
+                "AlreadyExists" -> AlreadyExists(m)
+                "AlreadySettled" -> AlreadySettled(m)
+                "Corrupt", "Foreign", "NewerVersion" -> BadDatabase(m, f.code)
+                "Locked" -> Locked(m)
+                "InvalidArgument" -> InvalidArgument(m)
+                else -> Storage(m, f.code)
+            }
+        }
+
+        inline fun <T> native(call: () -> T): T = try {
+            call()
+        } catch (e: PromiseFault.Store) {
+            throw of(e)
+        } catch (e: askpool.ffi.InternalException) {
+            throw Storage("internal error: ${e.message}", "Internal")
+        }
+    }
+}
+
+/**
+ * A store of durable promises: a SQLite file shared by processes, or
+ * memory (tests). Payloads are bytes; see [DurableCodec] for typed values.
+ *
+ * ```
+ * Promises.open("orders.db").use { p ->
+ *     p.create("order-7", timeout = 1.hours)
+ *     p.resolve("order-7", "paid".encodeToByteArray())
+ * }
+ * ```
+ */
+class Promises private constructor(internal val native: NativePromises) : AutoCloseable {
+    /** Creates a promise pending for [timeout]; with [key] a repeat returns the same promise. */
+    fun create(
+        id: String,
+        timeout: Duration,
+        param: ByteArray = ByteArray(0),
+        key: String? = null,
+    ): DurablePromise = call { native.create(id, param, timeout.millis(), key) }
+
+    /** @throws PromiseException.NotFound */
+    fun get(id: String): DurablePromise = call { native.get(id) }
+
+    /** Settles [id] as resolved; with the [key] of an earlier completion, a repeat replays it. */
+    fun resolve(id: String, value: ByteArray = ByteArray(0), key: String? = null): DurablePromise =
+        call { native.resolve(id, value, key) }
+
+    fun reject(id: String, value: ByteArray = ByteArray(0), key: String? = null): DurablePromise =
+        call { native.reject(id, value, key) }
+
+    fun cancel(id: String, value: ByteArray = ByteArray(0), key: String? = null): DurablePromise =
+        call { native.cancel(id, value, key) }
+
+    /**
+     * Suspends until [id] settles (or times out). Completions by this store
+     * wake it at once; another process's are seen by polling.
+     */
+    suspend fun await(id: String): DurablePromise = try {
+        DurablePromise(native.wait(id))
+    } catch (e: PromiseFault.Store) {
+        throw PromiseException.of(e)
+    }
+
+    override fun close() = native.close()
+
+    private inline fun call(op: () -> PromiseRecord) = DurablePromise(PromiseException.native(op))
+
+    companion object {
+        /**
+         * Opens (or creates) the SQLite store at [path]. A durable ask's
+         * promise stays pending at most [durableTimeout].
+         * @throws PromiseException.BadDatabase the file is no promise store.
+         */
+        fun open(path: Path, durableTimeout: Duration = 1.hours): Promises =
+            Promises(PromiseException.native { NativePromises.open(path.toString(), durableTimeout.millis()) })
+
+        fun open(path: String, durableTimeout: Duration = 1.hours): Promises = open(Path.of(path), durableTimeout)
+
+        /** A store in memory, gone with the process. */
+        fun memory(durableTimeout: Duration = 1.hours): Promises =
+            Promises(NativePromises.memory(durableTimeout.millis()))
+
+        private fun Duration.millis(): ULong {
+            require(!isNegative()) { "a timeout must not be negative: $this" }
+            return inWholeMilliseconds.toULong()
+        }
+    }
+}

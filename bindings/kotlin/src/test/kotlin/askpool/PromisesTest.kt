@@ -1,0 +1,185 @@
+package askpool
+
+import kotlinx.coroutines.async
+import kotlinx.coroutines.runBlocking
+import kotlinx.coroutines.withTimeout
+import org.junit.jupiter.api.Assertions.assertArrayEquals
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertFalse
+import org.junit.jupiter.api.Assertions.assertNull
+import org.junit.jupiter.api.Assertions.assertThrows
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.Test
+import org.junit.jupiter.api.io.TempDir
+import java.io.File
+import java.nio.file.Files
+import java.nio.file.Path
+import java.util.concurrent.TimeUnit
+import java.util.concurrent.atomic.AtomicInteger
+import kotlin.time.Duration.Companion.hours
+import kotlin.time.Duration.Companion.milliseconds
+import kotlin.time.Duration.Companion.seconds
+
+class PromisesTest {
+    private fun b(s: String) = s.encodeToByteArray()
+
+    @Test
+    fun `create, get, resolve, reject and cancel move a promise once`() {
+        Promises.memory().use { p ->
+            val created = p.create("a", timeout = 1.hours, param = b("in"))
+            assertEquals(PromiseState.PENDING, created.state)
+            assertArrayEquals(b("in"), p.get("a").param)
+            assertNull(p.get("a").value)
+
+            val resolved = p.resolve("a", b("out"))
+            assertEquals(PromiseState.RESOLVED, resolved.state)
+            assertArrayEquals(b("out"), p.get("a").value)
+            assertTrue(p.get("a").settledAt != null)
+
+            p.create("r", timeout = 1.hours)
+            assertEquals(PromiseState.REJECTED, p.reject("r", b("why")).state)
+            p.create("c", timeout = 1.hours)
+            assertEquals(PromiseState.CANCELED, p.cancel("c").state)
+            assertEquals(PromiseState.CANCELED, p.get("c").state)
+        }
+    }
+
+    @Test
+    fun `keys make create and completion idempotent`() {
+        Promises.memory().use { p ->
+            assertFalse(p.create("k", timeout = 1.hours, key = "ck").replayed)
+            assertTrue(p.create("k", timeout = 1.hours, key = "ck").replayed)
+            assertFalse(p.resolve("k", b("v"), key = "done").replayed)
+            val again = p.resolve("k", b("v"), key = "done")
+            assertTrue(again.replayed)
+            assertEquals(PromiseState.RESOLVED, again.state)
+        }
+    }
+
+    @Test
+    fun `unknown ids, refused transitions and bad files are typed errors`(@TempDir dir: Path) {
+        Promises.memory().use { p ->
+            val missing = assertThrows(PromiseException.NotFound::class.java) { p.get("nope") }
+            assertEquals("NotFound", missing.code)
+            assertThrows(PromiseException.NotFound::class.java) { p.resolve("nope") }
+            p.create("x", timeout = 1.hours)
+            p.resolve("x", b("1"))
+            val refused = assertThrows(PromiseException.AlreadySettled::class.java) { p.reject("x") }
+            assertTrue(refused.message!!.contains("x"), refused.message)
+            assertArrayEquals(b("1"), p.get("x").value, "a refused transition changes nothing")
+            assertThrows(PromiseException.AlreadyExists::class.java) { p.create("x", timeout = 1.hours, key = "other") }
+        }
+        val junk = dir.resolve("junk.db")
+        Files.write(junk, ByteArray(8192) { (it * 31).toByte() })
+        val bad = assertThrows(PromiseException.BadDatabase::class.java) { Promises.open(junk) }
+        assertTrue(bad.code in setOf("Corrupt", "Foreign"), bad.code)
+    }
+
+    @Test
+    fun `await suspends until another caller settles the promise, and sees timeouts`() = runBlocking {
+        Promises.memory().use { p ->
+            p.create("w", timeout = 1.hours)
+            val waiter = async { p.await("w") }
+            assertFalse(waiter.isCompleted)
+            p.resolve("w", b("done"))
+            val settled = withTimeout(10.seconds) { waiter.await() }
+            assertEquals(PromiseState.RESOLVED, settled.state)
+            assertArrayEquals(b("done"), settled.value)
+
+            p.create("t", timeout = 50.milliseconds)
+            assertEquals(PromiseState.TIMEDOUT, withTimeout(10.seconds) { p.await("t") }.state)
+            assertThrows(PromiseException.NotFound::class.java) { runBlocking { p.await("none") } }
+        }
+    }
+
+    @Test
+    fun `a durable ask records its reply and a second await answers from the promise`() = runBlocking {
+        val runs = AtomicInteger()
+        Promises.memory().use { p ->
+            Node().use { node ->
+                node.pool("upper", handler = DurableChild.upper(runs))
+                val ask = node.askDurable(p, "upper", "hi", DurableCodec.UTF8, DurableCodec.UTF8)
+                assertEquals("HI", ask.await())
+                assertEquals(PromiseState.RESOLVED, p.get(ask.id).state)
+                assertEquals("HI", node.awaitDurable(p, ask.id, DurableCodec.UTF8))
+                assertEquals(1, runs.get())
+            }
+        }
+    }
+
+    @Test
+    fun `a durable ask's handler failure rejects the promise and bad ids are refused`() = runBlocking {
+        Promises.memory().use { p ->
+            Node().use { node ->
+                node.pool("boom") { _, _ -> throw IllegalStateException("out of stock") }
+                node.pool("obj") { _, _ -> "an object, not bytes" }
+                val ask = node.askDurable(p, "boom", b("x"))
+                val e = assertThrows(AskException.HandlerFailed::class.java) { runBlocking { ask.await() } }
+                assertEquals("out of stock", e.handlerMessage)
+                assertEquals(PromiseState.REJECTED, p.get(ask.id).state)
+                val again = assertThrows(AskException.HandlerFailed::class.java) {
+                    runBlocking { node.awaitDurable(p, ask.id) }
+                }
+                assertEquals("java.lang.IllegalStateException", again.typeName)
+
+                val obj = node.askDurable(p, "obj", b("x"))
+                assertThrows(AskException.DecodeFailure::class.java) { runBlocking { obj.await() } }
+                assertThrows(AskException.DecodeFailure::class.java) { runBlocking { node.awaitDurable(p, obj.id) } }
+
+                assertThrows(AskException.InvalidArgument::class.java) { runBlocking { node.awaitDurable(p, "not-hex") } }
+                assertThrows(AskException.InvalidArgument::class.java) {
+                    node.askDurable(p, "boom", b("x"), id = "not-hex")
+                }
+                assertEquals(0L, node.stats().awaitedOutcomes)
+            }
+        }
+    }
+
+    private fun child(vararg args: String): Map<String, String> {
+        val java = Path.of(System.getProperty("java.home"), "bin", "java").toString()
+        val classpath = System.getProperty("surefire.test.class.path") ?: System.getProperty("java.class.path")
+        val command = listOf(java, "-cp", classpath, "-Djna.library.path=${System.getProperty("jna.library.path")}") +
+            DurableChild::class.java.name + args
+        val log = Files.createTempFile("durable-child", ".log").toFile()
+        val process = ProcessBuilder(command).redirectErrorStream(true).redirectOutput(log).start()
+        val finished = process.waitFor(120, TimeUnit.SECONDS)
+        if (!finished) process.destroyForcibly()
+        val output = log.readText().also { log.delete() }
+        assertTrue(finished, "the second process did not finish:\n$output")
+        assertEquals(0, process.exitValue(), "second process failed:\n$output")
+        return output.lines().filter { '=' in it }.associate { it.substringBefore('=') to it.substringAfter('=') }
+    }
+
+    @Test
+    fun `after a restart a second JVM gets the outcome by id and the handler ran once`(@TempDir dir: Path) {
+        val db = File(dir.toFile(), "asks.db").path
+        val runs = AtomicInteger()
+        val id = runBlocking {
+            Promises.open(db).use { p ->
+                Node().use { node ->
+                    node.pool("upper", handler = DurableChild.upper(runs))
+                    val ask = node.askDurable(p, "upper", "order 7", DurableCodec.UTF8, DurableCodec.UTF8)
+                    assertEquals("ORDER 7", ask.await())
+                    ask.id
+                }
+            }
+        }
+        val out = child("await", db, id)
+        assertEquals("ORDER 7", out["reply"])
+        assertEquals("0", out["runs"], "the second process must not run the handler again")
+        assertEquals(1, runs.get())
+    }
+
+    @Test
+    fun `await in one JVM sees a resolve made by another`(@TempDir dir: Path) = runBlocking {
+        val db = File(dir.toFile(), "shared.db").path
+        Promises.open(db).use { p ->
+            p.create("job-1", timeout = 1.hours)
+            val waiter = async { p.await("job-1") }
+            assertEquals("RESOLVED", child("resolve", db, "job-1", "from the other side")["state"])
+            val settled = withTimeout(30.seconds) { waiter.await() }
+            assertEquals(PromiseState.RESOLVED, settled.state)
+            assertArrayEquals(b("from the other side"), settled.value)
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Durable promises (`askpool-promises`) for Kotlin: a store (SQLite file
+//! or memory) with create / get / resolve / reject / cancel / wait, and
+//! durable asks on a [`NativeNode`]. Payloads are bytes: a durable value
+//! outlives the process, so the Kotlin side encodes it with a codec.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use askpool::RequestId;
+use askpool_promises::{
+    Completed, Completion, Durable, DurableAsk, DurableHandle, DurablePromises, Promise,
+    PromiseError,
+};
+use futures::FutureExt;
+
+use crate::error::{Failure, NativeError};
+use crate::node::NativeNode;
+use crate::payload::Msg;
+use crate::runtime::runtime;
+
+/// A promise; times are Unix milliseconds.
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct PromiseRecord {
+    pub id: String,
+    /// `PENDING`, `RESOLVED`, `REJECTED`, `CANCELED` or `TIMEDOUT`.
+    pub state: String,
+    pub param: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+    pub timeout_at: u64,
+    pub created_at: u64,
+    pub settled_at: Option<u64>,
+    /// Whether this call was answered from an earlier one with the same key.
+    pub replayed: bool,
+}
+
+impl PromiseRecord {
+    fn of(p: Promise, replayed: bool) -> Self {
+        Self {
+            id: p.id,
+            state: p.state.as_str().to_uppercase(),
+            param: p.param,
+            value: p.value,
+            timeout_at: p.timeout_at,
+            created_at: p.created_at,
+            settled_at: p.settled_at,
+            replayed,
+        }
+    }
+}
+
+/// What a promise-store call fails with; `code` is
+/// [`PromiseError::code`] (`NotFound`, `AlreadySettled`, `Corrupt`, ...).
+#[derive(Debug, thiserror::Error, uniffi::Error)]
+pub enum PromiseFault {
+    #[error("{detail}")]
+    Store { code: String, detail: String },
+}
+
+impl From<PromiseError> for PromiseFault {
+    fn from(e: PromiseError) -> Self {
+        PromiseFault::Store {
+            code: e.code().to_owned(),
+            detail: e.to_string(),
+        }
+    }
+}
+
+#[derive(uniffi::Object)]
+pub struct NativePromises {
+    durable: DurablePromises,
+}
+
+#[uniffi::export]
+impl NativePromises {
+    /// Opens (or creates) the SQLite store at `path`; durable asks stay
+    /// pending at most `durable_timeout_ms`.
+    #[uniffi::constructor]
+    pub fn open(path: String, durable_timeout_ms: u64) -> Result<Arc<Self>, PromiseFault> {
+        let mut durable = DurablePromises::open(path)?;
+        durable.timeout = Duration::from_millis(durable_timeout_ms);
+        Ok(Arc::new(Self { durable }))
+    }
+
+    /// A store in memory, gone with the process.
+    #[uniffi::constructor]
+    pub fn memory(durable_timeout_ms: u64) -> Arc<Self> {
+        let mut durable = DurablePromises::in_memory();
+        durable.timeout = Duration::from_millis(durable_timeout_ms);
+        Arc::new(Self { durable })
+    }
+
+    /// Creates a promise pending for `timeout_ms`; with `key`, a repeat of
+    /// the same create returns the existing promise.
+    pub fn create(
+        &self,
+        id: String,
+        param: Vec<u8>,
+        timeout_ms: u64,
+        key: Option<String>,
+    ) -> Result<PromiseRecord, PromiseFault> {
+        let created = self.durable.create(&id, param, timeout_ms, key)?;
+        Ok(PromiseRecord::of(created.promise, created.deduplicated))
+    }
+
+    pub fn get(&self, id: String) -> Result<PromiseRecord, PromiseFault> {
+        Ok(PromiseRecord::of(self.durable.get(&id)?, false))
+    }
+
+    pub fn resolve(
+        &self,
+        id: String,
+        value: Vec<u8>,
+        key: Option<String>,
+    ) -> Result<PromiseRecord, PromiseFault> {
+        completed(self.durable.resolve(&id, value, key))
+    }
+
+    pub fn reject(
+        &self,
+        id: String,
+        value: Vec<u8>,
+        key: Option<String>,
+    ) -> Result<PromiseRecord, PromiseFault> {
+        completed(self.durable.reject(&id, value, key))
+    }
+
+    pub fn cancel(
+        &self,
+        id: String,
+        value: Vec<u8>,
+        key: Option<String>,
+    ) -> Result<PromiseRecord, PromiseFault> {
+        completed(self.durable.complete(&id, Completion::Cancel, value, key))
+    }
+
+    /// The promise once settled (or timed out). Runs on the library's
+    /// runtime, so the host's executor needs no tokio.
+    pub async fn wait(&self, id: String) -> Result<PromiseRecord, PromiseFault> {
+        let durable = self.durable.clone();
+        let waited = runtime()
+            .spawn(async move { durable.wait(&id).await })
+            .await
+            .map_err(|e| PromiseFault::Store {
+                code: "Internal".into(),
+                detail: format!("promise wait failed: {e}"),
+            })?;
+        Ok(PromiseRecord::of(waited?, false))
+    }
+}
+
+fn completed(done: askpool_promises::Result<Completed>) -> Result<PromiseRecord, PromiseFault> {
+    let done = done?;
+    Ok(PromiseRecord::of(done.promise, done.replayed))
+}
+
+/// What a reply that is a JVM object is stored as: an object cannot outlive
+/// the process, so reading it back is a decode failure, not a silent
+/// empty value.
+const HOST_REPLY: &[u8] = b"\0askpool:jvm-object-is-not-durable";
+
+impl Durable for Msg {
+    fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            Msg::Bytes(b) => b.to_vec(),
+            Msg::Host(_) => HOST_REPLY.to_vec(),
+        }
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        if bytes == HOST_REPLY {
+            return Err(
+                "the handler of a durable ask replied with an object, not a ByteArray; \
+                        it was not stored"
+                    .into(),
+            );
+        }
+        Ok(Msg::Bytes(Arc::from(bytes)))
+    }
+}
+
+#[uniffi::export]
+impl NativeNode {
+    /// Starts a durable ask of `payload` to `pool` (under `id`, or a fresh
+    /// one); the outcome goes to the listener under `token`. Returns the id.
+    pub fn ask_durable(
+        &self,
+        promises: Arc<NativePromises>,
+        pool: String,
+        payload: Vec<u8>,
+        id: Option<String>,
+        token: i64,
+    ) -> Result<String, NativeError> {
+        let _rt = runtime().enter();
+        let msg = Msg::Bytes(Arc::from(payload));
+        let handle = match id {
+            Some(text) => {
+                let id: RequestId = crate::node::parse_id("durable ask id", &text)?;
+                self.node()
+                    .ask_durable_with_id(&promises.durable, id, &pool, msg)?
+            }
+            None => self.node().ask_durable(&promises.durable, &pool, msg)?,
+        };
+        Ok(self.drive_durable(handle, token))
+    }
+
+    /// The outcome of the durable ask `id` (asked again if still pending),
+    /// to the listener under `token`.
+    pub fn await_durable(
+        &self,
+        promises: Arc<NativePromises>,
+        id: String,
+        token: i64,
+    ) -> Result<(), NativeError> {
+        let _rt = runtime().enter();
+        let handle = self.node().await_durable(&promises.durable, &id)?;
+        self.drive_durable(handle, token);
+        Ok(())
+    }
+}
+
+impl NativeNode {
+    fn drive_durable(&self, handle: DurableHandle<Msg>, token: i64) -> String {
+        let id = handle.id().to_owned();
+        let listener = self.listener();
+        runtime().spawn(async move {
+            let outcome = AssertUnwindSafe(handle)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    Err(askpool::AskError::internal(crate::node::panic_message(
+                        panic.as_ref(),
+                    )))
+                });
+            match outcome {
+                Ok(Msg::Bytes(b)) => listener.on_reply_bytes(token, b.to_vec()),
+                Ok(Msg::Host(_)) => listener.on_failure(
+                    token,
+                    Failure::from(&askpool::AskError::DecodeFailure {
+                        message: Msg::from_bytes(HOST_REPLY).err().unwrap_or_default(),
+                    }),
+                ),
+                Err(e) => listener.on_failure(token, Failure::from(&e)),
+            }
+        });
+        id
+    }
+}
