@@ -1,6 +1,7 @@
 //! A tight loop of sequential asks, for profilers:
 //! `cargo build --release -p askpool --example ask_loop &&
 //!  perf record -g target/release/examples/ask_loop 200000`.
+//! `ASK_LOOP_TRACK=1` turns ACK stage tracking on (the node default).
 
 use askpool::{Node, NodeConfig};
 fn main() {
@@ -14,7 +15,7 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         let node: Node<u64, u64> = Node::with_config(NodeConfig {
-            track_stages: false,
+            track_stages: std::env::var_os("ASK_LOOP_TRACK").is_some(),
             ..NodeConfig::default()
         });
         node.pool("p")
