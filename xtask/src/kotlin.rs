@@ -18,6 +18,12 @@ fn library() -> PathBuf {
 /// Builds the cdylib and generates the Kotlin that loads it.
 pub fn generate() -> Result<(), String> {
     cargo(&["build", "-q", "--release", "-p", "askpool-uniffi"])?;
+    bindgen(&library())
+}
+
+/// Generates the Kotlin for the cdylib `lib` (`cargo xtask bench` builds it
+/// together with the bench binaries).
+pub fn bindgen(lib: &std::path::Path) -> Result<(), String> {
     cargo(&[
         "build",
         "-q",
@@ -36,7 +42,7 @@ pub fn generate() -> Result<(), String> {
         &[
             "generate",
             "--library",
-            &library().to_string_lossy(),
+            &lib.to_string_lossy(),
             "--language",
             "kotlin",
             "--no-format",
@@ -54,7 +60,7 @@ fn lib_dir_arg() -> String {
     )
 }
 
-fn mvn(args: &[&str]) -> Result<(), String> {
+pub fn mvn(args: &[&str]) -> Result<(), String> {
     let pom = root().join("bindings/kotlin/pom.xml");
     let pom = pom.to_string_lossy();
     let lib_dir = lib_dir_arg();
@@ -73,17 +79,4 @@ pub fn test(leak_asks: Option<u64>) -> Result<(), String> {
         args.push(leak);
     }
     mvn(&args)
-}
-
-/// The `kotlin` bench suite: writes `target/bench/results/kotlin.json`.
-pub fn bench() -> Result<(), String> {
-    generate()?;
-    let quick = std::env::var_os("ASKPOOL_BENCH_QUICK").is_some_and(|v| v == "1");
-    let out = root().join("target/bench/results/kotlin.json");
-    let exec_args = format!(
-        "-Dexec.args={}{}",
-        out.display(),
-        if quick { " --quick" } else { "" }
-    );
-    mvn(&["test-compile", "exec:java", &exec_args])
 }
