@@ -2,8 +2,8 @@
 //! run is built before any of them measures, so the report can time the two
 //! phases apart and a warm run spends its time measuring.
 //!
-//! - One cargo invocation builds every bench binary and the Node and uniffi
-//!   cdylibs, with the bench profile (the release settings, unchanged) in the
+//! - One cargo invocation builds every bench binary, the Node and uniffi
+//!   cdylibs and uniffi's Kotlin generator, with the bench profile (the release settings, unchanged) in the
 //!   workspace's target dir: shared dependencies compile once, with one
 //!   feature set. The Node addon is built by cargo directly, not by the napi
 //!   CLI, which always passes `--target` and so compiles every dependency a
@@ -81,7 +81,12 @@ pub fn build(needs: &Needs) -> Result<Built, String> {
     if needs.kotlin {
         let started = Instant::now();
         let lib = cdylib(&artifacts, "askpool_uniffi")?;
-        kotlin_classes(&lib)?;
+        let bindgen = artifacts
+            .iter()
+            .find(|a| a.name == "uniffi-bindgen")
+            .and_then(|a| a.executable.clone())
+            .ok_or("cargo built no uniffi-bindgen")?;
+        kotlin_classes(&bindgen, &lib)?;
         built.steps.push((
             "Kotlin bindings and bench classes".into(),
             started.elapsed().as_secs_f64(),
@@ -119,6 +124,14 @@ fn cargo_build(needs: &Needs) -> Result<Vec<Artifact>, String> {
     }
     if needs.kotlin {
         packages.push("askpool-uniffi");
+        // The generator in the same build: a separate debug build of it
+        // would compile the runtime and its dependencies once more.
+        args.extend([
+            "--features",
+            "askpool-uniffi/cli",
+            "--bin",
+            "uniffi-bindgen",
+        ]);
     }
     packages.sort_unstable();
     packages.dedup();
@@ -226,7 +239,7 @@ fn stage_node_addon(lib: &Path) -> Result<PathBuf, String> {
 /// The Kotlin generated from `lib` and the test classes (the bench lives
 /// there), unless neither the library nor a Kotlin source changed since the
 /// stamp was written.
-fn kotlin_classes(lib: &Path) -> Result<(), String> {
+fn kotlin_classes(bindgen: &Path, lib: &Path) -> Result<(), String> {
     let stamp = bench_dir().join("kotlin.stamp");
     let kotlin = root().join("bindings/kotlin");
     let inputs = modified(lib)
@@ -236,7 +249,7 @@ fn kotlin_classes(lib: &Path) -> Result<(), String> {
         eprintln!("xtask bench: Kotlin classes are up to date");
         return Ok(());
     }
-    crate::kotlin::bindgen(lib)?;
+    crate::kotlin::bindgen(bindgen, lib)?;
     crate::kotlin::mvn(&["test-compile"])?;
     std::fs::create_dir_all(bench_dir()).map_err(|e| e.to_string())?;
     std::fs::write(&stamp, b"").map_err(|e| e.to_string())

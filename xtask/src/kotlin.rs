@@ -5,7 +5,7 @@
 //! time, never committed), then runs `mvn -B test` with the library path.
 //! Maven downloads what it needs on the first run and works offline after.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::{cargo, root, run};
 
@@ -18,12 +18,6 @@ fn library() -> PathBuf {
 /// Builds the cdylib and generates the Kotlin that loads it.
 pub fn generate() -> Result<(), String> {
     cargo(&["build", "-q", "--release", "-p", "askpool-uniffi"])?;
-    bindgen(&library())
-}
-
-/// Generates the Kotlin for the cdylib `lib` (`cargo xtask bench` builds it
-/// together with the bench binaries).
-pub fn bindgen(lib: &std::path::Path) -> Result<(), String> {
     cargo(&[
         "build",
         "-q",
@@ -34,9 +28,14 @@ pub fn bindgen(lib: &std::path::Path) -> Result<(), String> {
         "--bin",
         "uniffi-bindgen",
     ])?;
+    bindgen(&root().join("target/debug/uniffi-bindgen"), &library())
+}
+
+/// Generates the Kotlin for the cdylib `lib` with the generator `bindgen`
+/// (`cargo xtask bench` builds both together with its bench binaries).
+pub fn bindgen(bindgen: &Path, lib: &Path) -> Result<(), String> {
     let generated = root().join(GENERATED);
     let _ = std::fs::remove_dir_all(&generated);
-    let bindgen = root().join("target/debug/uniffi-bindgen");
     run(
         &bindgen.to_string_lossy(),
         &[
