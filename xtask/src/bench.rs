@@ -223,7 +223,8 @@ pub fn run(only: Option<&str>, quick: bool) -> Result<(), String> {
         .collect();
     let mut timings = Timings::default();
     let started = Instant::now();
-    let built = bench_build::build(&build_needs(&to_run));
+    let every: Vec<&Suite> = SUITES.iter().collect();
+    let built = bench_build::build(&build_needs(&every), &build_needs(&to_run));
     timings.build_s = started.elapsed().as_secs_f64();
     eprintln!("\nxtask bench: build phase {:.1} s", timings.build_s);
     let started = Instant::now();

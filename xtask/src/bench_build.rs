@@ -46,10 +46,14 @@ pub struct Needs {
     pub kotlin: bool,
 }
 
-pub fn build(needs: &Needs) -> Result<Built, String> {
+/// Builds what `needs` lists. The cargo part always covers `all` (every
+/// suite): features are unified over the packages of one invocation, so an
+/// invocation that changed with the suites selected would rebuild shared
+/// dependencies each time the selection changed.
+pub fn build(all: &Needs, needs: &Needs) -> Result<Built, String> {
     let mut built = Built::default();
     let started = Instant::now();
-    let artifacts = cargo_build(needs)?;
+    let artifacts = cargo_build(all)?;
     built.steps.push((
         "cargo build --profile bench (bench binaries, Node and uniffi cdylibs)".into(),
         started.elapsed().as_secs_f64(),
