@@ -91,22 +91,18 @@ class NativeNode:
         pool: str,
         msg: Any,
         timeout: Optional[float] = None,
-        preferred_worker: Optional[str] = None,
-        request_id: Optional[str] = None,
-        correlation_id: Optional[str] = None,
-        causation_id: Optional[str] = None,
-        fingerprint: Optional[int] = None,
+        options: Optional[
+            tuple[Optional[str], Optional[str], Optional[str], Optional[str], Optional[int]]
+        ] = None,
     ) -> NativeAsk: ...
     def ask_sync(
         self,
         pool: str,
         msg: Any,
         timeout: Optional[float] = None,
-        preferred_worker: Optional[str] = None,
-        request_id: Optional[str] = None,
-        correlation_id: Optional[str] = None,
-        causation_id: Optional[str] = None,
-        fingerprint: Optional[int] = None,
+        options: Optional[
+            tuple[Optional[str], Optional[str], Optional[str], Optional[str], Optional[int]]
+        ] = None,
     ) -> Any: ...
     def tell(
         self,

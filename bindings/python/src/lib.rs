@@ -12,6 +12,7 @@ mod node;
 mod obj;
 mod pool;
 mod promises;
+mod send;
 mod stats;
 mod task;
 
