@@ -14,6 +14,12 @@ import askpool
 from askpool import Context, Node
 
 
+def _echo_pool(node: Node, name: str) -> None:
+    @node.pool(name).handler
+    async def handle(msg: Any, ctx: Context) -> Any:
+        return msg
+
+
 async def test_values_that_stop_iteration_would_wrap_come_back_themselves() -> None:
     # A coroutine's return value travels in `StopIteration.args`; a tuple or
     # an exception instance there is the special case.
@@ -85,12 +91,7 @@ def test_one_node_on_loops_one_after_the_other() -> None:
 
 async def test_a_thread_without_a_loop_is_refused_after_asks_on_a_loop() -> None:
     async with Node() as node:
-        pool = node.pool("p")
-
-        @pool.handler
-        async def handle(msg: int, ctx: Context) -> int:
-            return msg
-
+        _echo_pool(node, "p")
         assert await node.ask("p", 1, timeout=5) == 1
         errors: list[BaseException] = []
 
@@ -130,3 +131,33 @@ async def test_rare_options_are_all_passed() -> None:
         assert got == (request_id, correlation_id, causation_id)
         with pytest.raises(askpool.InvalidArgumentError):
             node.ask("opts", 1, causation_id="not hex")
+
+
+class _RecordingFuture(asyncio.Future[Any]):
+    results: list[Any] = []
+
+    def set_result(self, result: Any) -> None:
+        _RecordingFuture.results.append(result)
+        super().set_result(result)
+
+
+class _RecordingLoop(asyncio.SelectorEventLoop):
+    def create_future(self) -> asyncio.Future[Any]:
+        return _RecordingFuture(loop=self)
+
+
+def test_a_loop_future_that_overrides_set_result_is_called_through_it() -> None:
+    # The extension completes plain futures through asyncio.Future's own
+    # method; one whose class overrides it must still see the call.
+    async def main() -> str:
+        async with Node() as node:
+            _echo_pool(node, "p")
+            assert await node.ask("p", 1, timeout=5) == 1
+            return await node.tell("p", 2, timeout=5)
+
+    loop = _RecordingLoop()
+    try:
+        request_id = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert _RecordingFuture.results == [request_id]
