@@ -8,6 +8,7 @@
 //! looked up in the running interpreter once; on 3.9 the method is used.
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use pyo3::exceptions::PyStopIteration;
@@ -45,10 +46,21 @@ fn iter_send() -> Option<IterSend> {
     })
 }
 
+/// Set by the tests to run the path of Pythons without `PyIter_Send`.
+static THROUGH_METHOD: AtomicBool = AtomicBool::new(false);
+
+/// Makes `send_none` use the `send` method even where `PyIter_Send` exists
+/// (for the tests of the 3.9 path on a newer Python).
+#[pyfunction]
+pub(crate) fn _send_through_method(on: bool) {
+    THROUGH_METHOD.store(on, Ordering::Relaxed);
+}
+
 /// `coro.send(None)`; an exception the coroutine raised is the error.
 pub(crate) fn send_none<'py>(coro: &Bound<'py, PyAny>) -> PyResult<Sent<'py>> {
     let py = coro.py();
-    if let Some(send) = iter_send() {
+    let native = iter_send().filter(|_| !THROUGH_METHOD.load(Ordering::Relaxed));
+    if let Some(send) = native {
         let mut out = std::ptr::null_mut();
         // SAFETY: `coro` and `None` are live objects and the GIL is held;
         // `out` receives a new reference unless the result is an error.
