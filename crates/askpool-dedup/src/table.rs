@@ -674,6 +674,7 @@ impl<S: DedupState> DedupTable<S> {
     }
 
     /// Pops and evicts the entries whose TTL passed.
+    #[inline]
     fn expire(&self, now: Timestamp, guard: &Guard) {
         while let Some(node) = self.fifo.pop_if(|n| Self::expired(n, now), guard) {
             self.evict(node, Cause::Ttl, guard);
