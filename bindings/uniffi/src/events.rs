@@ -5,6 +5,7 @@
 //! instead: one JVM thread blocks in [`askpool_hot_wait`] and takes them in
 //! batches of plain integers. Everything rarer still uses the foreign traits.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use crate::payload::HostRef;
 pub const REPLY: i64 = 1;
 pub const HANDLE: i64 = 2;
 
-struct Event {
+pub struct Event {
     words: [i64; 4],
     /// Keeps the object in the handle table until the JVM has looked it up.
     _keep: Arc<HostRef>,
@@ -36,15 +37,66 @@ static QUEUE: Mutex<Queue> = Mutex::new(Queue {
 });
 static READY: Condvar = Condvar::new();
 
+/// An event for the JVM: to the hot call in progress on this thread if
+/// there is one (it returns the event itself), else to the event thread.
 pub fn push(kind: i64, a: i64, b: i64, keep: Arc<HostRef>) {
-    let mut q = QUEUE.lock();
-    q.events.push(Event {
+    let event = Event {
         words: [kind, a, b, keep.handle()],
         _keep: keep,
-    });
+    };
+    if let Some(event) = crate::exec::capture(event) {
+        enqueue(event);
+    }
+}
+
+/// An event for the event thread.
+pub fn enqueue(event: Event) {
+    let mut q = QUEUE.lock();
+    q.events.push(event);
     if q.waiting {
         READY.notify_one();
     }
+}
+
+thread_local! {
+    /// The objects of the events a hot call returned on this thread, kept
+    /// until the JVM has looked them up (`askpool_hot_release`).
+    static HELD: RefCell<Vec<Event>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Writes a hot call's events to `buf` (4 words each) after `skip` words;
+/// those over `cap` go to the event thread. Returns how many were written.
+///
+/// # Safety
+/// `buf` must point to `skip + 4 * cap` writable `i64`s.
+pub unsafe fn hand_over(events: Vec<Event>, buf: *mut i64, skip: usize, cap: usize) -> usize {
+    let mut written = 0;
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        for event in events {
+            if written < cap && !buf.is_null() {
+                // SAFETY: the caller provides skip + 4 * cap words.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        event.words.as_ptr(),
+                        buf.add(skip + 4 * written),
+                        4,
+                    );
+                }
+                held.push(event);
+                written += 1;
+            } else {
+                enqueue(event);
+            }
+        }
+    });
+    written
+}
+
+/// The JVM has looked up the objects of this thread's last hot call.
+#[no_mangle]
+pub extern "C" fn askpool_hot_release() {
+    HELD.with(|h| h.borrow_mut().clear());
 }
 
 /// Waits up to `timeout_ms` for events and writes up to `cap` of them to

@@ -17,7 +17,6 @@ use crate::events;
 use crate::host::HostHandler;
 use crate::inflight::{request_token, requests, RequestGuard, Running};
 use crate::payload::Msg;
-use crate::runtime::runtime;
 
 /// Starts `concurrency` workers (`w0`, `w1`, ...) on `pool`. `host_id`
 /// names the pool on the JVM side, for requests sent as events.
@@ -29,7 +28,7 @@ pub fn serve(
 ) -> Result<(), AskError> {
     for i in 0..concurrency {
         let worker = pool.worker(format!("w{i}"))?;
-        runtime().spawn(work(worker, Arc::clone(&host), host_id));
+        crate::exec::spawn(work(worker, Arc::clone(&host), host_id));
     }
     Ok(())
 }

@@ -3,37 +3,79 @@
 //! generated uniffi call costs tens of microseconds in JNA, these well
 //! under one. Same semantics as `node_ask` and `request_reply`; a panic
 //! is caught and reported as -2.
+//!
+//! Both are hot calls (`exec::hot`): what they wake runs before they
+//! return, and the events that produces (a request for a handler of this
+//! JVM, a reply to one of its callers) come back in `buf`, 4 words each
+//! (kind, a, b, handle) after `HEADER` words. The JVM looks their objects
+//! up, then calls `askpool_hot_release`.
 
 use std::panic::catch_unwind;
 
-/// [`crate::node_ask`] for the hot path; -2 if it panicked.
+use crate::events::hand_over;
+use crate::exec;
+
+/// Words before the events: the released-handle count (`askpool_hot_ask`).
+const HEADER: usize = 1;
+
+/// [`crate::node_ask`] for the hot path. Returns how many events it wrote,
+/// -1 if the node is shut down, -2 if it panicked. `buf[0]` is the count of
+/// released handles waiting in `take_released`.
+///
+/// # Safety
+/// `buf` must point to `1 + 4 * cap` writable `i64`s.
 #[no_mangle]
-pub extern "C" fn askpool_hot_ask(
+pub unsafe extern "C" fn askpool_hot_ask(
     node: i64,
     pool: i64,
     handle: i64,
     timeout_ms: i64,
     token: i64,
+    buf: *mut i64,
+    cap: i32,
 ) -> i64 {
     catch_unwind(|| {
-        let released = crate::node::node_ask(
-            node,
-            pool,
-            handle,
-            u64::try_from(timeout_ms).unwrap_or(0),
-            token,
-        );
-        i64::try_from(released).unwrap_or(-1)
+        let (released, events) = exec::hot(|| {
+            crate::node::node_ask(
+                node,
+                pool,
+                handle,
+                u64::try_from(timeout_ms).unwrap_or(0),
+                token,
+            )
+        });
+        if released == u64::MAX {
+            return -1;
+        }
+        let cap = usize::try_from(cap).unwrap_or(0);
+        // SAFETY: the caller provides 1 + 4 * cap words.
+        unsafe {
+            if !buf.is_null() {
+                *buf = i64::try_from(released).unwrap_or(i64::MAX);
+            }
+            hand_over(events, buf, HEADER, cap) as i64
+        }
     })
     .unwrap_or(-2)
 }
 
-/// [`crate::handler::request_reply`] for the hot path; -2 if it panicked.
+/// [`crate::handler::request_reply`] for the hot path. Returns how many
+/// events it wrote (after `HEADER` words), -2 if it panicked.
+///
+/// # Safety
+/// `buf` must point to `1 + 4 * cap` writable `i64`s.
 #[no_mangle]
-pub extern "C" fn askpool_hot_reply(request: i64, handle: i64) -> i32 {
+pub unsafe extern "C" fn askpool_hot_reply(
+    request: i64,
+    handle: i64,
+    buf: *mut i64,
+    cap: i32,
+) -> i32 {
     catch_unwind(|| {
-        crate::handler::request_reply(request, handle);
-        0
+        let ((), events) = exec::hot(|| crate::handler::request_reply(request, handle));
+        let cap = usize::try_from(cap).unwrap_or(0);
+        // SAFETY: the caller provides 1 + 4 * cap words.
+        unsafe { hand_over(events, buf, HEADER, cap) as i32 }
     })
     .unwrap_or(-2)
 }

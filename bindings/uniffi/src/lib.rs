@@ -7,6 +7,7 @@
 
 mod error;
 mod events;
+mod exec;
 mod handler;
 mod host;
 mod hot;

@@ -378,7 +378,7 @@ impl NativeNode {
         }
         let asks = Arc::clone(&self.asks);
         let listener = Arc::clone(&self.listener);
-        runtime().spawn(async move {
+        crate::exec::spawn(async move {
             let outcome = AssertUnwindSafe(finish(started, cancel_rx))
                 .catch_unwind()
                 .await

@@ -67,14 +67,10 @@ internal class Completions : AskListener {
         private val streams = ConcurrentHashMap<Long, Completion>()
         private val tokens = AtomicLong(1)
 
-        /** A host-object reply, from the event thread. */
-        fun reply(token: Long, handle: Long) {
+        /** A host-object reply (its object, or why it could not be looked up). */
+        fun reply(token: Long, value: Any?, missing: AskException?) {
             val completion = waiting.remove(token) ?: return
-            try {
-                completion.complete(HandleTable.get(handle))
-            } catch (e: AskException) {
-                completion.fail(e)
-            }
+            if (missing != null) completion.fail(missing) else completion.complete(value)
         }
     }
 }

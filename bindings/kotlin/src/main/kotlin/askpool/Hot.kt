@@ -3,6 +3,7 @@ package askpool
 import com.sun.jna.Memory
 import com.sun.jna.Native
 import com.sun.jna.Pointer
+import kotlin.coroutines.ContinuationInterceptor
 
 /**
  * The calls every ask makes, bound with JNA direct mapping and plain
@@ -10,6 +11,12 @@ import com.sun.jna.Pointer
  * its call status, which costs tens of microseconds per crossing (the
  * `kotlin` bench records it as a floor); these cost well under one. The
  * semantics are those of the generated `nodeAsk` / `requestReply`.
+ *
+ * Both return what they set off on the Rust side (bindings/uniffi
+ * `exec.rs`): a request for a pool of this JVM whose worker was idle, the
+ * reply to an ask of this JVM. This thread takes them on at once, without
+ * the runtime's or the event thread's hand-off; everything else still comes
+ * through the event thread.
  */
 internal object Hot {
     init {
@@ -17,24 +24,110 @@ internal object Hot {
         Native.register(Hot::class.java, "askpool_uniffi")
     }
 
-    @JvmStatic external fun askpool_hot_ask(node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long): Long
-    @JvmStatic external fun askpool_hot_reply(request: Long, handle: Long): Int
+    @JvmStatic external fun askpool_hot_ask(
+        node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long, buf: Pointer, cap: Int,
+    ): Long
+    @JvmStatic external fun askpool_hot_reply(request: Long, handle: Long, buf: Pointer, cap: Int): Int
+    @JvmStatic external fun askpool_hot_release()
     @JvmStatic external fun askpool_hot_probe(x: Long): Long
     @JvmStatic external fun askpool_hot_wait(buf: Pointer, cap: Int, timeoutMs: Int): Int
-
-    fun ask(node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long): Long {
-        val r = askpool_hot_ask(node, pool, handle, timeoutMs, token)
-        if (r == -2L) throw AskException.Internal("panic in askpool (ask); see stderr")
-        return r
-    }
-
-    fun reply(request: Long, handle: Long) {
-        if (askpool_hot_reply(request, handle) == -2) throw AskException.Internal("panic in askpool (reply); see stderr")
-    }
 
     private const val KIND_REPLY = 1L
     private const val KIND_HANDLE = 2L
     private const val CAP = 256
+
+    /** Events one hot call returns at most (the rest go to the event thread). */
+    private const val HOT_CAP = 32
+
+    /** Per thread: the buffer hot calls write to, and what this thread is doing. */
+    private class Inbox {
+        val buf by lazy { Memory((1 + HOT_CAP * 4L) * 8) }
+
+        /** In a hot call: a callback arriving now comes from this JVM thread, not a runtime one. */
+        var inCall = false
+
+        /** Running a handler started here without a dispatch (at most one deep). */
+        var inlineHandler = false
+    }
+
+    private val inboxes = ThreadLocal.withInitial { Inbox() }
+
+    /** Whether this thread is inside a hot call (callbacks then come from a JVM thread). */
+    fun inCall(): Boolean = inboxes.get().inCall
+
+    /**
+     * Starts an ask; returns how many released handles wait to be drained,
+     * or -1 if the node is closed. [here] is the caller's dispatcher: a
+     * request for a pool on that same dispatcher starts on this thread.
+     */
+    fun ask(node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long, here: ContinuationInterceptor?): Long {
+        val inbox = inboxes.get()
+        val buf = inbox.buf
+        inbox.inCall = true
+        val n = try {
+            askpool_hot_ask(node, pool, handle, timeoutMs, token, buf, HOT_CAP)
+        } finally {
+            inbox.inCall = false
+        }
+        if (n == -2L) throw AskException.Internal("panic in askpool (ask); see stderr")
+        if (n < 0) return n
+        val released = buf.getLong(0)
+        take(inbox, n.toInt(), here)
+        return released
+    }
+
+    /** Replies to a request; [here] is the handler's dispatcher. */
+    fun reply(request: Long, handle: Long, here: ContinuationInterceptor?) {
+        val inbox = inboxes.get()
+        inbox.inCall = true
+        val n = try {
+            askpool_hot_reply(request, handle, inbox.buf, HOT_CAP)
+        } finally {
+            inbox.inCall = false
+        }
+        if (n == -2) throw AskException.Internal("panic in askpool (reply); see stderr")
+        take(inbox, n, here)
+    }
+
+    /** Takes on the events a hot call returned. */
+    private fun take(inbox: Inbox, n: Int, here: ContinuationInterceptor?) {
+        if (n <= 0) return
+        // Copied out and looked up first: running a handler below makes
+        // hot calls that reuse the buffer and release what Rust held.
+        val words = LongArray(n * 4)
+        inbox.buf.read(8, words, 0, n * 4)
+        val objects = arrayOfNulls<Any?>(n)
+        val missing = arrayOfNulls<AskException>(n)
+        for (i in 0 until n) {
+            try {
+                objects[i] = HandleTable.get(words[4 * i + 3])
+            } catch (e: AskException) {
+                missing[i] = e
+            }
+        }
+        askpool_hot_release()
+        for (i in 0 until n) {
+            val a = words[4 * i + 1]
+            val b = words[4 * i + 2]
+            try {
+                when (words[4 * i]) {
+                    KIND_REPLY -> Completions.reply(a, objects[i], missing[i])
+                    KIND_HANDLE -> {
+                        val inline = !inbox.inlineHandler
+                        if (inline) inbox.inlineHandler = true
+                        try {
+                            Pool.dispatch(a, b, objects[i], missing[i], if (inline) here else null)
+                        } finally {
+                            if (inline) inbox.inlineHandler = false
+                        }
+                    }
+                }
+            } catch (e: Throwable) {
+                // One event's failure must not lose the others.
+                e.printStackTrace()
+            }
+        }
+    }
 
     /**
      * The one thread that takes replies and requests from the runtime. It
@@ -54,9 +147,14 @@ internal object Hot {
                 val b = words[4 * i + 2]
                 val handle = words[4 * i + 3]
                 try {
+                    val (obj, missing) = try {
+                        HandleTable.get(handle) to null
+                    } catch (e: AskException) {
+                        null to e
+                    }
                     when (kind) {
-                        KIND_REPLY -> Completions.reply(a, handle)
-                        KIND_HANDLE -> Pool.dispatch(a, b, handle)
+                        KIND_REPLY -> Completions.reply(a, obj, missing)
+                        KIND_HANDLE -> Pool.dispatch(a, b, obj, missing, null)
                     }
                 } catch (e: Throwable) {
                     // Keep the thread alive whatever one event did.

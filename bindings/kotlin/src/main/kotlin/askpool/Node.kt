@@ -7,6 +7,7 @@ import kotlinx.coroutines.SupervisorJob
 import kotlinx.coroutines.cancel
 import kotlinx.coroutines.suspendCancellableCoroutine
 import java.util.concurrent.ConcurrentHashMap
+import kotlin.coroutines.ContinuationInterceptor
 import kotlin.coroutines.resume
 import kotlin.coroutines.resumeWithException
 
@@ -68,13 +69,17 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         val timeoutMs = options.timeout?.inWholeMilliseconds?.coerceAtLeast(1) ?: 0
         return suspendCancellableCoroutine { cont ->
             val token = completions.register(ContinuationCompletion(cont))
-            val pendingReleases = Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token)
+            // The reply may arrive within this call (the handler ran on this
+            // thread): then `cont` is resumed before this block returns and
+            // the caller does not suspend at all.
+            val here = cont.context[ContinuationInterceptor]
+            val pendingReleases = Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token, here)
             if (pendingReleases == -1L) {
                 completions.failNow(token, AskException.Unavailable("node closed"))
             } else if (pendingReleases >= DRAIN_BATCH) {
                 HandleTable.drain()
             }
-            cont.invokeOnCancellation { native.cancel(token) }
+            if (cont.isActive) cont.invokeOnCancellation { native.cancel(token) }
         }
     }
 

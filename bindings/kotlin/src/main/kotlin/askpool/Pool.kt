@@ -13,6 +13,7 @@ import kotlinx.coroutines.CoroutineStart
 import kotlinx.coroutines.Job
 import kotlinx.coroutines.launch
 import java.util.concurrent.ConcurrentHashMap
+import kotlin.coroutines.ContinuationInterceptor
 
 /**
  * A pool's handler: a suspend function of the message and its context.
@@ -56,6 +57,9 @@ class Pool internal constructor(
 ) : HostHandler {
     private class Running(val context: RequestContext) {
         @Volatile var job: Job? = null
+
+        /** Cancelled before [job] was set: the coroutine cancels itself. */
+        @Volatile var cancelPending = false
     }
 
     private val running = ConcurrentHashMap<Long, Running>()
@@ -88,20 +92,22 @@ class Pool internal constructor(
             byId.remove(pool.id)
         }
 
-        /** A request with a host object, from the event thread. */
-        fun dispatch(poolId: Long, request: Long, handle: Long) {
+        /**
+         * A request with a host object (or why it could not be looked up).
+         * [here] is the dispatcher of the thread taking it on, if that thread
+         * may run the handler itself (see [start]).
+         */
+        fun dispatch(poolId: Long, request: Long, msg: Any?, missing: AskException?, here: ContinuationInterceptor?) {
             val pool = byId[poolId]
             if (pool == null) {
                 requestFail(request, AskException.Internal("pool $poolId is gone").toFault())
                 return
             }
-            val msg = try {
-                HandleTable.get(handle)
-            } catch (e: AskException) {
-                requestFail(request, e.toFault())
+            if (missing != null) {
+                requestFail(request, missing.toFault())
                 return
             }
-            pool.start(request, msg)
+            pool.start(request, msg, here)
         }
     }
 
@@ -122,23 +128,34 @@ class Pool internal constructor(
         }
         entry?.let {
             it.context.markCancelled()
+            it.cancelPending = true
             it.job?.cancel()
         }
     }
 
-    private fun start(request: Long, msg: Any?) {
+    /**
+     * Runs the handler on the pool's dispatcher. A thread already running on
+     * that dispatcher ([here]) starts it at once, without a dispatch: it got
+     * the request from a hot call, so its own work waits on this reply.
+     */
+    private fun start(request: Long, msg: Any?, here: ContinuationInterceptor? = null) {
         val entry = Running(RequestContext(request))
         running.compute(request) { _, _ ->
             if (cancelledEarly.remove(request)) entry.context.markCancelled()
             entry
         }
-        // ATOMIC: a request cancelled before its coroutine ran still runs the
-        // block, so it still replies (the runtime waits for that reply).
-        entry.job = node.scope.launch(options.dispatcher, CoroutineStart.ATOMIC) {
+        // ATOMIC / UNDISPATCHED: a request cancelled before its coroutine ran
+        // still runs the block, so it still replies (the runtime waits for
+        // that reply).
+        val start = if (here != null && here === options.dispatcher) CoroutineStart.UNDISPATCHED else CoroutineStart.ATOMIC
+        node.scope.launch(options.dispatcher, start) {
+            entry.job = coroutineContext[Job]
+            // A cancel that came between registration and now found no job.
+            if (entry.cancelPending) entry.job?.cancel()
             try {
                 when (val reply = handler.handle(msg, entry.context)) {
                     is ByteArray -> requestReplyBytes(request, reply)
-                    else -> Hot.reply(request, HandleTable.put(reply))
+                    else -> Hot.reply(request, HandleTable.put(reply), coroutineContext[ContinuationInterceptor])
                 }
             } catch (e: CancellationException) {
                 requestFail(request, Fault.AskCancelled(CancelCause.WORKER))

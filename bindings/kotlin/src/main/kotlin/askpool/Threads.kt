@@ -21,6 +21,9 @@ internal object JvmThreads {
     val observed: MutableSet<Thread> = java.util.Collections.newSetFromMap(java.util.concurrent.ConcurrentHashMap())
 
     fun stayAttached() {
+        // A callback made during a hot call runs on the JVM thread that made
+        // the call: nothing to attach.
+        if (Hot.inCall()) return
         if (observe) observed.add(Thread.currentThread())
         if (kept.get()) return
         kept.set(true)
