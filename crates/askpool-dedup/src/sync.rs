@@ -81,23 +81,33 @@ impl NodeLock {
     }
 
     /// Waits, reading only, until the lock looks free: a few rounds of
-    /// exponential spinning, then yielding the core (with two cores shared by
-    /// many threads, a holder that was preempted needs it back).
+    /// exponential spinning, then yielding the core, then short sleeps. A
+    /// holder is only ever preempted, never blocked, so the sleeps are for
+    /// a machine with more runnable threads than cores: there a waiter that
+    /// kept yielding would still take its share of the cores from everyone,
+    /// the preempted holder included.
     #[cold]
     fn wait(&self) {
         let mut round = 0u32;
         while self.flag.load(Ordering::Relaxed) {
             #[cfg(not(loom))]
-            if round < 6 {
-                for _ in 0..1u32 << round {
-                    std::hint::spin_loop();
+            {
+                if round < 6 {
+                    for _ in 0..1u32 << round {
+                        std::hint::spin_loop();
+                    }
+                } else if round < 16 {
+                    thread::yield_now();
+                } else {
+                    thread::sleep(std::time::Duration::from_micros(50));
                 }
-                round += 1;
-                continue;
+                round = round.saturating_add(1);
             }
             #[cfg(loom)]
-            let _ = round;
-            thread::yield_now();
+            {
+                let _ = round;
+                thread::yield_now();
+            }
         }
     }
 
