@@ -14,6 +14,7 @@ __all__ = [
     "register_dispatch",
     "register_error_factory",
     "_panic",
+    "_send_through_method",
 ]
 
 def register_error_factory(
@@ -24,6 +25,7 @@ def register_dispatch(
     failure: Callable[[BaseException], Optional[tuple[str, str, Optional[str]]]],
 ) -> None: ...
 def _panic(message: str) -> None: ...
+def _send_through_method(on: bool) -> None: ...
 
 @final
 class LoopDriver:
@@ -91,22 +93,18 @@ class NativeNode:
         pool: str,
         msg: Any,
         timeout: Optional[float] = None,
-        preferred_worker: Optional[str] = None,
-        request_id: Optional[str] = None,
-        correlation_id: Optional[str] = None,
-        causation_id: Optional[str] = None,
-        fingerprint: Optional[int] = None,
+        options: Optional[
+            tuple[Optional[str], Optional[str], Optional[str], Optional[str], Optional[int]]
+        ] = None,
     ) -> NativeAsk: ...
     def ask_sync(
         self,
         pool: str,
         msg: Any,
         timeout: Optional[float] = None,
-        preferred_worker: Optional[str] = None,
-        request_id: Optional[str] = None,
-        correlation_id: Optional[str] = None,
-        causation_id: Optional[str] = None,
-        fingerprint: Optional[int] = None,
+        options: Optional[
+            tuple[Optional[str], Optional[str], Optional[str], Optional[str], Optional[int]]
+        ] = None,
     ) -> Any: ...
     def tell(
         self,

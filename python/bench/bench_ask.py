@@ -184,19 +184,26 @@ async def main(quick: bool, out: Optional[Path]) -> None:
         print(f"results written to {out}")
 
 
-#: Where the time goes (perf over this workload, 2 cores, 2026-11-23): about
-#: 14.5 us of CPU per ask against 5 us. 52% is the interpreter (gather and
-#: task wake-ups, common to both sides, ~4 us; AskHandle, the wrapper and the
-#: handler coroutine ~3.5 us), 35% the extension: the core protocol (caller
-#: state machine, pool dedup table, ACK stages, clock reads) ~2.5 us,
-#: allocation ~0.9 us, binding and pyo3 conversions ~1 us. The baseline does no
-#: protocol work and its worker task drains the Queue in batches.
+#: Where the time goes in the in-flight workload (perf, 2 cores at load 8-10,
+#: 2026-11-23, reply cache at its 100,000 cap as in most of a run), CPU per
+#: ask, measured in one process against the baseline's ~5 us:
+#: - a Future that is already done, gathered: 0.77x of the baseline, and with
+#:   `Node.ask`'s Python wrapper 0.87x. Both sides pay this; it leaves the
+#:   extension about 0.13x (~0.7 us) for the whole ask;
+#: - the extension takes ~1.8x: core protocol (admission, ACK tracker and
+#:   stages, clock reads, breaker, routing, channels, their allocations) ~24%
+#:   of askpool's CPU, the dedup reply cache ~12% (its eviction walk at the
+#:   cap; ~6% below it), binding glue ~19% (pyo3 arguments, FutureTask, the
+#:   worker slot, set_result, freeing the ask), handler coroutine ~3%.
+#: Starting the asks of one loop tick in a batch (one flush per tick instead
+#: of running each at once) measured slower (3.1-3.4x against 2.7-3.0x), the
+#: 1,000 asks' state no longer fitting the caches.
 NOTE_IN_FLIGHT: Optional[str] = (
-    "missed: ~14.5 us CPU/ask vs ~5 us; 52% interpreter (gather/task wake-ups "
-    "shared with the baseline ~4 us; AskHandle + wrapper + handler coroutine "
-    "~3.5 us), 35% extension (core protocol: caller machine, dedup table, ACK "
-    "stages, clock reads ~2.5 us; allocation ~0.9 us; binding/pyo3 ~1 us); the "
-    "baseline runs no protocol and drains its Queue in batches"
+    "missed: a done Future gathered costs 0.77x of the baseline (0.87x with the "
+    "Node.ask wrapper), leaving ~0.13x (~0.7 us) for the extension, which takes "
+    "~1.8x: core protocol ~24% of askpool's CPU, dedup reply cache ~12% (eviction "
+    "at the 100k cap), binding glue ~19%, handler coroutine ~3%; batching the "
+    "asks of a tick measured slower"
 )
 
 if __name__ == "__main__":

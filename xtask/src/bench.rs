@@ -3,81 +3,91 @@
 //! schema) into `target/bench/report.md` and `report.json`, and, after a
 //! run of every suite (full or quick), the README's performance section.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::{cargo_with_env, root};
+use crate::{bench_build, bench_host, bench_notes, root};
 
 /// A suite: its name, the program it needs besides cargo (skipped when
-/// missing), how to run it, and the result files it writes besides its own
+/// missing), what it runs, and the result files it writes besides its own
 /// (one bench binary may measure two suites in the same trials).
 struct Suite {
     name: &'static str,
     needs: Option<&'static str>,
-    run: fn() -> Result<(), String>,
+    kind: Kind,
     also: &'static [&'static str],
 }
 
-fn cargo_bench(package: &str, bench: &str) -> Result<(), String> {
-    cargo_with_env(
-        &[
-            "bench", "-q", "-p", package, "--bench", bench, "--", "--bench",
-        ],
-        &quick_env(),
-    )
-}
-
-fn quick_env() -> Vec<(&'static str, &'static str)> {
-    if std::env::var_os("ASKPOOL_BENCH_QUICK").is_some_and(|v| v == "1") {
-        vec![("ASKPOOL_BENCH_QUICK", "1")]
-    } else {
-        vec![]
-    }
+/// What a suite runs; `bench_build` builds all of it before any suite
+/// measures.
+enum Kind {
+    /// A bench binary (`harness = false`, the benchkit method).
+    Bench {
+        package: &'static str,
+        bench: &'static str,
+    },
+    Python,
+    Node,
+    Kotlin,
 }
 
 const SUITES: &[Suite] = &[
     Suite {
         name: "floors",
         needs: None,
-        run: || cargo_bench("askpool-benchkit", "floors"),
+        kind: Kind::Bench {
+            package: "askpool-benchkit",
+            bench: "floors",
+        },
         also: &[],
     },
     Suite {
         name: "dedup",
         needs: None,
-        run: || cargo_bench("askpool-dedup", "dedup"),
+        kind: Kind::Bench {
+            package: "askpool-dedup",
+            bench: "dedup",
+        },
         also: &[],
     },
     Suite {
         name: "ask",
         needs: None,
-        run: || cargo_bench("askpool", "ask"),
+        kind: Kind::Bench {
+            package: "askpool",
+            bench: "ask",
+        },
         also: &["ack"],
     },
     Suite {
         name: "promises",
         needs: None,
-        run: || cargo_bench("askpool-promises", "promises"),
+        kind: Kind::Bench {
+            package: "askpool-promises",
+            bench: "promises",
+        },
         also: &[],
     },
     Suite {
         name: "python",
         needs: Some("python3"),
-        run: crate::python::bench,
+        kind: Kind::Python,
         also: &[],
     },
     Suite {
         name: "node",
         needs: Some("node"),
-        run: crate::node::bench,
+        kind: Kind::Node,
         also: &[],
     },
     Suite {
         name: "kotlin",
         needs: Some("mvn"),
-        run: crate::kotlin::bench,
+        kind: Kind::Kotlin,
         also: &[],
     },
 ];
@@ -90,11 +100,85 @@ fn results_dir() -> PathBuf {
     root().join("target/bench/results")
 }
 
-fn has_program(program: &str) -> bool {
-    Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// Whether `program` is an executable file in one of `path`'s directories
+/// (the value of `PATH`).
+fn on_path(program: &str, path: &OsStr) -> bool {
+    std::env::split_paths(path).any(|dir| {
+        let file = dir.join(program);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(&file)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        }
+        #[cfg(not(unix))]
+        {
+            file.is_file()
+                || file.with_extension("exe").is_file()
+                || file.with_extension("cmd").is_file()
+        }
+    })
+}
+
+/// The selected suites, each either to run or skipped with the reason (its
+/// toolchain is not on `path`).
+fn plan(only: Option<&str>, path: &OsStr) -> Vec<(&'static Suite, Option<String>)> {
+    SUITES
+        .iter()
+        .filter(|s| only.is_none_or(|n| n == s.name))
+        .map(|s| {
+            let skip = s
+                .needs
+                .filter(|p| !on_path(p, path))
+                .map(|p| format!("skipped: `{p}` not found"));
+            (s, skip)
+        })
+        .collect()
+}
+
+fn build_needs(suites: &[&Suite]) -> bench_build::Needs {
+    let mut needs = bench_build::Needs::default();
+    for s in suites {
+        match s.kind {
+            Kind::Bench { package, bench } => needs.benches.push((package, bench)),
+            Kind::Python => needs.python = true,
+            Kind::Node => needs.node = true,
+            Kind::Kotlin => needs.kotlin = true,
+        }
+    }
+    needs
+}
+
+fn measure(suite: &Suite, built: &bench_build::Built, quick: bool) -> Result<(), String> {
+    match suite.kind {
+        Kind::Bench { bench, .. } => {
+            let (exe, dir) = &built.benches[bench];
+            let shown = format!("{} --bench", exe.display());
+            eprintln!("\n==> {shown}");
+            let started = Instant::now();
+            let status = Command::new(exe)
+                .arg("--bench")
+                .envs(quick.then_some(("ASKPOOL_BENCH_QUICK", "1")))
+                .current_dir(dir)
+                .status()
+                .map_err(|e| format!("cannot start `{shown}`: {e}"))?;
+            eprintln!("<== {shown}: {status} in {:.1?}", started.elapsed());
+            if status.success() {
+                Ok(())
+            } else {
+                Err(format!("`{shown}` failed ({status})"))
+            }
+        }
+        Kind::Python => bench_host::python(quick),
+        Kind::Node => bench_host::node(
+            built
+                .node_addon
+                .as_deref()
+                .expect("the build staged the addon"),
+            quick,
+        ),
+        Kind::Kotlin => bench_host::kotlin(quick),
+    }
 }
 
 /// What became of one suite in this run.
@@ -102,6 +186,16 @@ struct Outcome {
     suite: &'static str,
     status: String,
     results: Option<Value>,
+    /// Wall seconds of its measuring run (the bench binary or script).
+    seconds: Option<f64>,
+}
+
+/// Wall times of the two phases.
+#[derive(Default)]
+struct Timings {
+    build_steps: Vec<(String, f64)>,
+    build_s: f64,
+    measure_s: f64,
 }
 
 pub fn run(only: Option<&str>, quick: bool) -> Result<(), String> {
@@ -113,43 +207,48 @@ pub fn run(only: Option<&str>, quick: bool) -> Result<(), String> {
             ));
         }
     }
-    if quick {
-        std::env::set_var("ASKPOOL_BENCH_QUICK", "1");
-    }
+    let notes = bench_notes::load()?;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let plan = plan(only, &path);
     let dir = results_dir();
-    let mut outcomes = Vec::new();
-    for suite in SUITES.iter().filter(|s| only.is_none_or(|n| n == s.name)) {
-        let names: Vec<&'static str> = std::iter::once(suite.name)
-            .chain(suite.also.iter().copied())
-            .collect();
-        for name in &names {
+    for (suite, _) in &plan {
+        for name in std::iter::once(suite.name).chain(suite.also.iter().copied()) {
             let _ = std::fs::remove_file(dir.join(format!("{name}.json")));
         }
-        let status = match suite.needs.filter(|p| !has_program(p)) {
-            Some(program) => format!("skipped: `{program}` not found"),
-            None => match (suite.run)() {
-                Ok(()) => "ran".to_string(),
-                Err(e) => format!("failed: {e}"),
-            },
-        };
-        for name in names {
-            let file = dir.join(format!("{name}.json"));
-            let (status, results) = match (status.as_str(), read_json(&file)) {
-                ("ran", Some(v)) => (status.clone(), Some(v)),
-                ("ran", None) => (format!("failed: wrote no {}", file.display()), None),
-                _ => (status.clone(), None),
-            };
-            if status != "ran" {
-                eprintln!("\nxtask bench: {name}: {status}");
-            }
-            outcomes.push(Outcome {
-                suite: name,
-                status,
-                results,
-            });
-        }
     }
-    let report = compose(&outcomes, quick);
+    let to_run: Vec<&Suite> = plan
+        .iter()
+        .filter(|(_, skip)| skip.is_none())
+        .map(|(s, _)| *s)
+        .collect();
+    let mut timings = Timings::default();
+    let started = Instant::now();
+    let every: Vec<&Suite> = SUITES.iter().collect();
+    let built = bench_build::build(&build_needs(&every), &build_needs(&to_run));
+    timings.build_s = started.elapsed().as_secs_f64();
+    eprintln!("\nxtask bench: build phase {:.1} s", timings.build_s);
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    for (suite, skip) in &plan {
+        let (status, seconds) = match (skip, &built) {
+            (Some(reason), _) => (reason.clone(), None),
+            (None, Err(e)) => (format!("failed: build phase: {e}"), None),
+            (None, Ok(built)) => {
+                let t = Instant::now();
+                let status = match measure(suite, built, quick) {
+                    Ok(()) => "ran".to_string(),
+                    Err(e) => format!("failed: {e}"),
+                };
+                (status, Some(t.elapsed().as_secs_f64()))
+            }
+        };
+        outcomes.extend(outcomes_of(suite, &status, seconds, &dir));
+    }
+    timings.measure_s = started.elapsed().as_secs_f64();
+    if let Ok(built) = built {
+        timings.build_steps = built.steps;
+    }
+    let report = compose(&outcomes, quick, &timings);
     let bench = root().join("target/bench");
     std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
     std::fs::write(
@@ -157,25 +256,54 @@ pub fn run(only: Option<&str>, quick: bool) -> Result<(), String> {
         serde_json::to_string_pretty(&report).expect("json"),
     )
     .map_err(|e| e.to_string())?;
-    let md = markdown(&report);
+    let md = markdown(&report, &notes);
     std::fs::write(bench.join("report.md"), &md).map_err(|e| e.to_string())?;
     println!("\n{md}");
     println!("written: target/bench/report.md, target/bench/report.json");
-    let complete = only.is_none() && outcomes.iter().all(|o| !o.status.starts_with("failed"));
-    if complete {
-        update_readme(&report)?;
+    let failed = failures(&outcomes);
+    if only.is_none() && failed.is_empty() {
+        update_readme(&report, &notes)?;
         println!("README.md performance section regenerated");
     }
-    let failed: Vec<_> = outcomes
-        .iter()
-        .filter(|o| o.status.starts_with("failed"))
-        .map(|o| o.suite)
-        .collect();
     if failed.is_empty() {
         Ok(())
     } else {
         Err(format!("bench suites failed: {}", failed.join(", ")))
     }
+}
+
+/// The outcome of `suite` and of the suites it also measures, each with the
+/// results file it wrote.
+fn outcomes_of(suite: &Suite, status: &str, seconds: Option<f64>, dir: &Path) -> Vec<Outcome> {
+    std::iter::once(suite.name)
+        .chain(suite.also.iter().copied())
+        .map(|name| {
+            let file = dir.join(format!("{name}.json"));
+            let (status, results) = match (status, read_json(&file)) {
+                ("ran", Some(v)) => (status.to_string(), Some(v)),
+                ("ran", None) => (format!("failed: wrote no {}", file.display()), None),
+                _ => (status.to_string(), None),
+            };
+            if status != "ran" {
+                eprintln!("\nxtask bench: {name}: {status}");
+            }
+            Outcome {
+                suite: name,
+                status,
+                results,
+                seconds: if name == suite.name { seconds } else { None },
+            }
+        })
+        .collect()
+}
+
+/// Suites that failed; skipped ones are not failures.
+fn failures(outcomes: &[Outcome]) -> Vec<&'static str> {
+    outcomes
+        .iter()
+        .filter(|o| o.status.starts_with("failed"))
+        .map(|o| o.suite)
+        .collect()
 }
 
 fn read_json(path: &Path) -> Option<Value> {
@@ -242,7 +370,7 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn compose(outcomes: &[Outcome], quick: bool) -> Value {
+fn compose(outcomes: &[Outcome], quick: bool, timings: &Timings) -> Value {
     let floors: Vec<Value> = outcomes
         .iter()
         .filter_map(|o| o.results.as_ref())
@@ -281,6 +409,7 @@ fn compose(outcomes: &[Outcome], quick: bool) -> Value {
         suites.push(json!({
             "suite": o.suite,
             "status": o.status,
+            "seconds": o.seconds,
             "comparisons": comparisons,
             "facts": o.results.as_ref().map(|r| r["facts"].clone()),
         }));
@@ -298,11 +427,19 @@ fn compose(outcomes: &[Outcome], quick: bool) -> Value {
                    latency workloads never run more busy threads than cores",
         "hasher": "FxHash (rustc-hash 2) in the runtime's maps and the dedup table; the dedup \
                    suite gives every candidate table the same hasher",
-        "allocator": "the system allocator (glibc malloc); no global allocator override",
+        "allocator": "the system allocator (glibc malloc) in the Rust suites and the uniffi \
+                      cdylib; mimalloc in the Python and Node extensions",
         "crates": crate_versions()
             .into_iter()
             .map(|(n, v)| json!({"name": n, "version": v}))
             .collect::<Vec<_>>(),
+        "timings": {
+            "build_s": timings.build_s,
+            "build_steps": timings.build_steps.iter()
+                .map(|(step, s)| json!({"step": step, "seconds": s}))
+                .collect::<Vec<_>>(),
+            "measure_s": timings.measure_s,
+        },
         "floors": floors,
         "suites": suites,
     })
@@ -318,7 +455,7 @@ fn fmt_ns(ns: f64) -> String {
     }
 }
 
-fn target_text(c: &Value) -> String {
+pub(crate) fn target_text(c: &Value) -> String {
     match c["target"].as_object() {
         Some(t) => format!(
             "{} {} (#{})",
@@ -338,7 +475,7 @@ fn verdict(c: &Value) -> &'static str {
     }
 }
 
-fn markdown(r: &Value) -> String {
+fn markdown(r: &Value, notes: &[bench_notes::Note]) -> String {
     let mut md = String::new();
     md.push_str(&format!(
         "# askpool benchmark report{}\n\nReproduce: `{}`. Machine: {} CPUs ({}), {}.\n\n",
@@ -366,6 +503,7 @@ fn markdown(r: &Value) -> String {
                 .join(", "))
             .unwrap_or_default()
     ));
+    md.push_str(&run_time(r));
     md.push_str(
         "## Floors (measured in this run)\n\n| primitive | median | spread |\n|---|---|---|\n",
     );
@@ -378,7 +516,6 @@ fn markdown(r: &Value) -> String {
             fmt_ns(f["max"].as_f64().unwrap_or(f64::NAN)),
         ));
     }
-    let mut missed = Vec::new();
     for s in r["suites"].as_array().cloned().unwrap_or_default() {
         md.push_str(&format!(
             "\n## {} — {}\n\n",
@@ -417,39 +554,71 @@ fn markdown(r: &Value) -> String {
                 verdict(&c),
                 floor,
             ));
-            if c["pass"] == false {
-                missed.push(c);
-            }
         }
     }
-    if !missed.is_empty() {
-        md.push_str("\n## Missed targets: what remains and why\n\n");
-        for c in missed {
-            md.push_str(&format!(
-                "- **{}** ({:.2}×, target {}): {}\n",
-                c["workload"].as_str().unwrap_or(""),
-                c["ratio"].as_f64().unwrap_or(f64::NAN),
-                target_text(&c),
-                c["note"].as_str().unwrap_or("no analysis recorded")
-            ));
-        }
-    }
+    md.push_str(&bench_notes::what_remains(r, notes, "##"));
     md
 }
 
 const README_START: &str = "<!-- bench-report:start -->";
 const README_END: &str = "<!-- bench-report:end -->";
 
+/// One line: the wall time of each phase.
+fn phases(r: &Value) -> String {
+    let t = &r["timings"];
+    let measured: f64 = r["suites"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["seconds"].as_f64())
+        .sum();
+    format!(
+        "That run took {:.0} s to build (cargo's no-op checks when warm) and {:.0} s to \
+         measure ({:.0} s in the suites' own runs).",
+        t["build_s"].as_f64().unwrap_or(f64::NAN),
+        t["measure_s"].as_f64().unwrap_or(f64::NAN),
+        measured,
+    )
+}
+
+/// The report's run-time part: the build phase step by step, then each
+/// suite's measuring run.
+fn run_time(r: &Value) -> String {
+    let mut md = format!(
+        "## Run time\n\n{}\n\n| phase | step | wall |\n|---|---|---|\n",
+        phases(r)
+    );
+    for step in r["timings"]["build_steps"].as_array().into_iter().flatten() {
+        md.push_str(&format!(
+            "| build | {} | {:.1} s |\n",
+            step["step"].as_str().unwrap_or(""),
+            step["seconds"].as_f64().unwrap_or(f64::NAN)
+        ));
+    }
+    for s in r["suites"].as_array().into_iter().flatten() {
+        if let Some(secs) = s["seconds"].as_f64() {
+            md.push_str(&format!(
+                "| measure | {} | {secs:.1} s |\n",
+                s["suite"].as_str().unwrap_or("")
+            ));
+        }
+    }
+    md.push('\n');
+    md
+}
+
 /// The README's table of ratios (not absolute times), from the report.
-fn readme_section(r: &Value) -> String {
+fn readme_section(r: &Value, notes: &[bench_notes::Note]) -> String {
     let mut s = format!(
         "Ratios from the last `{}` of every suite on {} CPUs (interleaved trials, \
          median of per-trial ratios; the whole report with absolute figures, floors \
          and spreads is `target/bench/report.md`). Time ratios: below 1 askpool is \
          faster; `thr.` rows are throughput ratios (above 1 is better).\n\n\
+         {}\n\n\
          | suite | workload | askpool vs baseline | ratio | target | |\n|---|---|---|---|---|---|\n",
         r["command"].as_str().unwrap_or("cargo xtask bench"),
         r["machine"]["cpus"],
+        phases(r),
     );
     for suite in r["suites"].as_array().cloned().unwrap_or_default() {
         let name = suite["suite"].as_str().unwrap_or("").to_string();
@@ -477,10 +646,11 @@ fn readme_section(r: &Value) -> String {
             ));
         }
     }
+    s.push_str(&bench_notes::what_remains(r, notes, "###"));
     s
 }
 
-fn update_readme(r: &Value) -> Result<(), String> {
+fn update_readme(r: &Value, notes: &[bench_notes::Note]) -> Result<(), String> {
     let path = root().join("README.md");
     let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
     let (Some(a), Some(b)) = (text.find(README_START), text.find(README_END)) else {
@@ -489,8 +659,82 @@ fn update_readme(r: &Value) -> Result<(), String> {
     let new = format!(
         "{}{README_START}\n{}{}",
         &text[..a],
-        readme_section(r),
+        readme_section(r, notes),
         &text[b..]
     );
     std::fs::write(&path, new).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory holding executables named `programs`, as a `PATH`.
+    fn fake_path(test: &str, programs: &[&str]) -> std::ffi::OsString {
+        let dir = std::env::temp_dir().join(format!("xtask-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for p in programs {
+            let file = dir.join(p);
+            std::fs::write(&file, "#!/bin/sh\n").unwrap();
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        }
+        dir.into_os_string()
+    }
+
+    fn skipped(plan: &[(&Suite, Option<String>)]) -> Vec<(&'static str, String)> {
+        plan.iter()
+            .filter_map(|(s, skip)| skip.clone().map(|r| (s.name, r)))
+            .collect()
+    }
+
+    #[test]
+    fn a_suite_whose_toolchain_is_not_on_path_is_skipped() {
+        let path = fake_path("no-mvn", &["python3", "node"]);
+        let no_mvn = plan(None, &path);
+        assert_eq!(no_mvn.len(), SUITES.len());
+        assert_eq!(
+            skipped(&no_mvn),
+            vec![("kotlin", "skipped: `mvn` not found".to_string())]
+        );
+        let nothing = plan(None, OsStr::new(""));
+        assert_eq!(
+            skipped(&nothing)
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>(),
+            ["python", "node", "kotlin"]
+        );
+        assert!(plan(Some("kotlin"), &fake_path("mvn", &["mvn"]))[0]
+            .1
+            .is_none());
+    }
+
+    #[test]
+    fn a_skipped_suite_is_reported_as_skipped_not_failed() {
+        let path = fake_path("report", &["python3", "node"]);
+        let dir = std::env::temp_dir().join(format!("xtask-results-{}", std::process::id()));
+        let mut outcomes = Vec::new();
+        for (suite, skip) in plan(None, &path) {
+            // What `run` does with a suite that did not run: no results.
+            let status = skip.unwrap_or_else(|| "failed: not run in this test".into());
+            outcomes.extend(outcomes_of(suite, &status, None, &dir));
+        }
+        let kotlin = outcomes.iter().find(|o| o.suite == "kotlin").unwrap();
+        assert_eq!(kotlin.status, "skipped: `mvn` not found");
+        assert!(!failures(&outcomes).contains(&"kotlin"));
+        assert!(failures(&outcomes).contains(&"ask"));
+        let report = compose(&outcomes, true, &Timings::default());
+        let md = markdown(&report, &[]);
+        assert!(
+            md.contains("\n## kotlin — skipped: `mvn` not found\n"),
+            "{md}"
+        );
+        let readme = readme_section(&report, &[]);
+        assert!(readme.contains("| kotlin | — | — | — | — | skipped: `mvn` not found |"));
+    }
 }

@@ -5,7 +5,7 @@
 //! time, never committed), then runs `mvn -B test` with the library path.
 //! Maven downloads what it needs on the first run and works offline after.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::{cargo, root, run};
 
@@ -28,15 +28,20 @@ pub fn generate() -> Result<(), String> {
         "--bin",
         "uniffi-bindgen",
     ])?;
+    bindgen(&root().join("target/debug/uniffi-bindgen"), &library())
+}
+
+/// Generates the Kotlin for the cdylib `lib` with the generator `bindgen`
+/// (`cargo xtask bench` builds both together with its bench binaries).
+pub fn bindgen(bindgen: &Path, lib: &Path) -> Result<(), String> {
     let generated = root().join(GENERATED);
     let _ = std::fs::remove_dir_all(&generated);
-    let bindgen = root().join("target/debug/uniffi-bindgen");
     run(
         &bindgen.to_string_lossy(),
         &[
             "generate",
             "--library",
-            &library().to_string_lossy(),
+            &lib.to_string_lossy(),
             "--language",
             "kotlin",
             "--no-format",
@@ -54,7 +59,7 @@ fn lib_dir_arg() -> String {
     )
 }
 
-fn mvn(args: &[&str]) -> Result<(), String> {
+pub fn mvn(args: &[&str]) -> Result<(), String> {
     let pom = root().join("bindings/kotlin/pom.xml");
     let pom = pom.to_string_lossy();
     let lib_dir = lib_dir_arg();
@@ -73,17 +78,4 @@ pub fn test(leak_asks: Option<u64>) -> Result<(), String> {
         args.push(leak);
     }
     mvn(&args)
-}
-
-/// The `kotlin` bench suite: writes `target/bench/results/kotlin.json`.
-pub fn bench() -> Result<(), String> {
-    generate()?;
-    let quick = std::env::var_os("ASKPOOL_BENCH_QUICK").is_some_and(|v| v == "1");
-    let out = root().join("target/bench/results/kotlin.json");
-    let exec_args = format!(
-        "-Dexec.args={}{}",
-        out.display(),
-        if quick { " --quick" } else { "" }
-    );
-    mvn(&["test-compile", "exec:java", &exec_args])
 }

@@ -8,6 +8,9 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_build;
+mod bench_host;
+mod bench_notes;
 mod kotlin;
 mod node;
 mod python;

@@ -100,17 +100,3 @@ pub fn test() -> Result<(), String> {
     args.extend(files.iter().map(String::as_str));
     in_node("node", &args)
 }
-
-/// `cargo xtask bench node`: the round trip and 1,000-in-flight suites
-/// against a pure-JS ask, written in the benchkit schema.
-pub fn bench() -> Result<(), String> {
-    build()?;
-    let out = root().join("target/bench/results/node.json");
-    let out = out.to_string_lossy();
-    let quick = std::env::var_os("ASKPOOL_BENCH_QUICK").is_some_and(|v| v == "1");
-    let mut args = vec!["bench/ask.js", "--out", out.as_ref()];
-    if quick {
-        args.push("--quick");
-    }
-    in_node("node", &args)
-}

@@ -224,15 +224,3 @@ pub fn test() -> Result<(), String> {
         &[],
     )
 }
-
-/// The `python` bench suite: writes `target/bench/results/python.json`.
-pub fn bench() -> Result<(), String> {
-    build()?;
-    let out = root().join("target/bench/results/python.json");
-    let out = out.to_string_lossy();
-    let mut args = vec!["bench/bench_ask.py", "--out", &out];
-    if std::env::var_os("ASKPOOL_BENCH_QUICK").is_some_and(|v| v == "1") {
-        args.push("--quick");
-    }
-    exec(&venv_bin("python"), &args, &root().join("python"), &[])
-}

@@ -27,6 +27,9 @@ pub(crate) trait LoopTask: Send + Sync + 'static {
 
 pub(crate) struct DriverShared {
     queue: Mutex<Vec<Arc<dyn LoopTask>>>,
+    /// The emptied batch of the last run, kept for its capacity: a run per
+    /// ask would otherwise grow a fresh vector each time.
+    spare: Mutex<Vec<Arc<dyn LoopTask>>>,
     signalled: AtomicBool,
     tx: UnixStream,
     rx: UnixStream,
@@ -72,16 +75,18 @@ impl DriverShared {
     fn run_queue(&self, py: Python<'_>) {
         let previous = DRAINING.with(|d| d.replace(self));
         let _runtime = crate::runtime().enter();
+        let mut batch = std::mem::take(&mut *self.spare.lock());
         loop {
-            let batch = std::mem::take(&mut *self.queue.lock());
+            std::mem::swap(&mut *self.queue.lock(), &mut batch);
             if batch.is_empty() {
                 break;
             }
-            for task in batch {
+            for task in batch.drain(..) {
                 task.queued().store(false, Ordering::Release);
                 task.run(py);
             }
         }
+        *self.spare.lock() = batch;
         DRAINING.with(|d| d.set(previous));
         crate::obj::release_dropped(py);
     }
@@ -104,6 +109,7 @@ impl LoopDriver {
         Ok(Self {
             shared: Arc::new(DriverShared {
                 queue: Mutex::new(Vec::new()),
+                spare: Mutex::new(Vec::new()),
                 signalled: AtomicBool::new(false),
                 tx,
                 rx,

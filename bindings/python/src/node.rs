@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, PayloadFingerprint,
-    RequestId, StageEvent, StageStream,
+    PoolName, RequestId, StageEvent, StageStream,
 };
 use futures::StreamExt;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyString, PyTuple};
 
 use crate::driver::LoopDriver;
 use crate::errors::{self, to_py};
@@ -34,40 +34,69 @@ fn parse<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, AskError> {
     })
 }
 
-/// The options of one ask, as the wrapper passes them.
-struct Options<'a> {
-    timeout: Option<f64>,
-    preferred_worker: Option<&'a str>,
-    request_id: Option<&'a str>,
-    correlation_id: Option<&'a str>,
-    causation_id: Option<&'a str>,
-    fingerprint: Option<u128>,
-}
+/// The rarely given options of an ask, as the wrapper's `_ask_args` passes
+/// them: `(preferred_worker, request_id, correlation_id, causation_id,
+/// fingerprint)`, or `None` for none at all.
+type AskOptions = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<u128>,
+);
 
 #[pyclass(frozen, module = "askpool._native")]
 pub(crate) struct NativeNode {
     node: Node<Obj, Obj>,
+    /// The pool name of the last ask, keyed by the very `str` object: a
+    /// caller asking one pool again and again passes the same object, and
+    /// reusing its name saves a UTF-8 copy and an allocation per ask. Holding
+    /// the object keeps its address from being reused by another.
+    last_pool: Mutex<Option<(Py<PyString>, PoolName)>>,
 }
 
 impl NativeNode {
-    fn start(&self, pool: &str, msg: Py<PyAny>, o: &Options<'_>) -> Result<Handle, AskError> {
-        let mut ask = self.node.ask(pool, Obj::new(msg));
-        if let Some(t) = o.timeout {
-            ask = ask.timeout(seconds("timeout", t)?);
+    fn pool_name(&self, pool: &Bound<'_, PyString>) -> PyResult<PoolName> {
+        let mut last = self.last_pool.lock();
+        if let Some((object, name)) = last.as_ref() {
+            if object.as_ptr() == pool.as_ptr() {
+                return Ok(name.clone());
+            }
         }
-        if let Some(w) = o.preferred_worker {
+        let name = PoolName::new(pool.to_cow()?);
+        *last = Some((pool.clone().unbind(), name.clone()));
+        Ok(name)
+    }
+
+    fn start(
+        &self,
+        pool: &Bound<'_, PyString>,
+        msg: Py<PyAny>,
+        timeout: Option<f64>,
+        options: Option<AskOptions>,
+    ) -> PyResult<Handle> {
+        let mut ask = self.node.ask(self.pool_name(pool)?, Obj::new(msg));
+        if let Some(t) = timeout {
+            ask = ask.timeout(to_py(seconds("timeout", t))?);
+        }
+        let Some((preferred_worker, request_id, correlation_id, causation_id, fingerprint)) =
+            options
+        else {
+            return Ok(ask.send());
+        };
+        if let Some(w) = preferred_worker {
             ask = ask.preferred_worker(w);
         }
-        if let Some(id) = o.request_id {
-            ask = ask.request_id(parse::<RequestId>("request_id", id)?);
+        if let Some(id) = request_id {
+            ask = ask.request_id(to_py(parse::<RequestId>("request_id", &id))?);
         }
-        if let Some(id) = o.correlation_id {
-            ask = ask.correlation_id(parse::<CorrelationId>("correlation_id", id)?);
+        if let Some(id) = correlation_id {
+            ask = ask.correlation_id(to_py(parse::<CorrelationId>("correlation_id", &id))?);
         }
-        if let Some(id) = o.causation_id {
-            ask = ask.causation_id(parse::<CausationId>("causation_id", id)?);
+        if let Some(id) = causation_id {
+            ask = ask.causation_id(to_py(parse::<CausationId>("causation_id", &id))?);
         }
-        if let Some(f) = o.fingerprint {
+        if let Some(f) = fingerprint {
             ask = ask.fingerprint(PayloadFingerprint::from_u128(f));
         }
         Ok(ask.send())
@@ -123,6 +152,7 @@ impl NativeNode {
         }
         Ok(Self {
             node: Node::with_config(config),
+            last_pool: Mutex::new(None),
         })
     }
 
@@ -133,62 +163,35 @@ impl NativeNode {
 
     /// Starts an ask; `target` (an asyncio future of `driver`'s loop) gets
     /// the reply or the error.
-    #[pyo3(signature = (driver, target, pool, msg, timeout=None, preferred_worker=None,
-        request_id=None, correlation_id=None, causation_id=None, fingerprint=None))]
+    #[pyo3(signature = (driver, target, pool, msg, timeout=None, options=None))]
     #[allow(clippy::too_many_arguments)]
     fn ask(
         &self,
         py: Python<'_>,
         driver: &LoopDriver,
         target: Py<PyAny>,
-        pool: &str,
+        pool: &Bound<'_, PyString>,
         msg: Py<PyAny>,
         timeout: Option<f64>,
-        preferred_worker: Option<&str>,
-        request_id: Option<&str>,
-        correlation_id: Option<&str>,
-        causation_id: Option<&str>,
-        fingerprint: Option<u128>,
+        options: Option<AskOptions>,
     ) -> PyResult<NativeAsk> {
-        let options = Options {
-            timeout,
-            preferred_worker,
-            request_id,
-            correlation_id,
-            causation_id,
-            fingerprint,
-        };
         driver.eager(py, || {
-            let handle = to_py(self.start(pool, msg, &options))?;
+            let handle = self.start(pool, msg, timeout, options)?;
             Ok(spawn_ask(driver, handle, target))
         })
     }
 
     /// Asks and blocks this thread (the GIL released) until the outcome.
-    #[pyo3(signature = (pool, msg, timeout=None, preferred_worker=None,
-        request_id=None, correlation_id=None, causation_id=None, fingerprint=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (pool, msg, timeout=None, options=None))]
     fn ask_sync(
         &self,
         py: Python<'_>,
-        pool: &str,
+        pool: &Bound<'_, PyString>,
         msg: Py<PyAny>,
         timeout: Option<f64>,
-        preferred_worker: Option<&str>,
-        request_id: Option<&str>,
-        correlation_id: Option<&str>,
-        causation_id: Option<&str>,
-        fingerprint: Option<u128>,
+        options: Option<AskOptions>,
     ) -> PyResult<Py<PyAny>> {
-        let options = Options {
-            timeout,
-            preferred_worker,
-            request_id,
-            correlation_id,
-            causation_id,
-            fingerprint,
-        };
-        let handle = to_py(self.start(pool, msg, &options))?;
+        let handle = self.start(pool, msg, timeout, options)?;
         let result = py.detach(|| crate::runtime().block_on(handle));
         crate::obj::release_dropped(py);
         result

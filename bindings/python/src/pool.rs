@@ -12,13 +12,14 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use askpool::{AskError, Progress, Request, RequestContext, Responder, Worker, WorkerPool};
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 
 use crate::driver::{DriverShared, LoopDriver, LoopTask};
 use crate::errors;
 use crate::obj::Obj;
+use crate::send::{send_none, Sent};
 use crate::task::FutureTask;
 
 type Pull = Pin<Box<dyn Future<Output = Option<Request<Obj, Obj>>> + Send>>;
@@ -131,12 +132,9 @@ impl SlotTask {
             .handler
             .bind(py)
             .call1((message.get(py), ctx))
-            .and_then(|coro| {
-                let first = coro.call_method1(intern!(py, "send"), (py.None(),))?;
-                Ok((coro, first))
-            });
+            .and_then(|coro| Ok((send_none(&coro)?, coro)));
         match started {
-            Ok((coro, first)) => {
+            Ok((Sent::Yielded(first), coro)) => {
                 self.busy.store(true, Ordering::Release);
                 let reply = Reply {
                     inner: Mutex::new(Some(Pending {
@@ -149,12 +147,7 @@ impl SlotTask {
                     e.write_unraisable(py, None);
                 }
             }
-            Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
-                match e.value(py).getattr(intern!(py, "value")) {
-                    Ok(value) => responder.reply(Obj::new(value.unbind())),
-                    Err(e) => responder.fail(AskError::internal(e.to_string())),
-                }
-            }
+            Ok((Sent::Returned(value), _)) => responder.reply(Obj::new(value.unbind())),
             Err(e) => fail(py, responder, &e),
         }
     }

@@ -12,6 +12,8 @@ use askpool::AskError;
 use parking_lot::Mutex;
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyString, PyType};
 
 use crate::driver::{DriverShared, LoopTask};
 use crate::errors;
@@ -113,6 +115,76 @@ where
     }
 }
 
+/// `asyncio.Future` and its `set_result` / `set_exception`, looked up once.
+struct FutureMethods {
+    class: Py<PyType>,
+    set_result: Py<PyAny>,
+    set_exception: Py<PyAny>,
+}
+
+fn future_methods(py: Python<'_>) -> PyResult<&'static FutureMethods> {
+    static METHODS: PyOnceLock<FutureMethods> = PyOnceLock::new();
+    METHODS.get_or_try_init(py, || {
+        let class = py
+            .import(intern!(py, "asyncio"))?
+            .getattr(intern!(py, "Future"))?;
+        Ok(FutureMethods {
+            set_result: class.getattr(intern!(py, "set_result"))?.unbind(),
+            set_exception: class.getattr(intern!(py, "set_exception"))?.unbind(),
+            class: class.cast_into::<PyType>()?.unbind(),
+        })
+    })
+}
+
+/// Future types seen to keep `asyncio.Future`'s two methods (the wrapper's
+/// handles, the loop's futures): a few, so the list stays short.
+static PLAIN_TYPES: Mutex<Vec<Py<PyType>>> = Mutex::new(Vec::new());
+const PLAIN_TYPES_MAX: usize = 8;
+
+/// Whether `target`'s type is `asyncio.Future` or a subclass that does not
+/// override `set_result` / `set_exception`.
+fn plain_future(methods: &FutureMethods, target: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = target.py();
+    let class = target.get_type();
+    if class.is(methods.class.bind(py)) {
+        return Ok(true);
+    }
+    if PLAIN_TYPES.lock().iter().any(|t| class.is(t.bind(py))) {
+        return Ok(true);
+    }
+    let plain = class.is_subclass(methods.class.bind(py))?
+        && class
+            .getattr(intern!(py, "set_result"))?
+            .is(methods.set_result.bind(py))
+        && class
+            .getattr(intern!(py, "set_exception"))?
+            .is(methods.set_exception.bind(py));
+    let mut known = PLAIN_TYPES.lock();
+    if plain && known.len() < PLAIN_TYPES_MAX {
+        known.push(class.unbind());
+    }
+    Ok(plain)
+}
+
+/// `target.<name>(arg)`: through the method of `asyncio.Future` itself when
+/// `target` is a future that keeps it (every future the wrapper makes),
+/// which spares looking the name up and making a bound method per ask.
+fn call_future_method(
+    py: Python<'_>,
+    target: &Bound<'_, PyAny>,
+    pick: fn(&FutureMethods) -> &Py<PyAny>,
+    name: &Bound<'_, PyString>,
+    arg: Py<PyAny>,
+) -> PyResult<()> {
+    let methods = future_methods(py)?;
+    if plain_future(methods, target)? {
+        pick(methods).call1(py, (target, arg))?;
+    } else {
+        target.call_method1(name, (arg,))?;
+    }
+    Ok(())
+}
+
 /// Sets `target`'s result or exception. One already done (cancelled by
 /// other means than `AskHandle.cancel`) keeps its state; any other failure
 /// to set it is reported as unraisable, not lost.
@@ -121,16 +193,25 @@ pub(crate) fn complete(
     target: &Bound<'_, PyAny>,
     result: Result<Py<PyAny>, AskError>,
 ) {
-    let outcome = (|| -> PyResult<()> {
-        match result {
-            Ok(value) => target.call_method1(intern!(py, "set_result"), (value,))?,
-            Err(error) => {
-                let exc = errors::exception(py, &error);
-                target.call_method1(intern!(py, "set_exception"), (exc.into_value(py),))?
-            }
-        };
-        Ok(())
-    })();
+    let outcome = match result {
+        Ok(value) => call_future_method(
+            py,
+            target,
+            |m| &m.set_result,
+            intern!(py, "set_result"),
+            value,
+        ),
+        Err(error) => {
+            let exc = errors::exception(py, &error).into_value(py).into_any();
+            call_future_method(
+                py,
+                target,
+                |m| &m.set_exception,
+                intern!(py, "set_exception"),
+                exc,
+            )
+        }
+    };
     if let Err(e) = outcome {
         let done = target
             .call_method0(intern!(py, "done"))

@@ -501,12 +501,13 @@ const BASELINES: [&str; 5] = ["mutex_fifo", "dashmap", "papaya", "quick_cache", 
 
 /// Where the time goes when a lookup or insert target is missed (profile of
 /// `cargo bench` under perf, see the closing note of issue 3).
-const LOOKUP_NOTE: &str = "a hit walks a bucket chain behind an epoch pin: the pin (a fence) \
-     and the cold cache line of the entry dominate; quick_cache probes an open-addressed \
-     array under a shard read lock and keeps no TTL stamp";
-const INSERT_NOTE: &str = "every insert at capacity also unlinks the oldest terminal entry \
-     from the FIFO and defers its free to the epoch collector (TTL + terminal-only \
-     eviction); quick_cache overwrites in place";
+const LOOKUP_NOTE: &str = "a hit reads the bucket, then the entry's node (key, lock, state) \
+     on other cache lines, behind an epoch pin; quick_cache reaches its entry through a \
+     small cache-resident index (cachegrind at 100,000 entries: about 2.1 table misses per \
+     hit against 1.2); closing it takes entries stored inline in an open-addressed array";
+const INSERT_NOTE: &str = "every insert at capacity also pops the oldest terminal entry from \
+     the FIFO, unlinks it from its chain and defers its node to the epoch collector (TTL + \
+     terminal-only eviction): about ten atomic read-modify-writes per insert";
 
 fn compare(
     results: &mut SuiteResults,

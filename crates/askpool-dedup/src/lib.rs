@@ -17,16 +17,17 @@
 //!
 //! # Design
 //!
-//! **Map.** A fixed array of buckets (one per allowed terminal entry, rounded
-//! up to a power of two, 64 to 2^22), each the head of a Harris–Michael
+//! **Map.** A fixed array of buckets (two per allowed terminal entry, rounded
+//! up to a power of two, 64 to 2^23), each the head of a Harris–Michael
 //! lock-free linked list of nodes, on crossbeam-epoch. A node holds the key,
 //! the chain link (whose tag bit marks the node logically removed), the
-//! eviction-queue link, its expiry, a membership count, a one-byte lock and,
-//! under that lock, the state inline and its phase (reserved / in progress /
-//! terminal / removed).
+//! eviction-queue link, its expiry, a membership count, a one-byte spin lock
+//! and, under that lock, the state inline and its phase (reserved / in
+//! progress / terminal / removed).
 //!
 //! - *Lookup* walks the chain without any lock (unlinking removed nodes it
-//!   meets, as Harris–Michael lists do).
+//!   meets, as Harris–Michael lists do), then reads the entry under its
+//!   lock: one compare-and-swap to take it, a plain store to release it.
 //! - *Insert-if-absent* publishes a new node with one CAS on the bucket head.
 //!   The node is born with its lock held by its creator (a *reserved* entry),
 //!   so the insert waits for nobody; the creator then runs the transition
@@ -62,7 +63,11 @@
 //! from the chain or the one that moves the queue past it, whichever is
 //! last. Removing an entry drops its state at once, under its lock; only the
 //! empty node shell waits for the epoch to pass, so the epoch garbage never
-//! holds an `S` (no `'static` bound, exact drop counts).
+//! holds an `S` (no `'static` bound, exact drop counts). A shell the
+//! collector frees goes to a small per-thread cache of node blocks (at most
+//! 128 per thread, the rest back to the allocator) that the next insert on
+//! that thread reuses: the collector frees in bursts that otherwise send the
+//! system allocator down its slow paths.
 //!
 //! **Epoch garbage.** Callers hold a pin only for the duration of one call
 //! (never while a user closure of `ExactlyOnceDedup` runs), so crossbeam's
@@ -71,19 +76,20 @@
 //! memory bound and measured: `tests/alloc_bound.rs` streams 10 million
 //! unique terminal entries through a table of 100,000 under a counting
 //! global allocator; live bytes stay under the stated ceiling of 12 MiB the
-//! whole time (measured peak 9.08 MB: 90.8 bytes per cached entry, flat from the first 100,000
-//! entries on).
+//! whole time (measured peak 10.13 MB: 101.3 bytes per cached entry, flat
+//! from the first 100,000 entries on; 2 MiB of it the buckets).
 //!
 //! # Memory per entry
 //!
 //! [`entry_size`] bytes plus what the state owns on the heap: one node of
 //! 56 bytes plus the state and its phase (72 bytes for an 8-byte state; the
 //! key is stored unpadded, 24 bytes), whether in progress or terminal.
-//! Buckets add 8 bytes per slot (1 MiB for the default `max_terminal` of
-//! 100,000). Measured with the counting allocator (`tests/alloc_bound.rs`),
-//! a full table of 100,000 terminal entries of a 16-byte state (80-byte
-//! nodes) costs 91 bytes per entry all included: node, bucket share and the
-//! epoch garbage in flight.
+//! Buckets add 8 bytes per slot, two slots per allowed terminal entry (2 MiB
+//! for the default `max_terminal` of 100,000: 262,144 slots). Measured with
+//! the counting allocator (`tests/alloc_bound.rs`), a full table of 100,000
+//! terminal entries of a 16-byte state (80-byte nodes) costs 101 bytes per
+//! entry all included: node, bucket share, the epoch garbage in flight and
+//! the thread's cache of freed node blocks.
 //!
 //! # Limits
 //!
@@ -120,6 +126,8 @@ use std::time::Duration;
 use askpool_proto::InboundState;
 
 mod exactly_once;
+#[cfg(not(loom))]
+mod node_pool;
 mod sync;
 mod table;
 

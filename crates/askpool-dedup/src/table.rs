@@ -1,15 +1,21 @@
 //! The lock-free table and its intrusive eviction queue. All of the crate's
 //! `unsafe` lives here; see the crate docs for the design.
 
+#[cfg(not(loom))]
+use std::alloc::Layout;
 use std::cell::UnsafeCell;
 use std::hash::BuildHasher;
 use std::mem::MaybeUninit;
+#[cfg(not(loom))]
+use std::ptr::NonNull;
 
 use askpool_proto::{CallerId, DedupKey, RequestId, Timestamp};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxBuildHasher;
 
+#[cfg(not(loom))]
+use crate::node_pool;
 use crate::sync::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Epoch, NodeLock};
 use crate::{DedupConfig, DedupState, DedupStats};
@@ -56,15 +62,18 @@ impl PackedKey {
 /// One entry. It lives in its bucket's chain and, once terminal, also in
 /// the eviction queue (intrusively: no second allocation); `refs` counts
 /// those two memberships and the last one to let go retires the node.
+///
+/// `repr(C)`: what a lookup touches (chain link and key, then lock and
+/// state) comes first, so a hit reads as few cache lines as the allocator's
+/// placement allows; the queue link, used only on eviction, comes last.
+#[repr(C)]
 struct Node<S> {
-    key: PackedKey,
     /// The next node of the bucket's chain. Tag 1 marks this node as
     /// logically removed (Harris–Michael list); it is then unlinked by
     /// whoever meets it first, and the thread whose unlink succeeds drops
     /// the chain's membership.
     next: Atomic<Node<S>>,
-    /// The next node of the eviction queue (Michael–Scott).
-    fifo_next: Atomic<Node<S>>,
+    key: PackedKey,
     /// When a terminal entry's TTL runs out (nanoseconds); written before
     /// the node is queued, then never again: the queue reads it lock-free.
     expires: AtomicU64,
@@ -72,6 +81,8 @@ struct Node<S> {
     refs: AtomicU32,
     lock: NodeLock,
     body: UnsafeCell<Body<S>>,
+    /// The next node of the eviction queue (Michael–Scott).
+    fifo_next: Atomic<Node<S>>,
 }
 
 impl<S> Node<S> {
@@ -99,8 +110,51 @@ impl<S> Node<S> {
 /// head and tail past it).
 #[inline]
 unsafe fn release<S>(ptr: Shared<'_, Node<S>>, guard: &Guard) {
-    if ptr.deref().refs.fetch_sub(1, AcqRel) == 1 {
-        guard.defer_destroy(ptr);
+    let refs = &ptr.deref().refs;
+    // A count of 1 is the caller's own membership, and no membership is
+    // added to a node that lost one: the last holder skips the shared write.
+    // Acquire pairs with the other holder's release below.
+    if refs.load(Acquire) == 1 || refs.fetch_sub(1, AcqRel) == 1 {
+        retire(ptr, guard);
+    }
+}
+
+/// Frees a node once no pinned thread can reach it: into the freeing
+/// thread's block cache (`node_pool`), or, under loom, plainly.
+///
+/// # Safety
+/// Nobody can reach the node from the table any more.
+#[inline]
+unsafe fn retire<S>(ptr: Shared<'_, Node<S>>, guard: &Guard) {
+    #[cfg(loom)]
+    guard.defer_destroy(ptr);
+    #[cfg(not(loom))]
+    {
+        // A node holds no state by now (dropped when it was removed) and
+        // its other fields need no drop: its block is all that is left.
+        let raw = ptr.as_raw() as usize;
+        guard.defer_unchecked(move || {
+            let block = NonNull::new_unchecked(raw as *mut u8);
+            node_pool::give(block, Layout::new::<Node<S>>());
+        });
+    }
+}
+
+impl<S> Node<S> {
+    /// A new reserved node, in a block this thread's cache kept if it has
+    /// one.
+    fn alloc(key: &DedupKey) -> Owned<Self> {
+        #[cfg(not(loom))]
+        if let Some(block) = node_pool::take(Layout::new::<Self>()) {
+            let raw = block.as_ptr().cast::<Self>();
+            // SAFETY: a block of this layout from the global allocator,
+            // owned by nobody else: written, then owned like a `Box`.
+            unsafe {
+                raw.write(Self::reserved(key));
+                return Owned::from_raw(raw);
+            }
+        }
+        Owned::new(Self::reserved(key))
     }
 }
 
@@ -124,10 +178,9 @@ impl<S> Fifo<S> {
         }
     }
 
-    /// Queues a node that just became terminal (its lock held).
+    /// Queues a node that became terminal (`make_terminal` counted the
+    /// queue's membership already).
     fn push(&self, new: Shared<'_, Node<S>>, guard: &Guard) {
-        // SAFETY: the caller holds a pinned reference.
-        unsafe { new.deref() }.refs.fetch_add(1, Relaxed);
         loop {
             let tail = self.tail.load(Acquire, guard);
             // SAFETY: the tail is never null and is protected by `guard`.
@@ -250,10 +303,13 @@ unsafe impl<S: Send> Send for DedupTable<S> {}
 // SAFETY: as above.
 unsafe impl<S: Send> Sync for DedupTable<S> {}
 
-/// Buckets for a table: one per terminal entry allowed, rounded up to a power
-/// of two, at least 64, at most 2^22 (chains then grow past 1).
+/// Buckets for a table: two per terminal entry allowed, rounded up to a power
+/// of two, at least 64, at most 2^23 (chains then grow past 1). Two, not one:
+/// every node a chain holds before the one looked for is a cache miss, and a
+/// load factor under 0.5 keeps chains at about one node (8 more bytes per
+/// entry).
 fn bucket_count(max_terminal: usize) -> usize {
-    max_terminal.clamp(64, 1 << 22).next_power_of_two()
+    max_terminal.clamp(32, 1 << 22).next_power_of_two() * 2
 }
 
 impl<S: DedupState> DedupTable<S> {
@@ -340,9 +396,14 @@ impl<S: DedupState> DedupTable<S> {
                                 unsafe { std::mem::replace(body.state.assume_init_mut(), next) };
                             if terminal {
                                 self.in_progress.fetch_sub(1, Relaxed);
-                                self.make_terminal(ptr, body, now, &guard);
+                                self.make_terminal(ptr, body, now);
                             }
                             drop(lock);
+                            if terminal {
+                                // Before the old state's drop, which may
+                                // panic: a terminal node is always queued.
+                                self.fifo.push(ptr, &guard);
+                            }
                             drop(old);
                             if terminal {
                                 self.enforce_capacity(&guard);
@@ -352,9 +413,7 @@ impl<S: DedupState> DedupTable<S> {
                     }
                 }
                 Found::Absent(head) => {
-                    let new = spare
-                        .take()
-                        .unwrap_or_else(|| Owned::new(Node::reserved(&key)));
+                    let new = spare.take().unwrap_or_else(|| Node::alloc(&key));
                     new.next.store(head, Relaxed);
                     match bucket.compare_exchange(head, new, AcqRel, Acquire, &guard) {
                         Err(e) => {
@@ -419,7 +478,7 @@ impl<S: DedupState> DedupTable<S> {
             let body = unsafe { &mut *node.body.get() };
             body.state.write(next);
             if terminal {
-                self.make_terminal(ptr, body, now, guard);
+                self.make_terminal(ptr, body, now);
             } else {
                 body.phase = Phase::Live;
                 self.in_progress.fetch_add(1, Relaxed);
@@ -428,19 +487,21 @@ impl<S: DedupState> DedupTable<S> {
         }
         drop(reservation);
         if terminal {
+            self.fifo.push(ptr, guard);
             self.enforce_capacity(guard);
         }
         out
     }
 
-    /// Marks a node (lock held, state written) terminal and queues it.
-    fn make_terminal(
-        &self,
-        ptr: Shared<'_, Node<S>>,
-        body: &mut Body<S>,
-        now: Timestamp,
-        guard: &Guard,
-    ) {
+    /// Marks a node (lock held, state written) terminal, ready to be queued.
+    ///
+    /// The caller queues it after releasing the lock, so that a duplicate
+    /// waiting on that lock does not also wait for the queue's two
+    /// compare-and-swaps on lines every inserting thread writes. Until
+    /// then the node is terminal but not queued: whoever removes it early
+    /// (expired on access, cleared) leaves it to be queued dead, and the
+    /// queue skips dead nodes.
+    fn make_terminal(&self, ptr: Shared<'_, Node<S>>, body: &mut Body<S>, now: Timestamp) {
         body.phase = Phase::Terminal;
         // Expiry stamps never go down along the queue: an entry made
         // terminal with an earlier clock than one queued before it (callers
@@ -449,14 +510,24 @@ impl<S: DedupState> DedupTable<S> {
         // cannot pile up behind a head that is not yet due. The price: under
         // clock skew an entry may outlive its TTL by that skew.
         let mine = (now + self.config.terminal_ttl).as_nanos();
-        let expires = mine.max(self.latest_expiry.fetch_max(mine, Relaxed));
+        // Read first: with a coarse clock most stamps equal the latest, and
+        // a plain load spares the shared line a write.
+        let latest = self.latest_expiry.load(Relaxed);
+        let expires = if mine > latest {
+            mine.max(self.latest_expiry.fetch_max(mine, Relaxed))
+        } else {
+            latest
+        };
         // SAFETY: protected by `guard`.
         let node = unsafe { ptr.deref() };
         node.expires.store(expires, Relaxed);
         self.terminal.fetch_add(1, Relaxed);
-        // The queue's publishing CAS orders the store above before any
+        // The queue's membership, counted now: the chain's is the only one
+        // yet, and nobody can end it while the node's lock is held and the
+        // node unmarked (only the lock holder marks it), so a plain store
+        // does. The queue's publishing CAS orders both stores before any
         // reader that finds the node through the queue.
-        self.fifo.push(ptr, guard);
+        node.refs.store(2, Relaxed);
     }
 
     /// Whether a terminal node's TTL ran out by `now`.
@@ -626,9 +697,27 @@ impl<S: DedupState> DedupTable<S> {
         let _ = self.walk(bucket, None, guard);
     }
 
+    /// Looks `key` up in a chain. The common case, a chain without removed
+    /// nodes, takes a loop with nothing to unlink; the first removed node
+    /// met hands over to the full walk, which unlinks it.
     #[inline]
     fn find<'g>(&self, bucket: &Atomic<Node<S>>, key: &DedupKey, guard: &'g Guard) -> Found<'g, S> {
-        self.walk(bucket, Some(&PackedKey::new(key)), guard)
+        let key = PackedKey::new(key);
+        let head = bucket.load(Acquire, guard);
+        let mut cur = head;
+        // SAFETY: every node reached from the bucket under `guard` stays
+        // allocated until the guard is dropped.
+        while let Some(node) = unsafe { cur.as_ref() } {
+            let next = node.next.load(Acquire, guard);
+            if next.tag() == 1 {
+                return self.walk(bucket, Some(&key), guard);
+            }
+            if node.key == key {
+                return Found::Node(cur);
+            }
+            cur = next;
+        }
+        Found::Absent(head)
     }
 
     /// Walks a chain looking for `key`, unlinking removed nodes it meets

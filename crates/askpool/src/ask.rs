@@ -382,14 +382,14 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         self.payload = None;
     }
 
-    fn finish(&mut self, result: Result<Option<R>, AskError>) -> Poll<Result<Option<R>, AskError>> {
+    fn finish(
+        &mut self,
+        result: Result<Option<R>, AskError>,
+        now: Timestamp,
+    ) -> Poll<Result<Option<R>, AskError>> {
         match &result {
-            Err(error) => {
-                let now = self.node.clock.now();
-                self.conclude(error, now);
-            }
+            Err(error) => self.conclude(error, now),
             Ok(reply) => {
-                let now = self.node.clock.now();
                 telemetry::end_to_end(None, now.saturating_since(self.machine.started()));
                 tracing::debug!(parent: &self.span, "ask answered");
                 self.settle_breaker(Verdict::Success, now);
@@ -445,10 +445,11 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             return Poll::Ready(Err(AskError::internal("ask polled after it completed")));
         }
         // A fired timer guarantees `now` reaches its instant even if the
-        // clocks disagree by rounding.
+        // clocks disagree by rounding. The clock is read only when a step
+        // needs it (a reply, a fired timer), not to arm the timer.
         let mut floor = Timestamp::ZERO;
+        let mut clock = LazyNow::default();
         loop {
-            let now = this.node.clock.now().max(floor);
             let Arrivals { acked, read, event } = this.slot.take(cx.waker());
             if read {
                 this.machine.on_read();
@@ -456,16 +457,18 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             if acked {
                 this.machine.on_ack();
                 if !this.meta.expects_reply {
-                    return this.finish(Ok(None));
+                    let now = clock.get(&this.node, floor);
+                    return this.finish(Ok(None), now);
                 }
             }
             match event {
                 Some(SlotEvent::Reply(outcome)) => {
+                    let now = clock.get(&this.node, floor);
                     let step = this
                         .machine
                         .on_reply(now, outcome.as_ref().err(), &mut this.rng);
                     if step.resolution == Some(Resolution::Replied) {
-                        return this.finish(outcome.map(Some));
+                        return this.finish(outcome.map(Some), now);
                     }
                     continue;
                 }
@@ -473,31 +476,51 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                     if let Some(Resolution::Failed(e)) =
                         this.machine.on_cancelled(reason).resolution
                     {
-                        return this.finish(Err(e));
+                        let now = clock.get(&this.node, floor);
+                        return this.finish(Err(e), now);
                     }
                     continue;
                 }
                 Some(SlotEvent::Aborted(error)) => {
                     this.machine.abort(error.clone());
-                    return this.finish(Err(error));
+                    let now = clock.get(&this.node, floor);
+                    return this.finish(Err(error), now);
                 }
                 None => {}
             }
             let Some(at) = this.machine.next_wakeup() else {
-                return this.finish(Err(AskError::internal("ask left without an outcome")));
+                let now = clock.get(&this.node, floor);
+                return this.finish(Err(AskError::internal("ask left without an outcome")), now);
             };
-            if at <= now {
+            // The timer says whether the wake-up is due; the clock is read
+            // once it fired (a deadline already past fires at once).
+            if floor >= at {
+                let now = clock.get(&this.node, floor);
                 let step = this.machine.on_timer(now, &mut this.rng);
                 if let Some(error) = this.perform(step, now) {
-                    return this.finish(Err(error));
+                    return this.finish(Err(error), now);
                 }
                 continue;
             }
             match this.poll_timer(at, cx) {
-                Poll::Ready(()) => floor = at,
+                Poll::Ready(()) => {
+                    floor = at;
+                    clock = LazyNow::default();
+                }
                 Poll::Pending => return Poll::Pending,
             }
         }
+    }
+}
+
+/// The node's clock read at most once per step of `poll_outcome`, and never
+/// below `floor` (the instant of a timer that fired).
+#[derive(Default)]
+struct LazyNow(Option<Timestamp>);
+
+impl LazyNow {
+    fn get<M, R>(&mut self, node: &NodeShared<M, R>, floor: Timestamp) -> Timestamp {
+        *self.0.get_or_insert_with(|| node.clock.now().max(floor))
     }
 }
 

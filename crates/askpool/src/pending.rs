@@ -50,7 +50,10 @@ struct StageLog {
     /// next stage begins.
     span: tracing::Span,
     stage_span: tracing::Span,
-    unread: VecDeque<StageEvent>,
+    /// Events not yet read by the ask's stream; `None` until a stream is
+    /// opened, which starts it from the tracker's history (most asks never
+    /// open one, and need not copy every event twice).
+    unread: Option<VecDeque<StageEvent>>,
     waker: Option<Waker>,
 }
 
@@ -69,10 +72,12 @@ impl StageLog {
             } else {
                 tracing::debug_span!(parent: &self.span, "ack_stage", stage = event.stage.as_str())
             };
-            if self.unread.len() == MAX_UNREAD_STAGE_EVENTS {
-                self.unread.pop_front();
+            if let Some(unread) = &mut self.unread {
+                if unread.len() == MAX_UNREAD_STAGE_EVENTS {
+                    unread.pop_front();
+                }
+                unread.push_back(event);
             }
-            self.unread.push_back(event);
             if let Some(waker) = self.waker.take() {
                 waker.wake();
             }
@@ -109,13 +114,11 @@ impl<R> AskSlot<R> {
                 waker: None,
                 stages: track_from.map(|sent_at| {
                     let tracker = AckTracker::new(sent_at);
-                    // The SENT event is the tracker's first.
-                    let unread = tracker.history().iter().cloned().collect();
                     Box::new(StageLog {
                         tracker,
                         span: span.clone(),
                         stage_span: tracing::debug_span!(parent: span, "ack_stage", stage = "SENT"),
-                        unread,
+                        unread: None,
                         waker: None,
                     })
                 }),
@@ -213,13 +216,25 @@ impl<R> AskSlot<R> {
         }
     }
 
+    /// Starts the unread queue of the ask's stream (once): the events so far,
+    /// then every event from now on.
+    fn open_stream(&self) {
+        let mut inner = self.inner.lock();
+        if let Some(log) = &mut inner.stages {
+            if log.unread.is_none() {
+                log.unread = Some(log.tracker.history().iter().cloned().collect());
+            }
+        }
+    }
+
     /// The next unread stage event; `Ready(None)` after the terminal one.
     pub(crate) fn poll_stage(&self, cx: &mut Context<'_>) -> Poll<Option<StageEvent>> {
         let mut inner = self.inner.lock();
         let Some(log) = &mut inner.stages else {
             return Poll::Ready(None);
         };
-        if let Some(event) = log.unread.pop_front() {
+        let unread = log.unread.get_or_insert_with(VecDeque::new);
+        if let Some(event) = unread.pop_front() {
             return Poll::Ready(Some(event));
         }
         if log.tracker.is_terminal() {
@@ -240,6 +255,7 @@ pub struct StageStream<R> {
 
 impl<R> StageStream<R> {
     pub(crate) fn new(slot: Arc<AskSlot<R>>) -> Self {
+        slot.open_stream();
         Self { slot }
     }
 }

@@ -61,9 +61,36 @@ pub(crate) enum Work<M> {
     Closed,
 }
 
+/// The sending end of a named worker's own queue, for asks that prefer it.
+pub(crate) struct WorkerQueue<M> {
+    pub(crate) tx: flume::Sender<Work<M>>,
+    pub(crate) ready: Arc<Notify>,
+}
+
+impl<M> Clone for WorkerQueue<M> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            ready: Arc::clone(&self.ready),
+        }
+    }
+}
+
+impl<M> WorkerQueue<M> {
+    /// Queues `work` and wakes the worker; gives it back if the worker is gone.
+    fn push(&self, work: Work<M>) -> Result<(), Work<M>> {
+        self.tx.send(work).map_err(|flume::SendError(back)| back)?;
+        self.ready.notify_one();
+        Ok(())
+    }
+}
+
 /// An admitted request on its way to a worker.
 pub(crate) struct WorkItem<M> {
-    pub(crate) meta: RequestMeta,
+    /// Shared with the request's context and responder: a queued item, a
+    /// handler's future and the context stay small to move, and taking a
+    /// request clones no ids or names.
+    pub(crate) meta: Arc<RequestMeta>,
     pub(crate) payload: M,
     pub(crate) token: CancelSignal,
 }
@@ -89,7 +116,11 @@ pub(crate) struct PoolShared<M, R> {
     in_flight: AtomicUsize,
     pub(crate) queue_tx: flume::Sender<Work<M>>,
     pub(crate) queue_rx: flume::Receiver<Work<M>>,
-    pub(crate) workers: RwLock<FxHashMap<WorkerId, flume::Sender<Work<M>>>>,
+    /// Wakes an idle worker when the shared queue gets work. Workers wait on
+    /// this (and their own inbox's) instead of a channel's `recv_async`,
+    /// which allocates and unlinks a waiter hook on every wait.
+    pub(crate) work_ready: Notify,
+    pub(crate) workers: RwLock<FxHashMap<WorkerId, WorkerQueue<M>>>,
     transport: Arc<dyn WorkerTransport<M, R>>,
     clock: Arc<NodeClock>,
     closed: AtomicBool,
@@ -124,6 +155,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             in_flight: AtomicUsize::new(0),
             queue_tx,
             queue_rx,
+            work_ready: Notify::new(),
             workers: RwLock::default(),
             transport,
             clock,
@@ -369,7 +401,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 self.send(ToCaller::Ack { ids });
                 let token = token.expect("a started request has a token");
                 self.enqueue(WorkItem {
-                    meta,
+                    meta: Arc::new(meta),
                     payload,
                     token,
                 });
@@ -412,12 +444,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// alive, else to the pool's shared queue.
     pub(crate) fn enqueue(&self, mut item: WorkItem<M>) {
         if let Some(worker) = &item.meta.preferred_worker {
-            let sender = self.workers.read().get(worker).cloned();
-            if let Some(sender) = sender {
-                match sender.send(Work::Item(item)) {
+            let inbox = self.workers.read().get(worker).cloned();
+            if let Some(inbox) = inbox {
+                match inbox.push(Work::Item(item)) {
                     Ok(()) => return,
-                    Err(flume::SendError(Work::Item(back))) => item = back,
-                    Err(flume::SendError(Work::Closed)) => unreachable!(),
+                    Err(Work::Item(back)) => item = back,
+                    Err(Work::Closed) => unreachable!(),
                 }
             }
         }
@@ -427,6 +459,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
         // The pool holds the receiver too, so this send cannot fail.
         let _ = self.queue_tx.send(Work::Item(item));
+        self.work_ready.notify_one();
     }
 
     /// A cancel for `ids`, from the caller or from the worker side.
@@ -521,8 +554,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             }
         }
         let _ = self.queue_tx.send(Work::Closed);
-        for worker in self.workers.read().values() {
-            let _ = worker.send(Work::Closed);
+        self.work_ready.notify_waiters();
+        for inbox in self.workers.read().values() {
+            let _ = inbox.push(Work::Closed);
+            inbox.ready.notify_waiters();
         }
         self.expiry_changed.notify_one();
     }
@@ -534,7 +569,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             name: self.name.to_string(),
             in_flight: self.in_flight.load(Ordering::Acquire),
             queued: self.queue_rx.len()
-                + self.workers.read().values().map(|s| s.len()).sum::<usize>(),
+                + self
+                    .workers
+                    .read()
+                    .values()
+                    .map(|w| w.tx.len())
+                    .sum::<usize>(),
             dedup: self.table.stats(),
             admitted: get(&c.admitted),
             handler_runs: get(&c.handler_runs),

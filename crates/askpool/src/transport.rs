@@ -8,8 +8,11 @@
 
 use std::sync::Arc;
 
+use std::hash::Hash;
+
+use arc_swap::{ArcSwap, Guard};
 use askpool_proto::{AskError, CallerId, PoolName, ToCaller, ToWorker};
-use parking_lot::RwLock;
+use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 /// The receiving side of a pool: admits requests and cancels.
@@ -43,15 +46,15 @@ pub trait WorkerTransport<M, R>: Send + Sync {
 /// Frames pass as objects to endpoints registered in this process. Several
 /// nodes may share one (callers on one node, pools on another).
 pub struct InProcessTransport<M, R> {
-    pools: RwLock<FxHashMap<PoolName, Arc<dyn PoolEndpoint<M>>>>,
-    callers: RwLock<FxHashMap<CallerId, Arc<dyn CallerEndpoint<R>>>>,
+    pools: Registry<PoolName, Arc<dyn PoolEndpoint<M>>>,
+    callers: Registry<CallerId, Arc<dyn CallerEndpoint<R>>>,
 }
 
 impl<M, R> Default for InProcessTransport<M, R> {
     fn default() -> Self {
         Self {
-            pools: RwLock::default(),
-            callers: RwLock::default(),
+            pools: Registry::default(),
+            callers: Registry::default(),
         }
     }
 }
@@ -68,32 +71,33 @@ impl<M: Send + 'static, R: Send + 'static> WorkerTransport<M, R> for InProcessTr
         pool: PoolName,
         endpoint: Arc<dyn PoolEndpoint<M>>,
     ) -> Result<(), AskError> {
-        let mut pools = self.pools.write();
-        if pools.contains_key(&pool) {
-            return Err(AskError::InvalidArgument {
-                message: format!("a pool named {pool:?} is already registered"),
-            });
-        }
-        pools.insert(pool, endpoint);
-        Ok(())
+        self.pools.change(|pools| {
+            if pools.contains_key(&pool) {
+                return Err(AskError::InvalidArgument {
+                    message: format!("a pool named {pool:?} is already registered"),
+                });
+            }
+            pools.insert(pool, endpoint);
+            Ok(())
+        })
     }
 
     fn deregister_pool(&self, pool: &PoolName) {
-        self.pools.write().remove(pool);
+        self.pools.change(|pools| pools.remove(pool));
     }
 
     fn register_caller(&self, caller: CallerId, endpoint: Arc<dyn CallerEndpoint<R>>) {
-        self.callers.write().insert(caller, endpoint);
+        self.callers
+            .change(|callers| callers.insert(caller, endpoint));
     }
 
     fn deregister_caller(&self, caller: CallerId) {
-        self.callers.write().remove(&caller);
+        self.callers.change(|callers| callers.remove(&caller));
     }
 
     fn send_to_pool(&self, frame: ToWorker<M>) -> Result<(), AskError> {
-        // Clone the endpoint out so delivery runs without the registry lock.
-        let endpoint = self.pools.read().get(frame.pool()).cloned();
-        match endpoint {
+        let pools = self.pools.snapshot();
+        match pools.get(frame.pool()) {
             Some(endpoint) => {
                 endpoint.deliver(frame);
                 Ok(())
@@ -105,13 +109,48 @@ impl<M: Send + 'static, R: Send + 'static> WorkerTransport<M, R> for InProcessTr
     }
 
     fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError> {
-        let endpoint = self.callers.read().get(&frame.caller()).cloned();
-        match endpoint {
+        let callers = self.callers.snapshot();
+        match callers.get(&frame.caller()) {
             Some(endpoint) => {
                 endpoint.deliver(frame);
                 Ok(())
             }
             None => Err(AskError::unavailable("caller is gone")),
         }
+    }
+}
+
+/// A map read on every frame and changed only when a pool or caller comes
+/// or goes. Readers load a snapshot without a lock or a reference count (a
+/// `RwLock` read and an `Arc` clone per frame are shared-cache-line writes
+/// that two threads passing frames fight over); writers copy the map.
+struct Registry<K, V> {
+    map: ArcSwap<FxHashMap<K, V>>,
+    /// Serializes writers, so a check-then-insert sees the latest map.
+    writer: Mutex<()>,
+}
+
+impl<K, V> Default for Registry<K, V> {
+    fn default() -> Self {
+        Self {
+            map: ArcSwap::from_pointee(FxHashMap::default()),
+            writer: Mutex::new(()),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash, V: Clone> Registry<K, V> {
+    /// The current map. A frame is delivered while its snapshot is held;
+    /// a registration made meanwhile applies from the next frame on.
+    fn snapshot(&self) -> Guard<Arc<FxHashMap<K, V>>> {
+        self.map.load()
+    }
+
+    fn change<T>(&self, edit: impl FnOnce(&mut FxHashMap<K, V>) -> T) -> T {
+        let _writer = self.writer.lock();
+        let mut map = FxHashMap::clone(&self.map.load());
+        let out = edit(&mut map);
+        self.map.store(Arc::new(map));
+        out
     }
 }

@@ -4,10 +4,12 @@
 //! The pull API (`next_request` / `reply` / `fail`) is what bindings build on;
 //! handler pools run the same loop on tokio tasks.
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
+use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 
 use crate::cancel::CancelSignal;
 use askpool_proto::{
@@ -15,14 +17,21 @@ use askpool_proto::{
     RequestMeta, WorkerId,
 };
 use futures::FutureExt;
+use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::pool::{PoolShared, Work, WorkItem};
+use crate::pool::{PoolShared, Work, WorkItem, WorkerQueue};
+
+/// The receiving end of a worker's own queue, and its wake-up.
+pub(crate) struct WorkerInbox<M> {
+    rx: flume::Receiver<Work<M>>,
+    ready: Arc<Notify>,
+}
 
 /// What a handler knows about the request it runs.
 #[derive(Clone)]
 pub struct RequestContext {
-    meta: RequestMeta,
+    meta: Arc<RequestMeta>,
     token: CancelSignal,
     progress: Arc<dyn ProgressSink>,
 }
@@ -91,7 +100,7 @@ impl std::fmt::Debug for RequestContext {
 /// nothing stays in flight.
 pub struct Responder<M: Send + 'static, R: Clone + Send + 'static> {
     pool: Arc<PoolShared<M, R>>,
-    meta: RequestMeta,
+    meta: Arc<RequestMeta>,
     done: bool,
 }
 
@@ -176,7 +185,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
 /// pool is closed.
 pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
     pool: &Arc<PoolShared<M, R>>,
-    own: Option<&flume::Receiver<Work<M>>>,
+    own: Option<&WorkerInbox<M>>,
 ) -> Option<Request<M, R>> {
     loop {
         if pool.is_closed() {
@@ -184,24 +193,19 @@ pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
         }
         // Poll without waiting first: building the wait costs more than the
         // common case where a request is already queued.
-        let ready = own
-            .and_then(|rx| rx.try_recv().ok())
-            .or_else(|| pool.queue_rx.try_recv().ok());
-        let work = match (ready, own) {
-            (Some(work), _) => work,
-            (None, Some(rx)) => tokio::select! {
-                biased;
-                Ok(work) = rx.recv_async() => work,
-                Ok(work) = pool.queue_rx.recv_async() => work,
-                else => return None,
+        let work = match try_take(pool, own) {
+            Some(work) => work,
+            None => match wait_for_work(pool, own).await {
+                Some(work) => work,
+                None => continue,
             },
-            (None, None) => pool.queue_rx.recv_async().await.ok()?,
         };
         let item = match work {
             Work::Item(item) => item,
             Work::Closed => {
                 // Pass the sentinel on to the next waiter of the shared queue.
                 let _ = pool.queue_tx.send(Work::Closed);
+                pool.work_ready.notify_one();
                 return None;
             }
         };
@@ -216,28 +220,76 @@ pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
     }
 }
 
+/// This worker's own queue first, then the pool's.
+fn try_take<M: Send + 'static, R: Clone + Send + 'static>(
+    pool: &PoolShared<M, R>,
+    own: Option<&WorkerInbox<M>>,
+) -> Option<Work<M>> {
+    own.and_then(|inbox| inbox.rx.try_recv().ok())
+        .or_else(|| pool.queue_rx.try_recv().ok())
+}
+
+/// Sleeps until a queue this worker reads may have work (or the pool
+/// closed), then takes it; `None` for a wake-up that found nothing.
+async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
+    pool: &PoolShared<M, R>,
+    own: Option<&WorkerInbox<M>>,
+) -> Option<Work<M>> {
+    let mut pool_ready = pin!(pool.work_ready.notified());
+    let mut own_ready = pin!(own.map(|inbox| inbox.ready.notified()));
+    // Registered before the second look, so work queued (or a close) after
+    // it wakes this wait instead of being missed.
+    pool_ready.as_mut().enable();
+    if let Some(notified) = own_ready.as_mut().as_pin_mut() {
+        notified.enable();
+    }
+    if let Some(work) = try_take(pool, own) {
+        return Some(work);
+    }
+    if pool.is_closed() {
+        return None;
+    }
+    poll_fn(|cx| {
+        if let Some(notified) = own_ready.as_mut().as_pin_mut() {
+            if notified.poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        pool_ready.as_mut().poll(cx)
+    })
+    .await;
+    try_take(pool, own)
+}
+
 /// A named worker of a pool: asks that prefer it are routed to it while it
 /// is alive. Dropping it hands its queued requests back to the pool.
 pub struct Worker<M: Send + 'static, R: Clone + Send + 'static> {
     pool: Arc<PoolShared<M, R>>,
     id: WorkerId,
-    rx: flume::Receiver<Work<M>>,
+    inbox: WorkerInbox<M>,
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
     pub(crate) fn register(pool: &Arc<PoolShared<M, R>>, id: WorkerId) -> Result<Self, AskError> {
         let (tx, rx) = flume::unbounded();
+        let ready = Arc::new(Notify::new());
         let mut workers = pool.workers.write();
         if workers.contains_key(&id) {
             return Err(AskError::InvalidArgument {
                 message: format!("worker {id:?} already exists in pool {}", pool.name),
             });
         }
-        workers.insert(id.clone(), tx);
+        workers.insert(
+            id.clone(),
+            WorkerQueue {
+                tx,
+                ready: Arc::clone(&ready),
+            },
+        );
         Ok(Self {
             pool: Arc::clone(pool),
             id,
-            rx,
+            inbox: WorkerInbox { rx, ready },
         })
     }
 
@@ -247,19 +299,19 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
 
     /// The next request for this worker; `None` once the pool is closed.
     pub async fn next_request(&self) -> Option<Request<M, R>> {
-        next_request(&self.pool, Some(&self.rx)).await
+        next_request(&self.pool, Some(&self.inbox)).await
     }
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Worker<M, R> {
     fn drop(&mut self) {
         self.pool.workers.write().remove(&self.id);
-        while let Ok(Work::Item(item)) = self.rx.try_recv() {
+        while let Ok(Work::Item(item)) = self.inbox.rx.try_recv() {
             self.pool.enqueue(WorkItem {
-                meta: RequestMeta {
+                meta: Arc::new(RequestMeta {
                     preferred_worker: None,
-                    ..item.meta
-                },
+                    ..RequestMeta::clone(&item.meta)
+                }),
                 payload: item.payload,
                 token: item.token,
             });
