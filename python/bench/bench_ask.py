@@ -184,26 +184,18 @@ async def main(quick: bool, out: Optional[Path]) -> None:
         print(f"results written to {out}")
 
 
-#: Where the time goes in the in-flight workload (perf, 2 cores at load 8-10,
-#: 2026-11-23, reply cache at its 100,000 cap as in most of a run), CPU per
-#: ask, measured in one process against the baseline's ~5 us:
-#: - a Future that is already done, gathered: 0.77x of the baseline, and with
-#:   `Node.ask`'s Python wrapper 0.87x. Both sides pay this; it leaves the
-#:   extension about 0.13x (~0.7 us) for the whole ask;
-#: - the extension takes ~1.8x: core protocol (admission, ACK tracker and
-#:   stages, clock reads, breaker, routing, channels, their allocations) ~24%
-#:   of askpool's CPU, the dedup reply cache ~12% (its eviction walk at the
-#:   cap; ~6% below it), binding glue ~19% (pyo3 arguments, FutureTask, the
-#:   worker slot, set_result, freeing the ask), handler coroutine ~3%.
-#: Starting the asks of one loop tick in a batch (one flush per tick instead
-#: of running each at once) measured slower (3.1-3.4x against 2.7-3.0x), the
-#: 1,000 asks' state no longer fitting the caches.
+#: Where the time goes in the in-flight workload (issue 6 perf session; the
+#: full account is the python entry of xtask/bench-notes.toml). Per ask,
+#: callgrind, below the reply cache's cap: baseline 28.7k instructions,
+#: askpool 43.2k = asyncio Future + gather + wrapper ~25.6k (a done Future
+#: gathered alone already costs 0.77x the baseline's time) + extension 17.5k
+#: (core protocol ~13k, binding and pyo3 ~3.5k, handler coroutine ~1k), with
+#: 8x the baseline's L1 instruction-cache misses. Batching the asks of a loop
+#: tick measured slower than running each at once.
 NOTE_IN_FLIGHT: Optional[str] = (
-    "missed: a done Future gathered costs 0.77x of the baseline (0.87x with the "
-    "Node.ask wrapper), leaving ~0.13x (~0.7 us) for the extension, which takes "
-    "~1.8x: core protocol ~24% of askpool's CPU, dedup reply cache ~12% (eviction "
-    "at the 100k cap), binding glue ~19%, handler coroutine ~3%; batching the "
-    "asks of a tick measured slower"
+    "missed: a done Future gathered costs 0.77x alone; askpool 43.2k vs 28.7k "
+    "instructions/ask: Future + gather + wrapper ~25.6k, core protocol ~13k, "
+    "binding ~3.5k, handler ~1k; 8x the L1i misses; batching measured slower"
 )
 
 if __name__ == "__main__":

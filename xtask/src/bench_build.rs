@@ -55,7 +55,8 @@ pub fn build(all: &Needs, needs: &Needs) -> Result<Built, String> {
     let started = Instant::now();
     let artifacts = cargo_build(all)?;
     built.steps.push((
-        "cargo build --profile bench (bench binaries, Node and uniffi cdylibs)".into(),
+        "cargo build --profile bench: bench binaries, Node and uniffi cdylibs, uniffi-bindgen"
+            .into(),
         started.elapsed().as_secs_f64(),
     ));
     for a in &artifacts {

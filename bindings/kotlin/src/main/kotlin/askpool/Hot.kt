@@ -46,9 +46,19 @@ internal object Hot {
         /** In a hot call: a callback arriving now comes from this JVM thread, not a runtime one. */
         var inCall = false
 
-        /** Running a handler started here without a dispatch (at most one deep). */
-        var inlineHandler = false
+        /** Taking on events: requests that arrive meanwhile wait in [later]. */
+        var taking = false
+        val later = ArrayDeque<Request>()
     }
+
+    private class Request(val pool: Long, val request: Long, val msg: Any?, val missing: AskException?)
+
+    /**
+     * Handlers one thread starts without a dispatch per batch of events it
+     * takes on; the rest are dispatched, so a busy pool's requests do not
+     * keep one caller from its own reply for long.
+     */
+    private const val INLINE_HANDLERS = 16
 
     private val inboxes = ThreadLocal.withInitial { Inbox() }
 
@@ -108,24 +118,35 @@ internal object Hot {
         askpool_hot_release()
         for (i in 0 until n) {
             val a = words[4 * i + 1]
-            val b = words[4 * i + 2]
-            try {
-                when (words[4 * i]) {
-                    KIND_REPLY -> Completions.reply(a, objects[i], missing[i])
-                    KIND_HANDLE -> {
-                        val inline = !inbox.inlineHandler
-                        if (inline) inbox.inlineHandler = true
-                        try {
-                            Pool.dispatch(a, b, objects[i], missing[i], if (inline) here else null)
-                        } finally {
-                            if (inline) inbox.inlineHandler = false
-                        }
-                    }
-                }
-            } catch (e: Throwable) {
-                // One event's failure must not lose the others.
-                e.printStackTrace()
+            when (words[4 * i]) {
+                KIND_REPLY -> guarded { Completions.reply(a, objects[i], missing[i]) }
+                KIND_HANDLE -> inbox.later.addLast(Request(a, words[4 * i + 2], objects[i], missing[i]))
             }
+        }
+        if (inbox.taking) return
+        // The outermost take on this thread runs the requests, one after the
+        // other: a handler started here that replies may free a worker for
+        // the next request, which then waits in `later` instead of nesting.
+        inbox.taking = true
+        try {
+            var budget = INLINE_HANDLERS
+            while (true) {
+                val r = inbox.later.removeFirstOrNull() ?: break
+                val inline = if (budget > 0) here else null
+                budget--
+                guarded { Pool.dispatch(r.pool, r.request, r.msg, r.missing, inline) }
+            }
+        } finally {
+            inbox.taking = false
+        }
+    }
+
+    /** One event's failure must not lose the others. */
+    private inline fun guarded(body: () -> Unit) {
+        try {
+            body()
+        } catch (e: Throwable) {
+            e.printStackTrace()
         }
     }
 

@@ -79,7 +79,9 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             } else if (pendingReleases >= DRAIN_BATCH) {
                 HandleTable.drain()
             }
-            if (cont.isActive) cont.invokeOnCancellation { native.cancel(token) }
+            // Also when `cont` is no longer active: a caller cancelled while
+            // its handler ran above gets the handler called at once.
+            cont.invokeOnCancellation { native.cancel(token) }
         }
     }
 

@@ -7,6 +7,7 @@ import kotlinx.coroutines.Runnable
 import kotlinx.coroutines.async
 import kotlinx.coroutines.awaitAll
 import kotlinx.coroutines.awaitCancellation
+import kotlinx.coroutines.launch
 import kotlinx.coroutines.newSingleThreadContext
 import kotlinx.coroutines.runBlocking
 import kotlinx.coroutines.withContext
@@ -98,6 +99,33 @@ class InlineTest {
             assertTrue(withTimeout(5_000) { handlerSaw.await() })
             assertTrue(caller.isCancelled)
             assertEquals(0, node.stats().awaitedOutcomes)
+        }
+    }
+
+    @Test
+    fun `a caller cancelled while its handler runs inline still cancels the handler`() = runBlocking {
+        val here = thread("inline-race")
+        Node().use { node ->
+            val caller = CompletableDeferred<kotlinx.coroutines.Job>()
+            val handlerSaw = CompletableDeferred<Boolean>()
+            // The handler runs inside the caller's ask call and cancels the
+            // caller there: before the ask has registered its cancel hook.
+            node.pool("self", PoolOptions(dispatcher = here)) { _, ctx ->
+                caller.await().cancel()
+                try {
+                    awaitCancellation()
+                } finally {
+                    handlerSaw.complete(ctx.isCancelled)
+                }
+            }
+            val job = launch(here, start = kotlinx.coroutines.CoroutineStart.LAZY) {
+                node.ask("self", "x", AskOptions(timeout = 30.seconds))
+            }
+            caller.complete(job)
+            job.start()
+            assertTrue(withTimeout(5_000) { handlerSaw.await() })
+            job.join()
+            assertTrue(job.isCancelled)
         }
     }
 

@@ -106,12 +106,13 @@ private suspend fun measure(trials: Int, sequential: Int, concurrentOps: Int, ca
     scope.cancel()
     node.close()
 
-    val note = "A uniffi-generated call costs %.0f ns and a uniffi callback %.0f ns here (JNA builds " +
-        "a Structure for each call status), so the hot path avoids both: ask and reply are plain " +
-        "C calls (%.0f ns each, floor 'hot call'), and the request and the reply reach the JVM as " +
-        "batched events taken by one thread. What remains per ask is the runtime's protocol work " +
-        "(ids, dedup entry, acks, timer) and four thread hand-offs (caller -> runtime -> event " +
-        "thread -> handler coroutine -> runtime -> event thread -> caller) against the baseline's two."
+    val note = "An ask makes the baseline's two hand-offs and no more: ask and reply are plain C calls " +
+        "(%3\$.0f ns each, floor 'hot call'; a uniffi call costs %1\$.0f ns and a uniffi callback %2\$.0f ns " +
+        "here, JNA builds a Structure for each call status), and a request for an idle worker and the " +
+        "reply come back inside those calls, so no runtime or event thread wakes (bindings/uniffi " +
+        "exec.rs). What remains per ask is CPU: the runtime's protocol work (ids, dedup entry, acks, " +
+        "timer) and the JVM side's bookkeeping (handle table, completion map, handler coroutine), about " +
+        "9 us of CPU against the baseline's 0.65 us (bench/Profile.kt, mode 'one' vs 'plain')."
     val probeNs = median(probes)
     val hotNs = median(hotProbes)
     val callbackNs = median(callbackProbes)

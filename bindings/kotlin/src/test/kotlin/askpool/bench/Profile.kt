@@ -31,14 +31,30 @@ fun main(args: Array<String>) = runBlocking {
     val one = newSingleThreadContext("one")
     val dispatcher = if (mode == "one") one else Dispatchers.Default
     node.pool("echo", PoolOptions(concurrency = 4, dispatcher = dispatcher)) { msg, _ -> msg }
+    val msg = Any()
     val queue = Channel<Pair<Any, CompletableDeferred<Any>>>(Channel.UNLIMITED)
     if (mode == "plain") launch(one) { for ((m, r) in queue) r.complete(m) }
-    val msg = Any()
+    // `plainconc`: the baseline's 64 callers alone; `mixconc`: the same, each
+    // round after a round of askpool asks (does askpool's work slow it?).
+    if (mode.endsWith("conc") && mode != "conc") repeat(4) { launch(Dispatchers.Default) { for ((m, r) in queue) r.complete(m) } }
+    suspend fun plainConc(n: Int) = coroutineScope {
+        (0 until 64).map {
+            async(Dispatchers.Default) { repeat(n / 64) { val r = CompletableDeferred<Any>(); queue.send(msg to r); r.await() } }
+        }.awaitAll()
+    }
+    var plainNs = 0L
     val opts = AskOptions(timeout = 30.seconds)
     val mx = java.lang.management.ManagementFactory.getThreadMXBean()
     var cpuNs = 0L
     suspend fun round(n: Int) = when (mode) {
         "seq" -> repeat(n) { node.ask("echo", msg, opts) }
+        "plainconc" -> { val t = System.nanoTime(); plainConc(n); plainNs += System.nanoTime() - t }
+        "mixconc" -> {
+            coroutineScope {
+                (0 until 64).map { async(Dispatchers.Default) { repeat(n / 64) { node.ask("echo", msg, opts) } } }.awaitAll()
+            }
+            val t = System.nanoTime(); plainConc(n); plainNs += System.nanoTime() - t
+        }
         "one" -> withContext(one) {
             val cpu0 = mx.currentThreadCpuTime
             repeat(n) { node.ask("echo", msg, opts) }
@@ -61,6 +77,7 @@ fun main(args: Array<String>) = runBlocking {
     Thread.sleep(1_000)
     var asks = 0L
     cpuNs = 0
+    plainNs = 0
     val start = System.nanoTime()
     val end = start + seconds * 1_000_000_000
     while (System.nanoTime() < end) {
@@ -68,7 +85,7 @@ fun main(args: Array<String>) = runBlocking {
         asks += 6_400
     }
     val ns = (System.nanoTime() - start).toDouble() / asks
-    println("DONE $mode asks=$asks ns/ask=%.0f cpu ns/ask (asking thread)=%.0f".format(ns, cpuNs.toDouble() / asks))
+    println("DONE $mode asks=$asks ns/ask=%.0f cpu ns/ask (asking thread)=%.0f baseline ns/ask=%.0f".format(ns, cpuNs.toDouble() / asks, plainNs.toDouble() / asks))
     node.close()
     one.close()
     System.exit(0)
