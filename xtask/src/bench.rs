@@ -153,21 +153,12 @@ fn measure(suite: &Suite, built: &bench_build::Built, quick: bool) -> Result<(),
     match suite.kind {
         Kind::Bench { bench, .. } => {
             let (exe, dir) = &built.benches[bench];
-            let shown = format!("{} --bench", exe.display());
-            eprintln!("\n==> {shown}");
-            let started = Instant::now();
-            let status = Command::new(exe)
-                .arg("--bench")
-                .envs(quick.then_some(("ASKPOOL_BENCH_QUICK", "1")))
-                .current_dir(dir)
-                .status()
-                .map_err(|e| format!("cannot start `{shown}`: {e}"))?;
-            eprintln!("<== {shown}: {status} in {:.1?}", started.elapsed());
-            if status.success() {
-                Ok(())
+            let quick_env: &[(&str, &str)] = if quick {
+                &[("ASKPOOL_BENCH_QUICK", "1")]
             } else {
-                Err(format!("`{shown}` failed ({status})"))
-            }
+                &[]
+            };
+            crate::exec(exe, &["--bench"], dir, quick_env)
         }
         Kind::Python => bench_host::python(quick),
         Kind::Node => bench_host::node(

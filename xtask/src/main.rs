@@ -118,13 +118,24 @@ fn root() -> PathBuf {
 }
 
 fn run(program: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<(), String> {
-    let shown = format!("{program} {}", args.join(" "));
+    exec(Path::new(program), args, &root(), envs)
+}
+
+/// Runs `program` in `dir` with `envs` added, echoing the command and its
+/// status and time; an error unless it exits successfully.
+pub(crate) fn exec(
+    program: &Path,
+    args: &[&str],
+    dir: &Path,
+    envs: &[(&str, &str)],
+) -> Result<(), String> {
+    let shown = format!("{} {}", program.display(), args.join(" "));
     eprintln!("\n==> {shown}");
     let started = Instant::now();
     let status = Command::new(program)
         .args(args)
         .envs(envs.iter().copied())
-        .current_dir(root())
+        .current_dir(dir)
         .status()
         .map_err(|e| format!("cannot start `{shown}`: {e}"))?;
     eprintln!("<== {shown}: {status} in {:.1?}", started.elapsed());

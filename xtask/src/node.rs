@@ -23,20 +23,7 @@ fn in_node(program: &str, args: &[&str]) -> Result<(), String> {
 }
 
 fn run_in(program: &str, args: &[&str], cwd: &std::path::Path) -> Result<(), String> {
-    let shown = format!("{program} {}", args.join(" "));
-    eprintln!("\n==> (in {}) {shown}", cwd.display());
-    let started = std::time::Instant::now();
-    let status = std::process::Command::new(program)
-        .args(args)
-        .current_dir(cwd)
-        .status()
-        .map_err(|e| format!("cannot start `{shown}`: {e}"))?;
-    eprintln!("<== {shown}: {status} in {:.1?}", started.elapsed());
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("`{shown}` failed ({status})"))
-    }
+    crate::exec(std::path::Path::new(program), args, cwd, &[])
 }
 
 fn has_program(program: &str) -> bool {

@@ -6,10 +6,9 @@
 //! the wheel is rebuilt only when a source it is made from changed.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
-use crate::root;
+use crate::{exec, root};
 
 const TOOLS: &[&str] = &["maturin", "pytest", "mypy"];
 
@@ -23,24 +22,6 @@ fn venv_bin(name: &str) -> PathBuf {
 
 fn wheels() -> PathBuf {
     root().join("target/wheels")
-}
-
-fn exec(program: &Path, args: &[&str], dir: &Path, envs: &[(&str, &str)]) -> Result<(), String> {
-    let shown = format!("{} {}", program.display(), args.join(" "));
-    eprintln!("\n==> {shown}");
-    let started = Instant::now();
-    let status = Command::new(program)
-        .args(args)
-        .envs(envs.iter().copied())
-        .current_dir(dir)
-        .status()
-        .map_err(|e| format!("cannot start `{shown}`: {e}"))?;
-    eprintln!("<== {shown}: {status} in {:.1?}", started.elapsed());
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("`{shown}` failed ({status})"))
-    }
 }
 
 /// `.venv` with maturin, pytest and mypy, made or completed as needed.
