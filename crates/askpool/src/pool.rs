@@ -555,9 +555,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
         let _ = self.queue_tx.send(Work::Closed);
         self.work_ready.notify_waiters();
+        // `push` wakes the inbox's one worker (or leaves it a permit).
         for inbox in self.workers.read().values() {
             let _ = inbox.push(Work::Closed);
-            inbox.ready.notify_waiters();
         }
         self.expiry_changed.notify_one();
     }

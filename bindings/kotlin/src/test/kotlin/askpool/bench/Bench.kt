@@ -42,6 +42,15 @@ fun main(args: Array<String>) {
     println("wrote $out")
 }
 
+/** Nanoseconds per call of [call]; its results are summed so the JIT cannot drop it. */
+private inline fun perCall(n: Int, call: (Long) -> Long): Double {
+    val start = System.nanoTime()
+    var acc = 0L
+    for (i in 0 until n) acc += call(i.toLong())
+    check(acc >= 0)
+    return (System.nanoTime() - start).toDouble() / n
+}
+
 private class Job(val msg: Any, val reply: CompletableDeferred<Any>)
 
 /** The baseline: the same ask written directly with coroutines. */
@@ -74,20 +83,8 @@ private suspend fun measure(trials: Int, sequential: Int, concurrentOps: Int, ca
     }
     suspend fun concAskpool(n: Int) = conc(n) { node.ask("echo", msg, opts) }
     suspend fun concPlain(n: Int) = conc(n) { plain.ask(msg) }
-    fun probe(n: Int): Double {
-        val start = System.nanoTime()
-        var acc = 0L
-        for (i in 0 until n) acc += askpool.ffi.ffiProbe(i.toLong())
-        check(acc >= 0)
-        return (System.nanoTime() - start).toDouble() / n
-    }
-    fun hotProbe(n: Int): Double {
-        val start = System.nanoTime()
-        var acc = 0L
-        for (i in 0 until n) acc += askpool.Probes.hot(i.toLong())
-        check(acc >= 0)
-        return (System.nanoTime() - start).toDouble() / n
-    }
+    fun probe(n: Int): Double = perCall(n) { askpool.ffi.ffiProbe(it) }
+    fun hotProbe(n: Int): Double = perCall(n) { askpool.Probes.hot(it) }
     fun callbackProbe(n: Int): Double {
         val start = System.nanoTime()
         askpool.Probes.callbacks(n)
