@@ -33,6 +33,7 @@ mod cancel;
 mod clock;
 mod config;
 mod dlq;
+mod expiry;
 mod node;
 mod pending;
 mod pool;

@@ -40,7 +40,8 @@ struct SlotInner<R> {
     read: bool,
     event: Option<SlotEvent<R>>,
     waker: Option<Waker>,
-    stages: Option<Box<StageLog>>,
+    /// Inline, not boxed: one allocation per ask (the slot) instead of two.
+    stages: Option<StageLog>,
 }
 
 /// The ACK lifecycle of one ask, and the events not yet read by its stream.
@@ -114,13 +115,13 @@ impl<R> AskSlot<R> {
                 waker: None,
                 stages: track_from.map(|sent_at| {
                     let tracker = AckTracker::new(sent_at);
-                    Box::new(StageLog {
+                    StageLog {
                         tracker,
                         span: span.clone(),
                         stage_span: tracing::debug_span!(parent: span, "ack_stage", stage = "SENT"),
                         unread: None,
                         waker: None,
-                    })
+                    }
                 }),
             }),
         }

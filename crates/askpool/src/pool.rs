@@ -6,7 +6,6 @@
 //! requests wait in a flume queue (the pool's, or the preferred worker's) for
 //! a worker; the queue is bounded by `max_in_flight`, enforced at admission.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -23,28 +22,18 @@ use tokio::sync::Notify;
 
 use crate::clock::NodeClock;
 use crate::config::PoolConfig;
+use crate::expiry::{Expiring, ExpiryIndex, ExpiryKey};
 use crate::stats::PoolStats;
 use crate::telemetry;
 use crate::transport::{PoolEndpoint, WorkerTransport};
 
 /// What the dedup table stores per key: the protocol state, plus the running
-/// handler's cancellation token while it is in progress.
+/// request (for its cancel signal) while it is in progress.
 pub(crate) struct Entry<R> {
     state: InboundState<R>,
-    token: Option<CancelSignal>,
+    running: Option<Arc<Admitted>>,
     /// Where the running request sits in the pool's expiry index.
     expiry: Option<ExpiryKey>,
-}
-
-/// A position in the expiry index: the deadline, and a sequence number that
-/// makes it unique.
-pub(crate) type ExpiryKey = (Timestamp, u64);
-
-/// What the expiry index keeps per running request.
-#[derive(Clone, Copy)]
-pub(crate) struct Expiring {
-    ids: AskIds,
-    expects_reply: bool,
 }
 
 impl<R> DedupState for Entry<R> {
@@ -85,14 +74,21 @@ impl<M> WorkerQueue<M> {
     }
 }
 
+/// What an admitted request shares between its dedup entry, its queue item,
+/// its handler's context and its responder: one allocation per request.
+pub(crate) struct Admitted {
+    pub(crate) meta: RequestMeta,
+    /// Set when the request is cancelled (by its caller, a processing
+    /// timeout or the pool); the handler may read it.
+    pub(crate) cancel: CancelSignal,
+}
+
 /// An admitted request on its way to a worker.
 pub(crate) struct WorkItem<M> {
-    /// Shared with the request's context and responder: a queued item, a
-    /// handler's future and the context stay small to move, and taking a
-    /// request clones no ids or names.
-    pub(crate) meta: Arc<RequestMeta>,
+    /// Shared: a queued item, a handler's future and the context stay small
+    /// to move, and taking a request clones no ids or names.
+    pub(crate) request: Arc<Admitted>,
     pub(crate) payload: M,
-    pub(crate) token: CancelSignal,
 }
 
 #[derive(Default)]
@@ -126,8 +122,7 @@ pub(crate) struct PoolShared<M, R> {
     closed: AtomicBool,
     pub(crate) counters: PoolCounters,
     /// Running requests by processing deadline (bounded by max in-flight).
-    expiries: Mutex<BTreeMap<ExpiryKey, Expiring>>,
-    expiry_seq: AtomicU64,
+    expiries: Mutex<ExpiryIndex>,
     expiry_changed: Notify,
     sweeper_started: AtomicBool,
     /// When the sweeper next wakes by itself (nanos of a `Timestamp`;
@@ -162,7 +157,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             closed: AtomicBool::new(false),
             counters: PoolCounters::default(),
             expiries: Mutex::default(),
-            expiry_seq: AtomicU64::new(0),
             expiry_changed: Notify::new(),
             sweeper_started: AtomicBool::new(false),
             sweeper_wakes_at: AtomicU64::new(u64::MAX),
@@ -178,20 +172,19 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
 
     /// One step of the inbound table for `key`. Keeps the in-flight count
     /// and the expiry index in step with the entries that are InProgress, and
-    /// returns the action plus the token of the handler the step started or
-    /// cancelled. `None` means a new request was refused because the pool is
-    /// full, or (with `only_if`) that the entry was no longer the one that
-    /// expired.
+    /// returns the action plus the request the step started or cancelled.
+    /// `None` means a new request was refused because the pool is full, or
+    /// (with `only_if`) that the entry was no longer the one that expired.
     ///
-    /// `expires` gives a request that starts here its processing deadline.
+    /// `starting` is the request an `InboundEvent::Request` would start.
     fn step(
         &self,
         key: DedupKey,
         now: Timestamp,
         event: InboundEvent<R>,
-        expires: Option<(Timestamp, Expiring)>,
+        starting: Option<&Arc<Admitted>>,
         only_if: Option<ExpiryKey>,
-    ) -> Option<(InboundAction<R>, Option<CancelSignal>)> {
+    ) -> Option<(InboundAction<R>, Option<Arc<Admitted>>)> {
         self.table.apply(key, now, |current| {
             if let Some(expected) = only_if {
                 if current.is_none_or(|e| e.is_terminal() || e.expiry != Some(expected)) {
@@ -203,45 +196,52 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 return (None, None);
             }
             let transition = inbound::step(current.map(|e| &e.state), event);
-            let mut token = None;
+            let mut request = None;
             let next = transition.next.map(|state| {
                 if state.is_terminal() {
                     if let Some(running) = current.filter(|e| !e.is_terminal()) {
                         self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                        token = running.token.clone();
+                        request = running.running.clone();
                         if let Some(expiry) = running.expiry {
-                            self.expiries.lock().remove(&expiry);
+                            self.expiries.lock().remove(expiry);
                         }
                     }
                     Entry {
                         state,
-                        token: None,
+                        running: None,
                         expiry: None,
                     }
                 } else {
                     self.in_flight.fetch_add(1, Ordering::AcqRel);
-                    let fresh = CancelSignal::new();
-                    token = Some(fresh.clone());
+                    let started = Arc::clone(starting.expect("only a request starts a handler"));
+                    let expiry = self.processing_deadline(now).map(|at| {
+                        let meta = &started.meta;
+                        let what = Expiring {
+                            ids: meta.ids,
+                            expects_reply: meta.expects_reply,
+                        };
+                        self.index_expiry(at, what)
+                    });
+                    request = Some(Arc::clone(&started));
                     Entry {
                         state,
-                        token: Some(fresh),
-                        expiry: expires.map(|(at, what)| self.index_expiry(at, what)),
+                        running: Some(started),
+                        expiry,
                     }
                 }
             });
-            (next, Some((transition.action, token)))
+            (next, Some((transition.action, request)))
         })
     }
 
     /// Enters a running request in the expiry index (under the dedup lock;
     /// the sweeper never holds the index while it takes that lock).
     fn index_expiry(&self, at: Timestamp, what: Expiring) -> ExpiryKey {
-        let key = (at, self.expiry_seq.fetch_add(1, Ordering::Relaxed));
         let mut index = self.expiries.lock();
-        index.insert(key, what);
+        let key = index.insert(at, what);
         // Wake the sweeper only if it sleeps past this deadline: deadlines
         // mostly grow, so a busy pool wakes it rarely, not per request.
-        let wake = at.as_nanos() < self.sweeper_wakes_at.load(Ordering::Acquire);
+        let wake = key.0.as_nanos() < self.sweeper_wakes_at.load(Ordering::Acquire);
         drop(index);
         if wake {
             self.ensure_sweeper();
@@ -374,20 +374,17 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             )));
             return;
         }
-        let event = InboundEvent::Request {
-            fingerprint: meta.fingerprint,
-        };
-        let now = self.clock.now();
-        let expires = self.processing_deadline(now).map(|at| {
-            (
-                at,
-                Expiring {
-                    ids,
-                    expects_reply: meta.expects_reply,
-                },
-            )
+        let event = InboundEvent::Request { fingerprint };
+        let expects_reply = meta.expects_reply;
+        // Built before the table is consulted, so that a new entry can hold
+        // it; a duplicate (rare) drops it again.
+        let request = Arc::new(Admitted {
+            meta,
+            cancel: CancelSignal::default(),
         });
-        let Some((action, token)) = self.step(ids.dedup_key(), now, event, expires, None) else {
+        let now = self.clock.now();
+        let Some((action, started)) = self.step(ids.dedup_key(), now, event, Some(&request), None)
+        else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
             refuse(AskError::BufferFull {
                 pool: self.name.to_string(),
@@ -399,12 +396,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             InboundAction::RunHandlerAndAck => {
                 self.counters.admitted.fetch_add(1, Ordering::Relaxed);
                 self.send(ToCaller::Ack { ids });
-                let token = token.expect("a started request has a token");
-                self.enqueue(WorkItem {
-                    meta: Arc::new(meta),
-                    payload,
-                    token,
-                });
+                debug_assert!(started.is_some_and(|s| Arc::ptr_eq(&s, &request)));
+                self.enqueue(WorkItem { request, payload });
                 return;
             }
             InboundAction::RejectMismatch => {
@@ -433,7 +426,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             _ => unreachable!("the inbound table answers a request with none of the other actions"),
         };
         // A duplicate tell was accepted before: acknowledge it again.
-        self.send(if meta.expects_reply {
+        self.send(if expects_reply {
             answer
         } else {
             ToCaller::Ack { ids }
@@ -443,7 +436,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// Hands an admitted request to its preferred worker if that worker is
     /// alive, else to the pool's shared queue.
     pub(crate) fn enqueue(&self, mut item: WorkItem<M>) {
-        if let Some(worker) = &item.meta.preferred_worker {
+        if let Some(worker) = &item.request.meta.preferred_worker {
             let inbox = self.workers.read().get(worker).cloned();
             if let Some(inbox) = inbox {
                 match inbox.push(Work::Item(item)) {
@@ -479,7 +472,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     ) {
         let now = self.clock.now();
         let event = InboundEvent::Cancel { reason };
-        let Some((action, token)) = self.step(ids.dedup_key(), now, event, None, only_if) else {
+        let Some((action, running)) = self.step(ids.dedup_key(), now, event, None, only_if) else {
             return;
         };
         match action {
@@ -489,8 +482,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                     None => &self.counters.cancels,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                if let Some(token) = token {
-                    token.cancel();
+                if let Some(running) = running {
+                    running.cancel.cancel();
                 }
                 if reply {
                     self.send(ToCaller::Cancelled { ids, reason });
@@ -504,7 +497,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     }
 
     pub(crate) fn cancel_item(&self, item: WorkItem<M>, reason: CancelReason) {
-        self.cancel(item.meta.ids, reason, item.meta.expects_reply);
+        let meta = &item.request.meta;
+        self.cancel(meta.ids, reason, meta.expects_reply);
     }
 
     /// The handler of `meta` finished with `outcome`.
@@ -639,14 +633,10 @@ async fn sweep_expired<M: Send + 'static, R: Clone + Send + 'static>(weak: Weak<
         let mut due = Vec::new();
         let next = {
             let mut index = pool.expiries.lock();
-            while let Some(entry) = index.first_entry() {
-                if entry.key().0 > now {
-                    break;
-                }
-                let (key, what) = entry.remove_entry();
-                due.push((key, what));
+            while let Some(entry) = index.pop_due(now) {
+                due.push(entry);
             }
-            let next = index.first_key_value().map(|(key, _)| key.0);
+            let next = index.next_deadline();
             pool.sweeper_wakes_at.store(
                 next.map_or(u64::MAX, Timestamp::as_nanos),
                 Ordering::Release,

@@ -32,7 +32,8 @@ pub struct PoolStats {
     pub tombstones: u64,
     /// Running requests cancelled by their processing deadline.
     pub expired: u64,
-    /// Running requests in the expiry index (at most `in_flight`).
+    /// Places held by the expiry index: running requests, plus finished ones
+    /// not yet compacted away (at most `2 * in_flight + 64`); 0 when none runs.
     pub expiry_index: usize,
 }
 

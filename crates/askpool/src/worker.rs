@@ -11,16 +11,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 
-use crate::cancel::CancelSignal;
 use askpool_proto::{
-    AskError, AskIds, CancelReason, CorrelationId, Outcome, PoolName, Progress, RequestId,
-    RequestMeta, WorkerId,
+    AskError, AskIds, CancelReason, CorrelationId, Outcome, PoolName, Progress, RequestId, WorkerId,
 };
 use futures::FutureExt;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::pool::{PoolShared, Work, WorkItem, WorkerQueue};
+use crate::pool::{Admitted, PoolShared, Work, WorkItem, WorkerQueue};
 
 /// The receiving end of a worker's own queue, and its wake-up.
 pub(crate) struct WorkerInbox<M> {
@@ -31,8 +29,7 @@ pub(crate) struct WorkerInbox<M> {
 /// What a handler knows about the request it runs.
 #[derive(Clone)]
 pub struct RequestContext {
-    meta: Arc<RequestMeta>,
-    token: CancelSignal,
+    request: Arc<Admitted>,
     progress: Arc<dyn ProgressSink>,
 }
 
@@ -49,29 +46,29 @@ impl<M: Send + 'static, R: Clone + Send + 'static> ProgressSink for PoolShared<M
 
 impl RequestContext {
     pub fn request_id(&self) -> RequestId {
-        self.meta.ids.request_id
+        self.request.meta.ids.request_id
     }
     pub fn correlation_id(&self) -> CorrelationId {
-        self.meta.ids.correlation_id
+        self.request.meta.ids.correlation_id
     }
     pub fn ids(&self) -> &AskIds {
-        &self.meta.ids
+        &self.request.meta.ids
     }
     pub fn pool(&self) -> &PoolName {
-        &self.meta.pool
+        &self.request.meta.pool
     }
     /// The attempt whose delivery admitted this request.
     pub fn attempt(&self) -> u32 {
-        self.meta.attempt
+        self.request.meta.attempt
     }
     /// Whether the request was cancelled (by its caller, a timeout, or the
     /// pool). Cancel does not interrupt a handler; it may check and stop early.
     pub fn is_cancelled(&self) -> bool {
-        self.token.is_cancelled()
+        self.request.cancel.is_cancelled()
     }
     /// Completes when the request is cancelled.
     pub async fn cancelled(&self) {
-        self.token.cancelled().await
+        self.request.cancel.cancelled().await
     }
     /// Reports partial progress to the caller (an `AskProgress` frame).
     pub fn progress(&self, fraction: f32, note: impl Into<String>) {
@@ -82,14 +79,14 @@ impl RequestContext {
     /// `ctx.report(Progress::new(0.45, "2300/5000").with("shard", "7"))`.
     pub fn report(&self, mut progress: Progress) {
         progress.fraction = progress.fraction.clamp(0.0, 1.0);
-        self.progress.progress(self.meta.ids, progress);
+        self.progress.progress(self.request.meta.ids, progress);
     }
 }
 
 impl std::fmt::Debug for RequestContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RequestContext")
-            .field("meta", &self.meta)
+            .field("meta", &self.request.meta)
             .field("cancelled", &self.is_cancelled())
             .finish()
     }
@@ -100,7 +97,7 @@ impl std::fmt::Debug for RequestContext {
 /// nothing stays in flight.
 pub struct Responder<M: Send + 'static, R: Clone + Send + 'static> {
     pool: Arc<PoolShared<M, R>>,
-    meta: Arc<RequestMeta>,
+    request: Arc<Admitted>,
     done: bool,
 }
 
@@ -116,12 +113,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Responder<M, R> {
     /// Cancels the request from the worker side: the caller gets `AskCancelled`.
     pub fn cancel(mut self) {
         self.done = true;
+        let meta = &self.request.meta;
         self.pool
-            .cancel(self.meta.ids, CancelReason::Worker, self.meta.expects_reply);
+            .cancel(meta.ids, CancelReason::Worker, meta.expects_reply);
     }
     pub fn complete(mut self, outcome: Outcome<R>) {
         self.done = true;
-        self.pool.finish(&self.meta, outcome);
+        self.pool.finish(&self.request.meta, outcome);
     }
 }
 
@@ -130,15 +128,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Responder<M, R> {
         if self.done {
             return;
         }
+        let meta = &self.request.meta;
         if self.pool.is_closed() {
-            self.pool.cancel(
-                self.meta.ids,
-                CancelReason::Shutdown,
-                self.meta.expects_reply,
-            );
+            self.pool
+                .cancel(meta.ids, CancelReason::Shutdown, meta.expects_reply);
         } else {
             self.pool.finish(
-                &self.meta,
+                meta,
                 Err(AskError::internal("request dropped without a reply")),
             );
         }
@@ -155,17 +151,16 @@ pub struct Request<M: Send + 'static, R: Clone + Send + 'static> {
 impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
     fn new(pool: &Arc<PoolShared<M, R>>, item: WorkItem<M>) -> Self {
         pool.counters.handler_runs.fetch_add(1, Ordering::Relaxed);
-        pool.read(&item.meta);
+        pool.read(&item.request.meta);
         Self {
             message: item.payload,
             context: RequestContext {
-                meta: item.meta.clone(),
-                token: item.token,
+                request: Arc::clone(&item.request),
                 progress: Arc::clone(pool) as Arc<dyn ProgressSink>,
             },
             responder: Responder {
                 pool: Arc::clone(pool),
-                meta: item.meta,
+                request: item.request,
                 done: false,
             },
         }
@@ -213,7 +208,7 @@ pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
             pool.cancel_item(item, CancelReason::Shutdown);
             return None;
         }
-        if item.token.is_cancelled() {
+        if item.request.cancel.is_cancelled() {
             continue;
         }
         return Some(Request::new(pool, item));
@@ -305,16 +300,11 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
 
 impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Worker<M, R> {
     fn drop(&mut self) {
+        // Out of the registry first: the requests that preferred this
+        // worker then go to the pool's shared queue.
         self.pool.workers.write().remove(&self.id);
         while let Ok(Work::Item(item)) = self.inbox.rx.try_recv() {
-            self.pool.enqueue(WorkItem {
-                meta: Arc::new(RequestMeta {
-                    preferred_worker: None,
-                    ..RequestMeta::clone(&item.meta)
-                }),
-                payload: item.payload,
-                token: item.token,
-            });
+            self.pool.enqueue(item);
         }
     }
 }

@@ -1,0 +1,180 @@
+//! A pool's running requests in processing-deadline order, for the sweeper
+//! that cancels overdue ones.
+//!
+//! A pool gives every request the same processing timeout, so deadlines
+//! arrive in admission order: a ring in admission order is already sorted,
+//! and the sweeper only ever looks at its front. (A deadline is raised to its
+//! predecessor's when two threads' clock reads land in the other order, so
+//! the order holds exactly; that lengthens a deadline by the skew of two
+//! clock reads, nanoseconds.) A request that ends is removed by marking its
+//! place empty, found by binary search on its sequence number; empty places
+//! leave from the front, and the ring is compacted once they outnumber the
+//! live entries, so it never holds more than `2 * live + COMPACT_SLACK`
+//! places. Unlike a `BTreeMap`, nothing is allocated per request once the
+//! ring has grown to the pool's working size.
+
+use std::collections::VecDeque;
+
+use askpool_proto::{AskIds, Timestamp};
+
+/// A position in the index: the deadline, and a sequence number that makes
+/// it unique (and orders the ring).
+pub(crate) type ExpiryKey = (Timestamp, u64);
+
+/// What the index keeps per running request.
+#[derive(Clone, Copy)]
+pub(crate) struct Expiring {
+    pub(crate) ids: AskIds,
+    pub(crate) expects_reply: bool,
+}
+
+/// Empty places tolerated beyond the live count before a compaction.
+const COMPACT_SLACK: usize = 64;
+
+#[derive(Default)]
+pub(crate) struct ExpiryIndex {
+    /// In sequence (and so deadline) order; `None` marks a removed entry.
+    ring: VecDeque<(ExpiryKey, Option<Expiring>)>,
+    live: usize,
+    next_seq: u64,
+    last_deadline: Timestamp,
+}
+
+impl ExpiryIndex {
+    /// Enters a request due at `at` (or at the latest deadline so far, if
+    /// that is later).
+    pub(crate) fn insert(&mut self, at: Timestamp, what: Expiring) -> ExpiryKey {
+        let at = at.max(self.last_deadline);
+        self.last_deadline = at;
+        let key = (at, self.next_seq);
+        self.next_seq += 1;
+        self.ring.push_back((key, Some(what)));
+        self.live += 1;
+        key
+    }
+
+    /// Removes the entry at `key`; false if it is not there (already popped
+    /// by the sweeper, or removed).
+    pub(crate) fn remove(&mut self, key: ExpiryKey) -> bool {
+        let at = self.ring.partition_point(|(k, _)| k.1 < key.1);
+        let Some((k, what)) = self.ring.get_mut(at) else {
+            return false;
+        };
+        if *k != key || what.take().is_none() {
+            return false;
+        }
+        self.live -= 1;
+        self.settle();
+        true
+    }
+
+    /// Takes the earliest entry if it is due at `now`.
+    pub(crate) fn pop_due(&mut self, now: Timestamp) -> Option<(ExpiryKey, Expiring)> {
+        self.drop_empty_front();
+        match self.ring.front() {
+            Some(((at, _), _)) if *at <= now => {}
+            _ => return None,
+        }
+        let (key, what) = self.ring.pop_front()?;
+        self.live -= 1;
+        self.settle();
+        what.map(|what| (key, what))
+    }
+
+    /// The earliest deadline still indexed.
+    pub(crate) fn next_deadline(&self) -> Option<Timestamp> {
+        self.ring
+            .iter()
+            .find(|(_, what)| what.is_some())
+            .map(|((at, _), _)| *at)
+    }
+
+    /// Places held, live or not: what the index costs in memory. Zero
+    /// exactly when no request is running.
+    pub(crate) fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    fn drop_empty_front(&mut self) {
+        while matches!(self.ring.front(), Some((_, None))) {
+            self.ring.pop_front();
+        }
+    }
+
+    /// Restores the ring's shape after a removal: a live front, and at most
+    /// `2 * live + COMPACT_SLACK` places (compaction is linear, and runs at
+    /// most once per `live + COMPACT_SLACK` removals).
+    fn settle(&mut self) {
+        self.drop_empty_front();
+        if self.ring.len() > 2 * self.live + COMPACT_SLACK {
+            self.ring.retain(|(_, what)| what.is_some());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use askpool_proto::{CallerId, RequestId};
+    use std::collections::BTreeMap;
+
+    fn what(n: u64) -> Expiring {
+        Expiring {
+            ids: AskIds::new(RequestId::from_parts(n, n), CallerId::from_u64(1)),
+            expects_reply: true,
+        }
+    }
+
+    fn at(ms: u64) -> Timestamp {
+        Timestamp::from_duration(std::time::Duration::from_millis(ms))
+    }
+
+    /// Random inserts (with out-of-order clocks), removals and sweeps
+    /// against a `BTreeMap`: the same entries come out due at the same
+    /// instants, and the ring stays within its bound.
+    #[test]
+    fn matches_a_sorted_map_and_stays_bounded() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut index = ExpiryIndex::default();
+        let mut model: BTreeMap<u64, Timestamp> = BTreeMap::new();
+        let mut keys: Vec<ExpiryKey> = Vec::new();
+        let mut clock = 0u64;
+        for step in 0..200_000u64 {
+            match rng.random_range(0..10) {
+                0..=4 => {
+                    clock += rng.random_range(0..3);
+                    // A clock read a little behind the last one.
+                    let read = clock.saturating_sub(rng.random_range(0..2));
+                    let key = index.insert(at(read + 100), what(step));
+                    assert!(key.0 >= at(read + 100));
+                    if let Some(&prev) = model.values().next_back() {
+                        assert!(key.0 >= prev, "deadlines never go down");
+                    }
+                    model.insert(key.1, key.0);
+                    keys.push(key);
+                }
+                5..=7 if !keys.is_empty() => {
+                    let key = keys.swap_remove(rng.random_range(0..keys.len()));
+                    assert_eq!(index.remove(key), model.remove(&key.1).is_some());
+                    assert!(!index.remove(key), "a second removal finds nothing");
+                }
+                _ => {
+                    let now = at(clock);
+                    while let Some((key, _)) = index.pop_due(now) {
+                        assert_eq!(model.remove(&key.1), Some(key.0));
+                        assert!(key.0 <= now);
+                    }
+                    assert!(model.values().all(|d| *d > now), "everything due came out");
+                }
+            }
+            assert_eq!(index.live, model.len());
+            assert!(index.len() <= 2 * model.len() + COMPACT_SLACK);
+            assert_eq!(index.next_deadline(), model.values().min().copied());
+        }
+        for key in keys {
+            index.remove(key);
+        }
+        assert_eq!(index.len(), 0, "empty once nothing runs");
+    }
+}
