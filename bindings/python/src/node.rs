@@ -1,11 +1,11 @@
 //! `NativeNode`: a core [`Node`] of Python objects.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, PayloadFingerprint,
-    PoolName, RequestId, StageEvent, StageStream,
+    PoolName, RequestId, StageEvent, StageSource, StageStream,
 };
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -121,9 +121,14 @@ fn reply(py: Python<'_>, result: Result<Obj, AskError>) -> Result<Py<PyAny>, Ask
 
 fn spawn_ask(driver: &LoopDriver, handle: Handle, target: Py<PyAny>) -> NativeAsk {
     let ids = *handle.ids();
-    let stages = Arc::new(Mutex::new(handle.stages()));
+    let source = handle.stage_source();
     let task = FutureTask::spawn(&driver.shared, handle, target, reply);
-    NativeAsk { task, ids, stages }
+    NativeAsk {
+        task,
+        ids,
+        source,
+        stages: OnceLock::new(),
+    }
 }
 
 #[pymethods]
@@ -388,7 +393,10 @@ impl NativeNode {
 pub(crate) struct NativeAsk {
     task: Arc<FutureTask<Handle>>,
     ids: AskIds,
-    stages: Arc<Mutex<StageStream<Obj>>>,
+    source: StageSource<Obj>,
+    /// Opened by the first `next_stage`: most asks never read their stages,
+    /// and an open stream queues every event.
+    stages: OnceLock<Arc<Mutex<StageStream<Obj>>>>,
 }
 
 fn stage_tuple(py: Python<'_>, e: StageEvent) -> Result<Py<PyAny>, AskError> {
@@ -430,7 +438,10 @@ impl NativeAsk {
     /// `(stage, since_sent, since_previous, fraction, note)`, or `None` after
     /// the terminal one.
     fn next_stage(&self, py: Python<'_>, driver: &LoopDriver, target: Py<PyAny>) {
-        let stages = Arc::clone(&self.stages);
+        let stages = self
+            .stages
+            .get_or_init(|| Arc::new(Mutex::new(self.source.open())));
+        let stages = Arc::clone(stages);
         let next = futures::future::poll_fn(move |cx| stages.lock().poll_next_unpin(cx));
         driver.eager(py, || {
             FutureTask::spawn(&driver.shared, next, target, |py, event| match event {

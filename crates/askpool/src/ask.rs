@@ -26,7 +26,7 @@ use tokio::time::Sleep;
 use crate::breakers::Verdict;
 use crate::dlq::{self, DeadLetter};
 use crate::node::{Node, NodeShared};
-use crate::pending::{Arrivals, AskSlot, SlotEvent, StageStream};
+use crate::pending::{Arrivals, AskSlot, SlotEvent, StageSource, StageStream};
 use crate::telemetry;
 
 /// Options of one ask; `send()` (or `.await`) sends it.
@@ -300,6 +300,12 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// was configured with `track_stages: false`.
     pub fn stages(&self) -> StageStream<R> {
         StageStream::new(Arc::clone(&self.slot))
+    }
+
+    /// What opens [`stages`](Self::stages) later, even after this handle is
+    /// gone (it keeps the ask's stage record, not the ask).
+    pub fn stage_source(&self) -> StageSource<R> {
+        StageSource::new(Arc::clone(&self.slot))
     }
 
     /// Performs the machine's send; returns the ask's error if the step (or

@@ -47,7 +47,7 @@ pub use breakers::BreakerStats;
 pub use config::{NodeConfig, PoolConfig, TimeoutConfig};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
-pub use pending::{LateOutcome, LateResult, StageStream};
+pub use pending::{LateOutcome, LateResult, StageSource, StageStream};
 pub use stats::{NodeStats, PoolStats};
 #[cfg(feature = "prometheus")]
 pub use telemetry::install_prometheus;

@@ -261,6 +261,39 @@ impl<R> StageStream<R> {
     }
 }
 
+/// An ask's stage record, from which its [`StageStream`] can be opened
+/// later. What a binding keeps when it hands the [`AskHandle`] itself to an
+/// executor: opening a stream for every ask would copy every stage event
+/// into a queue nobody reads. A stream opened late starts with the record so
+/// far: SENT, RECEIVED, READ, the most recent
+/// [`MAX_PARTIAL_EVENTS`](askpool_proto::ack::MAX_PARTIAL_EVENTS) progress
+/// events and the terminal stage.
+///
+/// [`AskHandle`]: crate::AskHandle
+pub struct StageSource<R> {
+    slot: Arc<AskSlot<R>>,
+}
+
+impl<R> StageSource<R> {
+    pub(crate) fn new(slot: Arc<AskSlot<R>>) -> Self {
+        Self { slot }
+    }
+
+    /// The ask's stage stream (one per ask: two streams would share its
+    /// unread events).
+    pub fn open(&self) -> StageStream<R> {
+        StageStream::new(Arc::clone(&self.slot))
+    }
+}
+
+impl<R> Clone for StageSource<R> {
+    fn clone(&self) -> Self {
+        Self {
+            slot: Arc::clone(&self.slot),
+        }
+    }
+}
+
 impl<R> futures::Stream for StageStream<R> {
     type Item = StageEvent;
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StageEvent>> {
