@@ -205,3 +205,29 @@ async fn progress_carries_its_metadata() {
         vec![("shard".to_string(), "7".to_string())]
     );
 }
+
+/// A stage source outlives its handle, and a stream opened from it after the
+/// ask ended replays the whole record, progress included.
+#[tokio::test(start_paused = true)]
+async fn a_stage_source_opened_after_the_ask_replays_its_record() {
+    let node = node();
+    node.pool("p")
+        .handler(|_msg: u64, ctx| async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            ctx.progress(0.5, "half");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok("done".to_string())
+        })
+        .unwrap();
+    let handle = node.ask("p", 1).send();
+    let source = handle.stage_source();
+    assert_eq!(handle.await.unwrap(), "done");
+    let events: Vec<StageEvent> = source.open().collect().await;
+    use AckStage::*;
+    assert_eq!(
+        stages_of(&events),
+        vec![Sent, Received, Read, Partial, Fulfilled]
+    );
+    assert_eq!(events[3].progress.as_ref().unwrap().note, "half");
+    assert_eq!(events[4].since_sent, Duration::from_millis(20));
+}
