@@ -37,6 +37,7 @@ mod expiry;
 mod node;
 mod pending;
 mod pool;
+mod queue;
 mod stats;
 mod telemetry;
 mod transport;

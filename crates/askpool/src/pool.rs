@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use crate::clock::NodeClock;
 use crate::config::PoolConfig;
 use crate::expiry::{Expiring, ExpiryIndex, ExpiryKey};
+use crate::queue::QueueSignal;
 use crate::stats::PoolStats;
 use crate::telemetry;
 use crate::transport::{PoolEndpoint, WorkerTransport};
@@ -53,14 +54,14 @@ pub(crate) enum Work<M> {
 /// The sending end of a named worker's own queue, for asks that prefer it.
 pub(crate) struct WorkerQueue<M> {
     pub(crate) tx: flume::Sender<Work<M>>,
-    pub(crate) ready: Arc<Notify>,
+    pub(crate) signal: Arc<QueueSignal>,
 }
 
 impl<M> Clone for WorkerQueue<M> {
     fn clone(&self) -> Self {
         Self {
             tx: self.tx.clone(),
-            ready: Arc::clone(&self.ready),
+            signal: Arc::clone(&self.signal),
         }
     }
 }
@@ -68,9 +69,7 @@ impl<M> Clone for WorkerQueue<M> {
 impl<M> WorkerQueue<M> {
     /// Queues `work` and wakes the worker; gives it back if the worker is gone.
     fn push(&self, work: Work<M>) -> Result<(), Work<M>> {
-        self.tx.send(work).map_err(|flume::SendError(back)| back)?;
-        self.ready.notify_one();
-        Ok(())
+        self.signal.push(&self.tx, work)
     }
 }
 
@@ -115,7 +114,7 @@ pub(crate) struct PoolShared<M, R> {
     /// Wakes an idle worker when the shared queue gets work. Workers wait on
     /// this (and their own inbox's) instead of a channel's `recv_async`,
     /// which allocates and unlinks a waiter hook on every wait.
-    pub(crate) work_ready: Notify,
+    pub(crate) work: QueueSignal,
     pub(crate) workers: RwLock<FxHashMap<WorkerId, WorkerQueue<M>>>,
     transport: Arc<dyn WorkerTransport<M, R>>,
     clock: Arc<NodeClock>,
@@ -150,7 +149,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             in_flight: AtomicUsize::new(0),
             queue_tx,
             queue_rx,
-            work_ready: Notify::new(),
+            work: QueueSignal::default(),
             workers: RwLock::default(),
             transport,
             clock,
@@ -451,8 +450,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             return;
         }
         // The pool holds the receiver too, so this send cannot fail.
-        let _ = self.queue_tx.send(Work::Item(item));
-        self.work_ready.notify_one();
+        let _ = self.work.push(&self.queue_tx, Work::Item(item));
     }
 
     /// A cancel for `ids`, from the caller or from the worker side.
@@ -542,13 +540,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             return;
         }
         self.transport.deregister_pool(&self.name);
-        while let Ok(work) = self.queue_rx.try_recv() {
+        while let Some(work) = self.work.take(&self.queue_rx) {
             if let Work::Item(item) = work {
                 self.cancel_item(item, CancelReason::Shutdown);
             }
         }
-        let _ = self.queue_tx.send(Work::Closed);
-        self.work_ready.notify_waiters();
+        let _ = self.work.push(&self.queue_tx, Work::Closed);
+        self.work.notify_waiters();
         // `push` wakes the inbox's one worker (or leaves it a permit).
         for inbox in self.workers.read().values() {
             let _ = inbox.push(Work::Closed);

@@ -15,15 +15,15 @@ use askpool_proto::{
     AskError, AskIds, CancelReason, CorrelationId, Outcome, PoolName, Progress, RequestId, WorkerId,
 };
 use futures::FutureExt;
-use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::pool::{Admitted, PoolShared, Work, WorkItem, WorkerQueue};
+use crate::queue::QueueSignal;
 
 /// The receiving end of a worker's own queue, and its wake-up.
 pub(crate) struct WorkerInbox<M> {
     rx: flume::Receiver<Work<M>>,
-    ready: Arc<Notify>,
+    signal: Arc<QueueSignal>,
 }
 
 /// What a handler knows about the request it runs.
@@ -199,8 +199,7 @@ pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
             Work::Item(item) => item,
             Work::Closed => {
                 // Pass the sentinel on to the next waiter of the shared queue.
-                let _ = pool.queue_tx.send(Work::Closed);
-                pool.work_ready.notify_one();
+                let _ = pool.work.push(&pool.queue_tx, Work::Closed);
                 return None;
             }
         };
@@ -220,8 +219,8 @@ fn try_take<M: Send + 'static, R: Clone + Send + 'static>(
     pool: &PoolShared<M, R>,
     own: Option<&WorkerInbox<M>>,
 ) -> Option<Work<M>> {
-    own.and_then(|inbox| inbox.rx.try_recv().ok())
-        .or_else(|| pool.queue_rx.try_recv().ok())
+    own.and_then(|inbox| inbox.signal.take(&inbox.rx))
+        .or_else(|| pool.work.take(&pool.queue_rx))
 }
 
 /// Sleeps until a queue this worker reads may have work (or the pool
@@ -230,8 +229,8 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
     pool: &PoolShared<M, R>,
     own: Option<&WorkerInbox<M>>,
 ) -> Option<Work<M>> {
-    let mut pool_ready = pin!(pool.work_ready.notified());
-    let mut own_ready = pin!(own.map(|inbox| inbox.ready.notified()));
+    let mut pool_ready = pin!(pool.work.notified());
+    let mut own_ready = pin!(own.map(|inbox| inbox.signal.notified()));
     // Registered before the second look, so work queued (or a close) after
     // it wakes this wait instead of being missed.
     pool_ready.as_mut().enable();
@@ -267,7 +266,7 @@ pub struct Worker<M: Send + 'static, R: Clone + Send + 'static> {
 impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
     pub(crate) fn register(pool: &Arc<PoolShared<M, R>>, id: WorkerId) -> Result<Self, AskError> {
         let (tx, rx) = flume::unbounded();
-        let ready = Arc::new(Notify::new());
+        let signal = Arc::new(QueueSignal::default());
         let mut workers = pool.workers.write();
         if workers.contains_key(&id) {
             return Err(AskError::InvalidArgument {
@@ -278,13 +277,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
             id.clone(),
             WorkerQueue {
                 tx,
-                ready: Arc::clone(&ready),
+                signal: Arc::clone(&signal),
             },
         );
         Ok(Self {
             pool: Arc::clone(pool),
             id,
-            inbox: WorkerInbox { rx, ready },
+            inbox: WorkerInbox { rx, signal },
         })
     }
 
