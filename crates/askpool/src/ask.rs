@@ -1,9 +1,11 @@
 //! The caller's side of one ask: [`AskBuilder`] and the [`AskHandle`] future
 //! that drives askpool-proto's caller state machine.
 //!
-//! The handle owns the machine, the payload (for re-sends) and one timer set
-//! to the machine's next wake-up. Each poll feeds what arrived in the ask's
-//! slot to the machine first, then fires the timer if it is due, then performs
+//! The handle owns the machine and the payload (for re-sends). Its next
+//! wake-up waits in the node's deadline queue when it is the ask's deadline
+//! and nothing else is pending (one tokio timer for all such asks), else on a
+//! timer of the handle's own. Each poll feeds what arrived in the ask's slot
+//! to the machine first, then fires the wake-up if it is due, then performs
 //! the sends the machine asked for. Dropping an unfinished handle cancels the
 //! ask: a best-effort `AskCancel` goes out and its pending entry is removed.
 
@@ -25,6 +27,7 @@ use tokio::time::Sleep;
 
 use crate::breakers::Verdict;
 use crate::dlq::{self, DeadLetter};
+use crate::expiry::ExpiryKey;
 use crate::node::{Node, NodeShared};
 use crate::pending::{Arrivals, AskSlot, SlotEvent, StageSource, StageStream};
 use crate::telemetry;
@@ -125,7 +128,13 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     meta: RequestMeta,
     payload: Option<M>,
     rng: SmallRng,
+    /// A timer of the ask's own, for re-sends and stage deadlines.
     timer: Option<(Timestamp, Pin<Box<Sleep>>)>,
+    /// The ask's place in the node's deadline queue, once it waits for
+    /// nothing but its deadline (most asks: in process the Ack arrives
+    /// inside the send), and whether that deadline came.
+    queued_deadline: Option<ExpiryKey>,
+    deadline_fired: bool,
     /// An outcome decided outside `poll` (refused at start, `cancel()`).
     /// `Ok(None)` is a tell's acknowledgement.
     early: Option<Result<Option<R>, AskError>>,
@@ -181,6 +190,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             )),
             payload: Some(b.payload),
             timer: None,
+            queued_deadline: None,
+            deadline_fired: false,
             early: None,
             registered: false,
             permit: None,
@@ -385,6 +396,9 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 .armed_timers
                 .fetch_sub(1, Ordering::Relaxed);
         }
+        if let Some(key) = self.queued_deadline.take() {
+            self.node.caller.deadlines.remove(key);
+        }
         self.payload = None;
     }
 
@@ -408,6 +422,30 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         self.release();
         self.finished = true;
         Poll::Ready(result)
+    }
+
+    /// Whether the wake-up at `at` is due. The ask's own deadline, when
+    /// nothing else is left to wait for and no timer of its own exists,
+    /// waits in the node's deadline queue; anything else on a timer of its
+    /// own.
+    fn poll_wakeup(&mut self, at: Timestamp, cx: &mut Context<'_>) -> Poll<()> {
+        if self.timer.is_none() && at == self.machine.deadline() {
+            let caller = &self.node.caller;
+            if self.queued_deadline.is_some() {
+                if self.deadline_fired {
+                    return Poll::Ready(());
+                }
+                // Its sweeper may have gone with a runtime since.
+                caller.deadlines.keep_alive(&caller.weak_self);
+                return Poll::Pending;
+            }
+            let slot = Arc::clone(&self.slot);
+            if let Ok(key) = caller.deadlines.try_insert(&caller.weak_self, at, slot) {
+                self.queued_deadline = Some(key);
+                return Poll::Pending;
+            }
+        }
+        self.poll_timer(at, cx)
     }
 
     /// Points the timer at `at` and polls it.
@@ -456,7 +494,13 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         let mut floor = Timestamp::ZERO;
         let mut clock = LazyNow::default();
         loop {
-            let Arrivals { acked, read, event } = this.slot.take(cx.waker());
+            let Arrivals {
+                acked,
+                read,
+                deadline_due,
+                event,
+            } = this.slot.take(cx.waker());
+            this.deadline_fired |= deadline_due;
             if read {
                 this.machine.on_read();
             }
@@ -508,7 +552,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 }
                 continue;
             }
-            match this.poll_timer(at, cx) {
+            match this.poll_wakeup(at, cx) {
                 Poll::Ready(()) => {
                     floor = at;
                     clock = LazyNow::default();

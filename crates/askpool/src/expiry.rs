@@ -1,12 +1,14 @@
-//! A pool's running requests in processing-deadline order, for the sweeper
-//! that cancels overdue ones.
+//! Entries in deadline order, for a sweeper that only looks at the front: a
+//! pool's running requests (processing deadlines) and a node's asks that
+//! wait for nothing but their deadline.
 //!
-//! A pool gives every request the same processing timeout, so deadlines
-//! arrive in admission order: a ring in admission order is already sorted,
-//! and the sweeper only ever looks at its front. (A deadline is raised to its
-//! predecessor's when two threads' clock reads land in the other order, so
-//! the order holds exactly; that lengthens a deadline by the skew of two
-//! clock reads, nanoseconds.) A request that ends is removed by marking its
+//! Both get their deadlines as "now plus a timeout that rarely varies", so
+//! deadlines arrive in insertion order: a ring in insertion order is already
+//! sorted. To keep the order exact, a deadline earlier than the last one is
+//! either raised to it ([`insert`](ExpiryIndex::insert): a pool's processing
+//! deadlines, where that is the skew of two threads' clock reads,
+//! nanoseconds) or refused ([`try_insert`](ExpiryIndex::try_insert): an
+//! ask, which then keeps a timer of its own). An entry that ends is removed by marking its
 //! place empty, found by binary search on its sequence number; empty places
 //! leave from the front, and the ring is compacted once they outnumber the
 //! live entries, so it never holds more than `2 * live + COMPACT_SLACK`
@@ -21,7 +23,7 @@ use askpool_proto::{AskIds, Timestamp};
 /// it unique (and orders the ring).
 pub(crate) type ExpiryKey = (Timestamp, u64);
 
-/// What the index keeps per running request.
+/// What a pool's index keeps per running request.
 #[derive(Clone, Copy)]
 pub(crate) struct Expiring {
     pub(crate) ids: AskIds,
@@ -31,20 +33,43 @@ pub(crate) struct Expiring {
 /// Empty places tolerated beyond the live count before a compaction.
 const COMPACT_SLACK: usize = 64;
 
-#[derive(Default)]
-pub(crate) struct ExpiryIndex {
+pub(crate) struct ExpiryIndex<T> {
     /// In sequence (and so deadline) order; `None` marks a removed entry.
-    ring: VecDeque<(ExpiryKey, Option<Expiring>)>,
+    ring: VecDeque<(ExpiryKey, Option<T>)>,
     live: usize,
     next_seq: u64,
     last_deadline: Timestamp,
 }
 
-impl ExpiryIndex {
-    /// Enters a request due at `at` (or at the latest deadline so far, if
+impl<T> Default for ExpiryIndex<T> {
+    fn default() -> Self {
+        Self {
+            ring: VecDeque::new(),
+            live: 0,
+            next_seq: 0,
+            last_deadline: Timestamp::ZERO,
+        }
+    }
+}
+
+impl<T> ExpiryIndex<T> {
+    /// Enters an entry due at `at` (or at the latest deadline so far, if
     /// that is later).
-    pub(crate) fn insert(&mut self, at: Timestamp, what: Expiring) -> ExpiryKey {
+    pub(crate) fn insert(&mut self, at: Timestamp, what: T) -> ExpiryKey {
         let at = at.max(self.last_deadline);
+        self.push(at, what)
+    }
+
+    /// Enters an entry due at `at`, unless an entry already entered is due
+    /// later: then `what` comes back.
+    pub(crate) fn try_insert(&mut self, at: Timestamp, what: T) -> Result<ExpiryKey, T> {
+        if at < self.last_deadline {
+            return Err(what);
+        }
+        Ok(self.push(at, what))
+    }
+
+    fn push(&mut self, at: Timestamp, what: T) -> ExpiryKey {
         self.last_deadline = at;
         let key = (at, self.next_seq);
         self.next_seq += 1;
@@ -69,7 +94,7 @@ impl ExpiryIndex {
     }
 
     /// Takes the earliest entry if it is due at `now`.
-    pub(crate) fn pop_due(&mut self, now: Timestamp) -> Option<(ExpiryKey, Expiring)> {
+    pub(crate) fn pop_due(&mut self, now: Timestamp) -> Option<(ExpiryKey, T)> {
         self.drop_empty_front();
         match self.ring.front() {
             Some(((at, _), _)) if *at <= now => {}
@@ -90,9 +115,14 @@ impl ExpiryIndex {
     }
 
     /// Places held, live or not: what the index costs in memory. Zero
-    /// exactly when no request is running.
+    /// exactly when no entry is live.
     pub(crate) fn len(&self) -> usize {
         self.ring.len()
+    }
+
+    /// Entries not yet removed or popped.
+    pub(crate) fn live(&self) -> usize {
+        self.live
     }
 
     fn drop_empty_front(&mut self) {
@@ -136,7 +166,7 @@ mod tests {
     fn matches_a_sorted_map_and_stays_bounded() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
-        let mut index = ExpiryIndex::default();
+        let mut index = ExpiryIndex::<Expiring>::default();
         let mut model: BTreeMap<u64, Timestamp> = BTreeMap::new();
         let mut keys: Vec<ExpiryKey> = Vec::new();
         let mut clock = 0u64;
@@ -176,5 +206,18 @@ mod tests {
             index.remove(key);
         }
         assert_eq!(index.len(), 0, "empty once nothing runs");
+    }
+
+    #[test]
+    fn try_insert_refuses_an_earlier_deadline_and_keeps_the_order() {
+        let mut index = ExpiryIndex::default();
+        let a = index.try_insert(at(10), 1).unwrap();
+        assert_eq!(index.try_insert(at(9), 2), Err(2));
+        let b = index.try_insert(at(10), 3).unwrap();
+        assert_eq!((a.0, b.0), (at(10), at(10)));
+        assert_eq!(index.live(), 2);
+        assert_eq!(index.pop_due(at(10)), Some((a, 1)));
+        assert_eq!(index.pop_due(at(10)), Some((b, 3)));
+        assert_eq!(index.pop_due(at(10)), None);
     }
 }

@@ -32,6 +32,7 @@ mod breakers;
 mod cancel;
 mod clock;
 mod config;
+mod deadlines;
 mod dlq;
 mod expiry;
 mod node;

@@ -60,6 +60,7 @@ impl<M, R> NodeShared<M, R> {
             return;
         }
         self.transport.deregister_caller(self.caller_id);
+        self.caller.deadlines.close();
         let pools: Vec<_> = self.pools.lock().drain().map(|(_, p)| p).collect();
         for pool in pools {
             pool.close();
@@ -152,12 +153,12 @@ where
         let ids = IdSource::new(seed);
         let caller_id = CallerId::from_u64(ids.next_u64());
         let clock = Arc::new(NodeClock::new(config.seed.is_some()));
-        let caller = Arc::new(CallerSide::new(
+        let caller = CallerSide::new(
             Arc::clone(&clock),
             config.dlq_capacity,
             config.reconcile_capacity,
             config.reconcile_window,
-        ));
+        );
         transport.register_caller(caller_id, caller.clone());
         Ok(Self {
             shared: Arc::new(NodeShared {
@@ -223,7 +224,7 @@ where
         };
         NodeStats {
             pending: caller.pending.len(),
-            armed_timers: caller.armed_timers.load(Ordering::Relaxed),
+            armed_timers: caller.armed_timers.load(Ordering::Relaxed) + caller.deadlines.live(),
             retries: caller.retries.load(Ordering::Relaxed),
             ignored_frames: caller.ignored_frames.load(Ordering::Relaxed),
             late_outcomes: caller.late_outcomes.load(Ordering::Relaxed),

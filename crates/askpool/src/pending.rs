@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -23,7 +23,9 @@ use parking_lot::{Mutex, RwLock};
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::clock::NodeClock;
+use crate::deadlines::{DeadlineOwner, DeadlineQueue};
 use crate::dlq::DeadLetterQueue;
+use crate::expiry::ExpiryKey;
 use crate::telemetry;
 use crate::transport::CallerEndpoint;
 
@@ -38,6 +40,8 @@ pub(crate) enum SlotEvent<R> {
 struct SlotInner<R> {
     acked: bool,
     read: bool,
+    /// The node's deadline queue found the ask's deadline due.
+    deadline_due: bool,
     event: Option<SlotEvent<R>>,
     waker: Option<Waker>,
     /// Inline, not boxed: one allocation per ask (the slot) instead of two.
@@ -90,6 +94,7 @@ impl StageLog {
 pub(crate) struct Arrivals<R> {
     pub(crate) acked: bool,
     pub(crate) read: bool,
+    pub(crate) deadline_due: bool,
     pub(crate) event: Option<SlotEvent<R>>,
 }
 
@@ -111,6 +116,7 @@ impl<R> AskSlot<R> {
             inner: Mutex::new(SlotInner {
                 acked: false,
                 read: false,
+                deadline_due: false,
                 event: None,
                 waker: None,
                 stages: track_from.map(|sent_at| {
@@ -203,6 +209,19 @@ impl<R> AskSlot<R> {
         true
     }
 
+    /// The ask's deadline is due (from the node's deadline queue): wakes
+    /// the handle, which applies it after whatever frames arrived.
+    fn deadline_due(&self) {
+        let waker = {
+            let mut inner = self.inner.lock();
+            inner.deadline_due = true;
+            inner.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
     /// Takes what arrived since the last call and registers `waker`.
     pub(crate) fn take(&self, waker: &Waker) -> Arrivals<R> {
         let mut inner = self.inner.lock();
@@ -213,6 +232,7 @@ impl<R> AskSlot<R> {
         Arrivals {
             acked: std::mem::take(&mut inner.acked),
             read: std::mem::take(&mut inner.read),
+            deadline_due: std::mem::take(&mut inner.deadline_due),
             event: inner.event.take(),
         }
     }
@@ -359,8 +379,11 @@ impl<R> TimedOutAsks<R> {
 /// dead letters and its record of timed-out asks.
 pub(crate) struct CallerSide<M, R> {
     pub(crate) pending: DashMap<RequestId, Arc<AskSlot<R>>, FxBuildHasher>,
-    /// Timers armed by live handles.
+    /// Timers armed by live handles (of their own; see `deadlines`).
     pub(crate) armed_timers: AtomicUsize,
+    /// Asks that wait only for their deadline, swept by one timer.
+    pub(crate) deadlines: DeadlineQueue<Arc<AskSlot<R>>>,
+    pub(crate) weak_self: Weak<CallerSide<M, R>>,
     /// Request frames re-sent after the first.
     pub(crate) retries: AtomicU64,
     /// Frames that arrived for an ask no longer pending (duplicates, late).
@@ -378,10 +401,12 @@ impl<M, R> CallerSide<M, R> {
         dlq_capacity: usize,
         reconcile_capacity: usize,
         reconcile_window: Duration,
-    ) -> Self {
-        Self {
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|weak_self| Self {
             pending: DashMap::with_hasher(FxBuildHasher),
             armed_timers: AtomicUsize::new(0),
+            deadlines: DeadlineQueue::default(),
+            weak_self: weak_self.clone(),
             retries: AtomicU64::new(0),
             ignored_frames: AtomicU64::new(0),
             late_outcomes: AtomicU64::new(0),
@@ -394,7 +419,7 @@ impl<M, R> CallerSide<M, R> {
             }),
             late_hook: RwLock::new(None),
             clock,
-        }
+        })
     }
 
     fn ignored(&self) {
@@ -486,6 +511,19 @@ impl<M, R> CallerSide<M, R> {
                 late_by: now.saturating_since(record.at),
             });
         }
+    }
+}
+
+impl<M: Send + 'static, R: Send + 'static> DeadlineOwner for CallerSide<M, R> {
+    type Item = Arc<AskSlot<R>>;
+    fn deadlines(&self) -> &DeadlineQueue<Arc<AskSlot<R>>> {
+        &self.deadlines
+    }
+    fn clock(&self) -> &NodeClock {
+        &self.clock
+    }
+    fn fire(&self, _key: ExpiryKey, slot: Arc<AskSlot<R>>) {
+        slot.deadline_due();
     }
 }
 

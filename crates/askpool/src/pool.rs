@@ -18,11 +18,11 @@ use askpool_proto::{
 };
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
-use tokio::sync::Notify;
 
 use crate::clock::NodeClock;
 use crate::config::PoolConfig;
-use crate::expiry::{Expiring, ExpiryIndex, ExpiryKey};
+use crate::deadlines::{DeadlineOwner, DeadlineQueue};
+use crate::expiry::{Expiring, ExpiryKey};
 use crate::queue::QueueSignal;
 use crate::stats::PoolStats;
 use crate::telemetry;
@@ -121,13 +121,7 @@ pub(crate) struct PoolShared<M, R> {
     closed: AtomicBool,
     pub(crate) counters: PoolCounters,
     /// Running requests by processing deadline (bounded by max in-flight).
-    expiries: Mutex<ExpiryIndex>,
-    expiry_changed: Notify,
-    sweeper_started: AtomicBool,
-    /// When the sweeper next wakes by itself (nanos of a `Timestamp`;
-    /// `u64::MAX` while it waits for a first deadline). Written under the
-    /// expiry index lock.
-    sweeper_wakes_at: AtomicU64,
+    expiries: DeadlineQueue<Expiring>,
     weak_self: Weak<PoolShared<M, R>>,
     /// Acks waiting for the end of the tick (`batch_acks`), per caller.
     ack_buffer: Mutex<FxHashMap<CallerId, Vec<AskIds>>>,
@@ -155,10 +149,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             clock,
             closed: AtomicBool::new(false),
             counters: PoolCounters::default(),
-            expiries: Mutex::default(),
-            expiry_changed: Notify::new(),
-            sweeper_started: AtomicBool::new(false),
-            sweeper_wakes_at: AtomicU64::new(u64::MAX),
+            expiries: DeadlineQueue::default(),
             weak_self: weak_self.clone(),
             ack_buffer: Mutex::default(),
             flush_scheduled: AtomicBool::new(false),
@@ -202,7 +193,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                         self.in_flight.fetch_sub(1, Ordering::AcqRel);
                         request = running.running.clone();
                         if let Some(expiry) = running.expiry {
-                            self.expiries.lock().remove(expiry);
+                            self.expiries.remove(expiry);
                         }
                     }
                     Entry {
@@ -236,32 +227,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// Enters a running request in the expiry index (under the dedup lock;
     /// the sweeper never holds the index while it takes that lock).
     fn index_expiry(&self, at: Timestamp, what: Expiring) -> ExpiryKey {
-        let mut index = self.expiries.lock();
-        let key = index.insert(at, what);
-        // Wake the sweeper only if it sleeps past this deadline: deadlines
-        // mostly grow, so a busy pool wakes it rarely, not per request.
-        let wake = key.0.as_nanos() < self.sweeper_wakes_at.load(Ordering::Acquire);
-        drop(index);
-        if wake {
-            self.ensure_sweeper();
-            self.expiry_changed.notify_one();
-        }
-        key
-    }
-
-    /// Starts the task that cancels overdue requests, once, if there is a
-    /// tokio runtime to run it on (admission happens inside one).
-    fn ensure_sweeper(&self) {
-        if self.sweeper_started.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if self.sweeper_started.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        runtime.spawn(sweep_expired(self.weak_self.clone()));
+        self.expiries.insert(&self.weak_self, at, what)
     }
 
     /// The processing deadline of a request admitted now. Not the caller's
@@ -551,7 +517,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         for inbox in self.workers.read().values() {
             let _ = inbox.push(Work::Closed);
         }
-        self.expiry_changed.notify_one();
+        self.expiries.close();
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
@@ -578,13 +544,26 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             cancels: get(&c.cancels),
             tombstones: get(&c.tombstones),
             expired: get(&c.expired),
-            expiry_index: self.expiries.lock().len(),
+            expiry_index: self.expiries.len(),
         }
     }
 
     /// Removes terminal entries whose TTL has passed.
     pub(crate) fn evict_expired(&self) {
         self.table.evict_expired(self.clock.now());
+    }
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> DeadlineOwner for PoolShared<M, R> {
+    type Item = Expiring;
+    fn deadlines(&self) -> &DeadlineQueue<Expiring> {
+        &self.expiries
+    }
+    fn clock(&self) -> &NodeClock {
+        &self.clock
+    }
+    fn fire(&self, key: ExpiryKey, what: Expiring) {
+        self.expire(key, what);
     }
 }
 
@@ -612,48 +591,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolEndpoint<M> for PoolShare
         match frame {
             ToWorker::Request(env) => self.admit(env),
             ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
-        }
-    }
-}
-
-/// Cancels requests whose processing deadline passed, sleeping until the
-/// earliest one. Holds only a weak reference between rounds, and ends when
-/// the pool closes.
-async fn sweep_expired<M: Send + 'static, R: Clone + Send + 'static>(weak: Weak<PoolShared<M, R>>) {
-    loop {
-        let Some(pool) = weak.upgrade() else {
-            return;
-        };
-        if pool.is_closed() {
-            return;
-        }
-        let now = pool.clock.now();
-        let mut due = Vec::new();
-        let next = {
-            let mut index = pool.expiries.lock();
-            while let Some(entry) = index.pop_due(now) {
-                due.push(entry);
-            }
-            let next = index.next_deadline();
-            pool.sweeper_wakes_at.store(
-                next.map_or(u64::MAX, Timestamp::as_nanos),
-                Ordering::Release,
-            );
-            next
-        };
-        for (key, what) in due {
-            pool.expire(key, what);
-        }
-        let changed = pool.expiry_changed.notified();
-        match next {
-            Some(at) => {
-                tokio::select! {
-                    biased;
-                    _ = changed => {}
-                    _ = tokio::time::sleep_until(pool.clock.instant(at)) => {}
-                }
-            }
-            None => changed.await,
         }
     }
 }

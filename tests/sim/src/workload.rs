@@ -509,11 +509,12 @@ fn check_bounds(
         ));
     }
     // The workers of live pools were there before; each pool may also have
-    // started its processing-deadline sweeper, which lives as long as it.
+    // started its processing-deadline sweeper, and each caller node its
+    // ask-deadline sweeper, which live as long as their pool or node.
     let tasks = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
-    let allowed = baseline_tasks + cluster.cfg.pools as usize;
+    let allowed = baseline_tasks + cluster.cfg.pools as usize + cluster.cfg.callers as usize;
     if tasks > allowed {
         v(format!(
             "{tasks} tasks alive after the run, at most {allowed} expected"
