@@ -162,3 +162,34 @@ async fn the_expiry_index_returns_to_empty() {
     let pool = node.stats().pool("p").cloned().unwrap();
     assert_eq!((pool.expiry_index, pool.expired), (0, 0));
 }
+
+/// Ask deadlines wait in the node's deadline queue, whose sweeper task runs
+/// on the runtime that first needed it. A node that outlives that runtime
+/// starts a new sweeper on the next one: its asks still time out.
+#[test]
+fn ask_deadlines_fire_after_the_sweepers_runtime_is_gone() {
+    let node = TestNode::new();
+    // A pool nobody pulls from: its asks are acknowledged and then wait for
+    // nothing but their deadline.
+    let _pool = node.pool("idle").build().unwrap();
+    let ask_once = |id: u64| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let node = node.clone();
+        rt.block_on(async move {
+            let ask = node.ask("idle", id).timeout(Duration::from_millis(20));
+            tokio::time::timeout(Duration::from_secs(10), ask).await
+        })
+    };
+    for id in 0..3 {
+        let outcome = ask_once(id).expect("the deadline fired, not the test's guard");
+        assert!(
+            matches!(outcome, Err(AskError::AskTimeout { .. })),
+            "{outcome:?}"
+        );
+    }
+    let stats = node.stats();
+    assert_eq!((stats.pending, stats.armed_timers), (0, 0));
+}
