@@ -57,15 +57,6 @@ pub(crate) struct WorkerQueue<M> {
     pub(crate) signal: Arc<QueueSignal>,
 }
 
-impl<M> Clone for WorkerQueue<M> {
-    fn clone(&self) -> Self {
-        Self {
-            tx: self.tx.clone(),
-            signal: Arc::clone(&self.signal),
-        }
-    }
-}
-
 impl<M> WorkerQueue<M> {
     /// Queues `work` and wakes the worker; gives it back if the worker is gone.
     fn push(&self, work: Work<M>) -> Result<(), Work<M>> {
@@ -401,8 +392,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// Hands an admitted request to its preferred worker if that worker is
     /// alive, else to the pool's shared queue.
     pub(crate) fn enqueue(&self, mut item: WorkItem<M>) {
-        if let Some(worker) = &item.request.meta.preferred_worker {
-            let inbox = self.workers.read().get(worker).cloned();
+        if item.request.meta.preferred_worker.is_some() {
+            // Pushed under the registry's read lock: a worker leaving takes
+            // the write lock before it drains its inbox, so no push lands in
+            // an inbox after its last drain.
+            let workers = self.workers.read();
+            let inbox = (item.request.meta.preferred_worker.as_ref()).and_then(|w| workers.get(w));
             if let Some(inbox) = inbox {
                 match inbox.push(Work::Item(item)) {
                     Ok(()) => return,
