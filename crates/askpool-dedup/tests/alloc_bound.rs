@@ -84,7 +84,7 @@ fn stream(entries: u64) {
         max_terminal: CAP,
         terminal_ttl: Duration::from_secs(3_600),
     });
-    assert_eq!(askpool_dedup::entry_size::<St>(), 80);
+    assert_eq!(askpool_dedup::entry_size::<St>(), 72);
     let mut peak = 0usize;
     for n in 0..entries {
         let now = Timestamp::from_nanos(n);
