@@ -330,10 +330,14 @@ pub struct DedupTable<S> {
     evicted_ttl: AtomicU64,
     /// The latest expiry stamped on a queued entry (nanos).
     latest_expiry: AtomicU64,
-    /// No queued entry is due before this (nanos): the expiry of an entry
-    /// `expire` found at the queue's head and not due. Stamps never go down
-    /// along the queue, so every entry behind it is due no earlier, and an
-    /// operation whose clock is before it skips the queue with one load.
+    /// The expiry (nanos) of an entry `expire` found at the queue's head
+    /// and not due; an operation whose clock is before it skips the queue
+    /// with one load. Stamps never go down along the queue, so the entries
+    /// behind it are due no earlier, except two stamped at nearly the same
+    /// time and queued in the other order: the one behind then waits for the
+    /// one ahead, as it does for the head check itself (the clock-skew slack
+    /// of the crate docs). Only a lower bound is ever needed: a stale, lower
+    /// value just sends an operation down the full check.
     next_due: CachePadded<AtomicU64>,
     epoch: Epoch,
 }
