@@ -189,12 +189,23 @@ fn concurrent_evictions_share_the_queue() {
         let h = thread::spawn(move || t2.apply(b, T0, |_| (Some(St::Done(2)), ())));
         t.apply(c, T0, |_| (Some(St::Done(3)), ()));
         h.join().unwrap();
-        let s = t.stats();
-        let present = [a, b, c].iter().filter(|k| t.get(k, T0).is_some()).count();
-        assert_eq!(t.get(&a, T0), None, "the oldest goes first");
-        assert!(s.terminal <= 1 && present == s.terminal, "{s:?} {present}");
+        let s = assert_one_slot_counts_exact(&t, &[a, b, c]);
         assert_eq!(s.evicted_capacity as usize, 3 - s.terminal);
     });
+}
+
+/// After racing terminal inserts into a table of one terminal slot, with
+/// `keys` inserted oldest first: the oldest is gone and the terminal count
+/// is what the table holds, at most one.
+fn assert_one_slot_counts_exact(
+    t: &DedupTable<St>,
+    keys: &[DedupKey],
+) -> askpool_dedup::DedupStats {
+    let s = t.stats();
+    let present = keys.iter().filter(|k| t.get(k, T0).is_some()).count();
+    assert_eq!(t.get(&keys[0], T0), None, "the oldest goes first");
+    assert!(s.terminal <= 1 && present == s.terminal, "{s:?} {present}");
+    s
 }
 
 /// Found in review: `clear()` popped queued nodes without evicting them, so
@@ -231,10 +242,7 @@ fn evicting_insert_racing_ttl_expiry_keeps_the_count_exact() {
         let h = thread::spawn(move || t2.evict_expired(later));
         t.apply(b, T0, |_| (Some(St::Done(2)), ()));
         h.join().unwrap();
-        let s = t.stats();
-        let present = [a, b].iter().filter(|k| t.get(k, T0).is_some()).count();
-        assert_eq!(t.get(&a, T0), None, "the oldest goes first");
-        assert!(s.terminal <= 1 && present == s.terminal, "{s:?} {present}");
+        let s = assert_one_slot_counts_exact(&t, &[a, b]);
         assert_eq!(s.evicted_capacity + s.evicted_ttl, 2 - s.terminal as u64);
         // And the table still works at capacity after it.
         t.apply(key(u64::MAX), later, |_| (Some(St::Done(3)), ()));
