@@ -326,6 +326,8 @@ pub struct DedupTable<S> {
     terminal: CachePadded<AtomicIsize>,
     /// `config.max_terminal`, signed like the count.
     max_terminal: isize,
+    /// `config.terminal_ttl` in nanoseconds (saturated, as `Timestamp + Duration`).
+    ttl_nanos: u64,
     evicted_capacity: AtomicU64,
     evicted_ttl: AtomicU64,
     /// The latest expiry stamped on a queued entry (nanos).
@@ -370,6 +372,7 @@ impl<S: DedupState> DedupTable<S> {
             in_progress: CachePadded::new(AtomicUsize::new(0)),
             terminal: CachePadded::new(AtomicIsize::new(0)),
             max_terminal: isize::try_from(config.max_terminal).unwrap_or(isize::MAX),
+            ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
             evicted_capacity: AtomicU64::new(0),
             evicted_ttl: AtomicU64::new(0),
             latest_expiry: AtomicU64::new(0),
@@ -560,7 +563,7 @@ impl<S: DedupState> DedupTable<S> {
         // has to look at the head, and entries removed early on access
         // cannot pile up behind a head that is not yet due. The price: under
         // clock skew an entry may outlive its TTL by that skew.
-        let mine = (now + self.config.terminal_ttl).as_nanos();
+        let mine = now.as_nanos().saturating_add(self.ttl_nanos);
         // Read first: with a coarse clock most stamps equal the latest, and
         // a plain load spares the shared line a write.
         let latest = self.latest_expiry.load(Relaxed);
@@ -879,9 +882,10 @@ impl<S: DedupState> DedupTable<S> {
                             // only succeeds from an unmarked predecessor that
                             // still points at it); readers are pinned.
                             unsafe { release(cur, guard) };
-                            if std::ptr::eq(prev, bucket) {
+                            if key.is_some() && std::ptr::eq(prev, bucket) {
                                 // The head changed: start over so that
-                                // `Absent` carries the current head.
+                                // `Absent` carries the current head (an
+                                // unlink-only walk has no use for it).
                                 continue 'retry;
                             }
                             cur = next;
