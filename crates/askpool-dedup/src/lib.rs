@@ -22,8 +22,10 @@
 //! lock-free linked list of nodes, on crossbeam-epoch. A node holds the key,
 //! the chain link (whose tag bit marks the node logically removed), the
 //! eviction-queue link, its expiry, a membership count, a one-byte spin lock
-//! and, under that lock, the state inline and its phase (reserved / in
-//! progress / terminal / removed).
+//! and, under that lock, its phase (reserved / in progress / terminal /
+//! removed, in the byte after the lock) and the state inline. What a hit
+//! reads (link, key, expiry, lock, phase, state) is the node's first bytes,
+//! unpadded: 64 bytes for a 16-byte state.
 //!
 //! - *Lookup* walks the chain without any lock (unlinking removed nodes it
 //!   meets, as Harris–Michael lists do), then reads the entry under its
@@ -43,11 +45,14 @@
 //!
 //! **Eviction.** Becoming terminal appends the node itself to a
 //! Michael–Scott lock-free FIFO threaded through the nodes (no second
-//! allocation), so the queue is in the order entries became terminal. After
-//! a terminal transition, while more than `max_terminal` entries are
-//! terminal, the oldest node is popped and removed; every operation first
-//! pops the nodes whose TTL passed (`pop_if` looks at the oldest node's
-//! expiry without taking it until it is due; nothing due costs two loads).
+//! allocation), so the queue is in the order entries became terminal. A
+//! terminal transition queues its node, then counts it; if `max_terminal`
+//! entries were terminal already, the oldest node is popped and removed in
+//! its place instead, and the count is not written at all. Every operation
+//! first pops the nodes whose TTL passed: `pop_if` looks at the oldest
+//! node's expiry without taking it until it is due, and the expiry it last
+//! found not due is kept in one word (`next_due`), so an operation whose
+//! clock is before it skips the queue with a single load.
 //! A popped node that was already removed (expired when touched, cleared) is
 //! skipped. In-progress entries are never queued, so never evicted. A
 //! terminal entry found expired by `apply` or `get` before the queue reached
@@ -76,18 +81,19 @@
 //! memory bound and measured: `tests/alloc_bound.rs` streams 10 million
 //! unique terminal entries through a table of 100,000 under a counting
 //! global allocator; live bytes stay under the stated ceiling of 12 MiB the
-//! whole time (measured peak 10.13 MB: 101.3 bytes per cached entry, flat
+//! whole time (measured peak 9.33 MB: 93.3 bytes per cached entry, flat
 //! from the first 100,000 entries on; 2 MiB of it the buckets).
 //!
 //! # Memory per entry
 //!
 //! [`entry_size`] bytes plus what the state owns on the heap: one node of
-//! 56 bytes plus the state and its phase (72 bytes for an 8-byte state; the
-//! key is stored unpadded, 24 bytes), whether in progress or terminal.
+//! 56 bytes plus the state (64 bytes for an 8-byte state, 72 for a 16-byte
+//! one; the key is stored unpadded, 24 bytes), whether in progress or
+//! terminal.
 //! Buckets add 8 bytes per slot, two slots per allowed terminal entry (2 MiB
 //! for the default `max_terminal` of 100,000: 262,144 slots). Measured with
 //! the counting allocator (`tests/alloc_bound.rs`), a full table of 100,000
-//! terminal entries of a 16-byte state (80-byte nodes) costs 101 bytes per
+//! terminal entries of a 16-byte state (72-byte nodes) costs 93 bytes per
 //! entry all included: node, bucket share, the epoch garbage in flight and
 //! the thread's cache of freed node blocks.
 //!

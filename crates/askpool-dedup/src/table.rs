@@ -3,7 +3,7 @@
 
 #[cfg(not(loom))]
 use std::alloc::Layout;
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::hash::BuildHasher;
 use std::mem::MaybeUninit;
 #[cfg(not(loom))]
@@ -17,7 +17,7 @@ use rustc_hash::FxBuildHasher;
 #[cfg(not(loom))]
 use crate::node_pool;
 use crate::sync::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Epoch, NodeLock};
+use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Epoch, LockGuard, NodeLock};
 use crate::{DedupConfig, DedupState, DedupStats};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -33,11 +33,12 @@ enum Phase {
     Removed,
 }
 
-/// Everything of a node that is read or written only under its lock.
-struct Body<S> {
-    phase: Phase,
-    /// Initialised in `Live` and `Terminal` only.
-    state: MaybeUninit<S>,
+/// Everything of a node that is read or written only under its lock: its
+/// phase and its state (initialised in `Live` and `Terminal` only), borrowed
+/// from the node's two cells (kept apart so the phase packs beside the lock).
+struct Body<'a, S> {
+    phase: &'a mut Phase,
+    state: &'a mut MaybeUninit<S>,
 }
 
 /// A `DedupKey` without its alignment padding (24 bytes instead of 32).
@@ -63,9 +64,10 @@ impl PackedKey {
 /// the eviction queue (intrusively: no second allocation); `refs` counts
 /// those two memberships and the last one to let go retires the node.
 ///
-/// `repr(C)`: what a lookup touches (chain link and key, then lock and
-/// state) comes first, so a hit reads as few cache lines as the allocator's
-/// placement allows; the queue link, used only on eviction, comes last.
+/// `repr(C)`: what a lookup touches (chain link, key, expiry, lock, phase,
+/// state) comes first and unpadded (the phase shares the lock's word), so
+/// a hit on a node with a 16-byte state reads its first 64 bytes; the queue
+/// link, used only on eviction, comes last.
 #[repr(C)]
 struct Node<S> {
     /// The next node of the bucket's chain. Tag 1 marks this node as
@@ -80,12 +82,29 @@ struct Node<S> {
     /// Chain + queue memberships.
     refs: AtomicU32,
     lock: NodeLock,
-    body: UnsafeCell<Body<S>>,
+    /// Under `lock`.
+    phase: UnsafeCell<Phase>,
+    /// Under `lock`; initialised in `Live` and `Terminal` only.
+    state: UnsafeCell<MaybeUninit<S>>,
     /// The next node of the eviction queue (Michael–Scott).
     fifo_next: Atomic<Node<S>>,
 }
 
 impl<S> Node<S> {
+    /// The node's phase and state.
+    ///
+    /// # Safety
+    /// The caller holds the node's lock (or owns the table exclusively), and
+    /// no other `Body` of this node is alive.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn body(&self) -> Body<'_, S> {
+        Body {
+            phase: &mut *self.phase.get(),
+            state: &mut *self.state.get(),
+        }
+    }
+
     fn reserved(key: &DedupKey) -> Self {
         Self {
             key: PackedKey::new(key),
@@ -94,10 +113,8 @@ impl<S> Node<S> {
             expires: AtomicU64::new(u64::MAX),
             refs: AtomicU32::new(1),
             lock: NodeLock::new_locked(),
-            body: UnsafeCell::new(Body {
-                phase: Phase::Reserved,
-                state: MaybeUninit::uninit(),
-            }),
+            phase: UnsafeCell::new(Phase::Reserved),
+            state: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
 }
@@ -282,6 +299,9 @@ enum Found<'g, S> {
 #[derive(Clone, Copy)]
 enum Cause {
     Capacity,
+    /// Capacity, in place of an entry that became terminal and is not
+    /// counted yet: the terminal count stays as it is.
+    Replaced,
     Ttl,
     Clear,
 }
@@ -301,11 +321,26 @@ pub struct DedupTable<S> {
     mask: usize,
     fifo: Fifo<S>,
     in_progress: CachePadded<AtomicUsize>,
-    terminal: CachePadded<AtomicUsize>,
+    /// Terminal entries counted (see `count_terminal`): signed, as it may
+    /// dip below zero for a moment.
+    terminal: CachePadded<AtomicIsize>,
+    /// `config.max_terminal`, signed like the count.
+    max_terminal: isize,
+    /// `config.terminal_ttl` in nanoseconds (saturated, as `Timestamp + Duration`).
+    ttl_nanos: u64,
     evicted_capacity: AtomicU64,
     evicted_ttl: AtomicU64,
     /// The latest expiry stamped on a queued entry (nanos).
     latest_expiry: AtomicU64,
+    /// The expiry (nanos) of an entry `expire` found at the queue's head
+    /// and not due; an operation whose clock is before it skips the queue
+    /// with one load. Stamps never go down along the queue, so the entries
+    /// behind it are due no earlier, except two stamped at nearly the same
+    /// time and queued in the other order: the one behind then waits for the
+    /// one ahead, as it does for the head check itself (the clock-skew slack
+    /// of the crate docs). Only a lower bound is ever needed: a stale, lower
+    /// value just sends an operation down the full check.
+    next_due: CachePadded<AtomicU64>,
     epoch: Epoch,
 }
 
@@ -335,10 +370,13 @@ impl<S: DedupState> DedupTable<S> {
             mask: n - 1,
             fifo: Fifo::new(),
             in_progress: CachePadded::new(AtomicUsize::new(0)),
-            terminal: CachePadded::new(AtomicUsize::new(0)),
+            terminal: CachePadded::new(AtomicIsize::new(0)),
+            max_terminal: isize::try_from(config.max_terminal).unwrap_or(isize::MAX),
+            ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
             evicted_capacity: AtomicU64::new(0),
             evicted_ttl: AtomicU64::new(0),
             latest_expiry: AtomicU64::new(0),
+            next_due: CachePadded::new(AtomicU64::new(0)),
             epoch: Epoch::new(),
         }
     }
@@ -379,18 +417,15 @@ impl<S: DedupState> DedupTable<S> {
                     let node = unsafe { ptr.deref() };
                     let lock = node.lock.lock();
                     // SAFETY: we hold the node's lock.
-                    let body = unsafe { &mut *node.body.get() };
-                    match body.phase {
+                    let body = unsafe { node.body() };
+                    match *body.phase {
                         Phase::Removed | Phase::Reserved => {
-                            debug_assert_ne!(body.phase, Phase::Reserved);
+                            debug_assert_ne!(*body.phase, Phase::Reserved);
                             drop(lock);
                             continue;
                         }
                         Phase::Terminal if Self::expired(node, now) => {
-                            let gone = self.remove_locked(node, body, Cause::Ttl, &guard);
-                            drop(lock);
-                            drop(gone);
-                            self.unlink(bucket, &guard);
+                            self.remove_expired(node, body, lock, bucket, &guard);
                             continue;
                         }
                         Phase::Terminal => {
@@ -421,13 +456,12 @@ impl<S: DedupState> DedupTable<S> {
                             drop(lock);
                             if terminal {
                                 // Before the old state's drop, which may
-                                // panic: a terminal node is always queued.
+                                // panic: a terminal node is always queued
+                                // and counted.
                                 self.fifo.push(ptr, &guard);
+                                self.count_terminal(&guard);
                             }
                             drop(old);
-                            if terminal {
-                                self.enforce_capacity(&guard);
-                            }
                             return out;
                         }
                     }
@@ -473,8 +507,8 @@ impl<S: DedupState> DedupTable<S> {
                 let lock = unsafe { self.node.lock.adopt() };
                 if !self.filled {
                     // SAFETY: we hold the lock.
-                    let body = unsafe { &mut *self.node.body.get() };
-                    body.phase = Phase::Removed;
+                    let body = unsafe { self.node.body() };
+                    *body.phase = Phase::Removed;
                     self.node.next.fetch_or(1, AcqRel, self.guard);
                 }
                 drop(lock);
@@ -495,12 +529,12 @@ impl<S: DedupState> DedupTable<S> {
         if let Some(next) = next {
             terminal = next.is_terminal();
             // SAFETY: we hold the lock (born held, released by `reservation`).
-            let body = unsafe { &mut *node.body.get() };
+            let body = unsafe { node.body() };
             body.state.write(next);
             if terminal {
                 self.make_terminal(ptr, body, now);
             } else {
-                body.phase = Phase::Live;
+                *body.phase = Phase::Live;
                 self.in_progress.fetch_add(1, Relaxed);
             }
             reservation.filled = true;
@@ -508,7 +542,7 @@ impl<S: DedupState> DedupTable<S> {
         drop(reservation);
         if terminal {
             self.fifo.push(ptr, guard);
-            self.enforce_capacity(guard);
+            self.count_terminal(guard);
         }
         out
     }
@@ -521,15 +555,15 @@ impl<S: DedupState> DedupTable<S> {
     /// then the node is terminal but not queued: whoever removes it early
     /// (expired on access, cleared) leaves it to be queued dead, and the
     /// queue skips dead nodes.
-    fn make_terminal(&self, ptr: Shared<'_, Node<S>>, body: &mut Body<S>, now: Timestamp) {
-        body.phase = Phase::Terminal;
+    fn make_terminal(&self, ptr: Shared<'_, Node<S>>, body: Body<'_, S>, now: Timestamp) {
+        *body.phase = Phase::Terminal;
         // Expiry stamps never go down along the queue: an entry made
         // terminal with an earlier clock than one queued before it (callers
         // on other threads) is stamped like that one. Expiry then only ever
         // has to look at the head, and entries removed early on access
         // cannot pile up behind a head that is not yet due. The price: under
         // clock skew an entry may outlive its TTL by that skew.
-        let mine = (now + self.config.terminal_ttl).as_nanos();
+        let mine = now.as_nanos().saturating_add(self.ttl_nanos);
         // Read first: with a coarse clock most stamps equal the latest, and
         // a plain load spares the shared line a write.
         let latest = self.latest_expiry.load(Relaxed);
@@ -541,7 +575,6 @@ impl<S: DedupState> DedupTable<S> {
         // SAFETY: protected by `guard`.
         let node = unsafe { ptr.deref() };
         node.expires.store(expires, Relaxed);
-        self.terminal.fetch_add(1, Relaxed);
         // The queue's membership, counted now: the chain's is the only one
         // yet, and nobody can end it while the node's lock is held and the
         // node unmarked (only the lock holder marks it), so a plain store
@@ -573,14 +606,11 @@ impl<S: DedupState> DedupTable<S> {
             let node = unsafe { ptr.deref() };
             let lock = node.lock.lock();
             // SAFETY: we hold the node's lock.
-            let body = unsafe { &mut *node.body.get() };
-            match body.phase {
+            let body = unsafe { node.body() };
+            match *body.phase {
                 Phase::Removed | Phase::Reserved => continue,
                 Phase::Terminal if Self::expired(node, now) => {
-                    let gone = self.remove_locked(node, body, Cause::Ttl, &guard);
-                    drop(lock);
-                    drop(gone);
-                    self.unlink(bucket, &guard);
+                    self.remove_expired(node, body, lock, bucket, &guard);
                     return None;
                 }
                 // SAFETY: initialised in these phases.
@@ -600,7 +630,7 @@ impl<S: DedupState> DedupTable<S> {
     pub fn stats(&self) -> DedupStats {
         DedupStats {
             in_progress: self.in_progress.load(Relaxed),
-            terminal: self.terminal.load(Relaxed),
+            terminal: self.terminal_count(),
             evicted_capacity: self.evicted_capacity.load(Relaxed),
             evicted_ttl: self.evicted_ttl.load(Relaxed),
         }
@@ -608,7 +638,11 @@ impl<S: DedupState> DedupTable<S> {
 
     /// All entries, in-progress and terminal.
     pub fn len(&self) -> usize {
-        self.in_progress.load(Relaxed) + self.terminal.load(Relaxed)
+        self.in_progress.load(Relaxed) + self.terminal_count()
+    }
+
+    fn terminal_count(&self) -> usize {
+        usize::try_from(self.terminal.load(Relaxed)).unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -625,8 +659,8 @@ impl<S: DedupState> DedupTable<S> {
             while let Some(node) = unsafe { cur.as_ref() } {
                 let lock = node.lock.lock();
                 // SAFETY: we hold the node's lock.
-                let body = unsafe { &mut *node.body.get() };
-                let gone = match body.phase {
+                let body = unsafe { node.body() };
+                let gone = match *body.phase {
                     Phase::Live | Phase::Terminal => {
                         Some(self.remove_locked(node, body, Cause::Clear, &guard))
                     }
@@ -643,26 +677,44 @@ impl<S: DedupState> DedupTable<S> {
         }
     }
 
+    /// Removes a terminal entry found expired on access, before the queue
+    /// reached it (kept out of line: the lookup's fast path stays small).
+    #[cold]
+    #[inline(never)]
+    fn remove_expired(
+        &self,
+        node: &Node<S>,
+        body: Body<'_, S>,
+        lock: LockGuard<'_>,
+        bucket: &Atomic<Node<S>>,
+        guard: &Guard,
+    ) {
+        let gone = self.remove_locked(node, body, Cause::Ttl, guard);
+        drop(lock);
+        drop(gone);
+        self.unlink(bucket, guard);
+    }
+
     /// Removes a live or terminal node whose lock the caller holds: drops
     /// nothing itself, hands the state back to be dropped after unlocking.
-    fn remove_locked(&self, node: &Node<S>, body: &mut Body<S>, cause: Cause, guard: &Guard) -> S {
-        let was_terminal = match body.phase {
+    fn remove_locked(&self, node: &Node<S>, body: Body<'_, S>, cause: Cause, guard: &Guard) -> S {
+        let was_terminal = match *body.phase {
             Phase::Terminal => true,
             Phase::Live => false,
             Phase::Reserved | Phase::Removed => unreachable!("only live entries are removed"),
         };
-        body.phase = Phase::Removed;
+        *body.phase = Phase::Removed;
         // SAFETY: initialised in `Live` / `Terminal`; `Removed` marks it
         // moved out.
         let state = unsafe { body.state.assume_init_read() };
         node.next.fetch_or(1, AcqRel, guard);
-        if was_terminal {
-            self.terminal.fetch_sub(1, Relaxed);
-        } else {
+        if !was_terminal {
             self.in_progress.fetch_sub(1, Relaxed);
+        } else if !matches!(cause, Cause::Replaced) {
+            self.terminal.fetch_sub(1, Relaxed);
         }
         match cause {
-            Cause::Capacity => {
+            Cause::Capacity | Cause::Replaced => {
                 self.evicted_capacity.fetch_add(1, Relaxed);
             }
             Cause::Ttl => {
@@ -676,14 +728,56 @@ impl<S: DedupState> DedupTable<S> {
     /// Pops and evicts the entries whose TTL passed.
     #[inline]
     fn expire(&self, now: Timestamp, guard: &Guard) {
-        while let Some(node) = self.fifo.pop_if(|n| Self::expired(n, now), guard) {
+        let now = now.as_nanos();
+        if now < self.next_due.load(Relaxed) {
+            return;
+        }
+        self.expire_slow(now, guard);
+    }
+
+    /// Pops and evicts the entries whose TTL passed, then notes when the
+    /// oldest one left is due.
+    #[cold]
+    fn expire_slow(&self, now: u64, guard: &Guard) {
+        let due = Cell::new(None);
+        let take = |n: &Node<S>| {
+            let expires = n.expires.load(Relaxed);
+            if expires <= now {
+                return true;
+            }
+            due.set(Some(expires));
+            false
+        };
+        while let Some(node) = self.fifo.pop_if(take, guard) {
             self.evict(node, Cause::Ttl, guard);
         }
+        if let Some(due) = due.get() {
+            self.next_due.store(due, Relaxed);
+        }
+    }
+
+    /// Counts a node that became terminal and was queued since (the count
+    /// comes after the push, so every counted entry is queued), then keeps
+    /// the bound. At capacity, the oldest terminal entry is evicted in its
+    /// place and the count is left as it is: no write to that shared line
+    /// for either. A removal that meets the node before it is counted (TTL,
+    /// clear) takes it off the count early, so the count may dip below the
+    /// truth for that moment (it is signed); it is exact once both are done.
+    fn count_terminal(&self, guard: &Guard) {
+        if self.terminal.load(Relaxed) >= self.max_terminal {
+            while let Some(node) = self.fifo.pop_if(|_| true, guard) {
+                if self.evict(node, Cause::Replaced, guard) {
+                    return;
+                }
+            }
+        }
+        self.terminal.fetch_add(1, Relaxed);
+        self.enforce_capacity(guard);
     }
 
     /// Evicts the oldest terminal entries while there are too many.
     fn enforce_capacity(&self, guard: &Guard) {
-        while self.terminal.load(Relaxed) > self.config.max_terminal {
+        while self.terminal.load(Relaxed) > self.max_terminal {
             let Some(node) = self.fifo.pop_if(|_| true, guard) else {
                 break;
             };
@@ -692,20 +786,21 @@ impl<S: DedupState> DedupTable<S> {
     }
 
     /// Evicts a node just popped from the queue, unless it went already
-    /// (expired when touched, or cleared).
-    fn evict(&self, ptr: Shared<'_, Node<S>>, cause: Cause, guard: &Guard) {
+    /// (expired when touched, or cleared); whether it did.
+    fn evict(&self, ptr: Shared<'_, Node<S>>, cause: Cause, guard: &Guard) -> bool {
         // SAFETY: protected by `guard`.
         let node = unsafe { ptr.deref() };
         let lock = node.lock.lock();
         // SAFETY: we hold the node's lock.
-        let body = unsafe { &mut *node.body.get() };
-        if body.phase != Phase::Terminal {
-            return;
+        let body = unsafe { node.body() };
+        if *body.phase != Phase::Terminal {
+            return false;
         }
         let gone = self.remove_locked(node, body, cause, guard);
         drop(lock);
         drop(gone);
         self.unlink(self.bucket(&node.key.unpack()), guard);
+        true
     }
 
     /// At capacity, starts loading what evicting the oldest terminal entry
@@ -713,7 +808,7 @@ impl<S: DedupState> DedupTable<S> {
     #[inline]
     fn prefetch_eviction(&self, guard: &Guard) {
         // Hints only: loom and Miri would just explore or check more loads.
-        if cfg!(any(loom, miri)) || self.terminal.load(Relaxed) < self.config.max_terminal {
+        if cfg!(any(loom, miri)) || self.terminal.load(Relaxed) < self.max_terminal {
             return;
         }
         let head = self.fifo.head.load(Acquire, guard);
@@ -749,6 +844,7 @@ impl<S: DedupState> DedupTable<S> {
         // SAFETY: every node reached from the bucket under `guard` stays
         // allocated until the guard is dropped.
         while let Some(node) = unsafe { cur.as_ref() } {
+            prefetch(node.state.get());
             let next = node.next.load(Acquire, guard);
             if next.tag() == 1 {
                 return self.walk(bucket, Some(&key), guard);
@@ -763,6 +859,7 @@ impl<S: DedupState> DedupTable<S> {
 
     /// Walks a chain looking for `key`, unlinking removed nodes it meets
     /// (Harris–Michael). Takes no lock.
+    #[inline(never)]
     fn walk<'g>(
         &self,
         bucket: &Atomic<Node<S>>,
@@ -785,9 +882,10 @@ impl<S: DedupState> DedupTable<S> {
                             // only succeeds from an unmarked predecessor that
                             // still points at it); readers are pinned.
                             unsafe { release(cur, guard) };
-                            if std::ptr::eq(prev, bucket) {
+                            if key.is_some() && std::ptr::eq(prev, bucket) {
                                 // The head changed: start over so that
-                                // `Absent` carries the current head.
+                                // `Absent` carries the current head (an
+                                // unlink-only walk has no use for it).
                                 continue 'retry;
                             }
                             cur = next;
@@ -845,8 +943,8 @@ impl<S: DedupState> DedupTable<S> {
             let node = unsafe { ptr.deref() };
             let lock = node.lock.lock();
             // SAFETY: we hold the node's lock.
-            let body = unsafe { &mut *node.body.get() };
-            match body.phase {
+            let body = unsafe { node.body() };
+            match *body.phase {
                 Phase::Removed | Phase::Reserved => continue,
                 Phase::Terminal => return None,
                 Phase::Live => {
@@ -877,10 +975,10 @@ impl<S> Drop for DedupTable<S> {
                 while !cur.is_null() {
                     let node = cur.deref();
                     let next = node.next.load(Relaxed, guard).with_tag(0);
-                    let body = &mut *node.body.get();
-                    if matches!(body.phase, Phase::Live | Phase::Terminal) {
+                    let body = node.body();
+                    if matches!(*body.phase, Phase::Live | Phase::Terminal) {
                         body.state.assume_init_drop();
-                        body.phase = Phase::Removed;
+                        *body.phase = Phase::Removed;
                     }
                     if node.refs.fetch_sub(1, Relaxed) == 1 {
                         drop(cur.into_owned());

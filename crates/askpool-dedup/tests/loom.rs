@@ -189,12 +189,23 @@ fn concurrent_evictions_share_the_queue() {
         let h = thread::spawn(move || t2.apply(b, T0, |_| (Some(St::Done(2)), ())));
         t.apply(c, T0, |_| (Some(St::Done(3)), ()));
         h.join().unwrap();
-        let s = t.stats();
-        let present = [a, b, c].iter().filter(|k| t.get(k, T0).is_some()).count();
-        assert_eq!(t.get(&a, T0), None, "the oldest goes first");
-        assert!(s.terminal <= 1 && present == s.terminal, "{s:?} {present}");
+        let s = assert_one_slot_counts_exact(&t, &[a, b, c]);
         assert_eq!(s.evicted_capacity as usize, 3 - s.terminal);
     });
+}
+
+/// After racing terminal inserts into a table of one terminal slot, with
+/// `keys` inserted oldest first: the oldest is gone and the terminal count
+/// is what the table holds, at most one.
+fn assert_one_slot_counts_exact(
+    t: &DedupTable<St>,
+    keys: &[DedupKey],
+) -> askpool_dedup::DedupStats {
+    let s = t.stats();
+    let present = keys.iter().filter(|k| t.get(k, T0).is_some()).count();
+    assert_eq!(t.get(&keys[0], T0), None, "the oldest goes first");
+    assert!(s.terminal <= 1 && present == s.terminal, "{s:?} {present}");
+    s
 }
 
 /// Found in review: `clear()` popped queued nodes without evicting them, so
@@ -212,5 +223,33 @@ fn clear_racing_a_terminal_insert_leaves_nothing_unevictable() {
         inserter.join().unwrap();
         t.evict_expired(Timestamp::ZERO + Duration::from_secs(10));
         assert_eq!(t.stats().terminal, 0, "orphaned: {:?}", t.stats());
+    });
+}
+
+/// An insert at capacity counts its entry only after queueing it, and then
+/// evicts the oldest in its place without touching the count. TTL expiry
+/// racing it may take the new entry off the count before it is counted, or
+/// take the oldest first: whatever the order, the count ends exact.
+#[test]
+fn evicting_insert_racing_ttl_expiry_keeps_the_count_exact() {
+    // A large state space (an eviction on each side): bound 1 in the fast
+    // tier (a few seconds), 3 in the slow one (about four minutes here).
+    model_bounded(1, 3, || {
+        let t = Arc::new(table(1));
+        let (a, b) = colliding(&t);
+        t.apply(a, T0, |_| (Some(St::Done(1)), ()));
+        let later = T0 + Duration::from_secs(10);
+        let t2 = t.clone();
+        // Due at `later`: both A and B (stamped at T0) expire there.
+        let h = thread::spawn(move || t2.evict_expired(later));
+        t.apply(b, T0, |_| (Some(St::Done(2)), ()));
+        h.join().unwrap();
+        let s = assert_one_slot_counts_exact(&t, &[a, b]);
+        assert_eq!(s.evicted_capacity + s.evicted_ttl, 2 - s.terminal as u64);
+        // And the table still works at capacity after it.
+        t.apply(key(u64::MAX), later, |_| (Some(St::Done(3)), ()));
+        let s = t.stats();
+        assert_eq!(s.terminal, 1, "{s:?}");
+        assert_eq!(t.get(&key(u64::MAX), later), Some(St::Done(3)));
     });
 }
