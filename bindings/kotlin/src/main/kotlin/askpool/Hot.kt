@@ -31,6 +31,7 @@ internal object Hot {
     @JvmStatic external fun askpool_hot_release()
     @JvmStatic external fun askpool_hot_probe(x: Long): Long
     @JvmStatic external fun askpool_hot_wait(buf: Pointer, cap: Int, timeoutMs: Int): Int
+    @JvmStatic external fun askpool_hot_take_released(buf: Pointer, cap: Int): Int
 
     private const val KIND_REPLY = 1L
     private const val KIND_HANDLE = 2L
@@ -49,6 +50,12 @@ internal object Hot {
         /** Taking on events: requests that arrive meanwhile wait in [later]. */
         var taking = false
         val later = ArrayDeque<Request>()
+
+        /** A hot call's events, copied out of [buf]; reused unless a take nests. */
+        val words = LongArray(HOT_CAP * 4)
+        val objects = arrayOfNulls<Any?>(HOT_CAP)
+        val missing = arrayOfNulls<AskException>(HOT_CAP)
+        var copying = false
     }
 
     private class Request(val pool: Long, val request: Long, val msg: Any?, val missing: AskException?)
@@ -103,25 +110,40 @@ internal object Hot {
     private fun take(inbox: Inbox, n: Int, here: ContinuationInterceptor?) {
         if (n <= 0) return
         // Copied out and looked up first: running a handler below makes
-        // hot calls that reuse the buffer and release what Rust held.
-        val words = LongArray(n * 4)
-        inbox.buf.read(8, words, 0, n * 4)
-        val objects = arrayOfNulls<Any?>(n)
-        val missing = arrayOfNulls<AskException>(n)
-        for (i in 0 until n) {
-            try {
-                objects[i] = HandleTable.get(words[4 * i + 3])
-            } catch (e: AskException) {
-                missing[i] = e
+        // hot calls that reuse the buffer and release what Rust held. The
+        // arrays are the thread's own unless a reply resumed a caller that
+        // asks again on this thread (an unconfined caller) while they are
+        // in use.
+        val nested = inbox.copying
+        inbox.copying = true
+        val words = if (nested) LongArray(n * 4) else inbox.words
+        val objects = if (nested) arrayOfNulls(n) else inbox.objects
+        val missing = if (nested) arrayOfNulls(n) else inbox.missing
+        try {
+            inbox.buf.read(8, words, 0, n * 4)
+            for (i in 0 until n) {
+                try {
+                    objects[i] = HandleTable.get(words[4 * i + 3])
+                    missing[i] = null
+                } catch (e: AskException) {
+                    objects[i] = null
+                    missing[i] = e
+                }
             }
-        }
-        askpool_hot_release()
-        for (i in 0 until n) {
-            val a = words[4 * i + 1]
-            when (words[4 * i]) {
-                KIND_REPLY -> guarded { Completions.reply(a, objects[i], missing[i]) }
-                KIND_HANDLE -> inbox.later.addLast(Request(a, words[4 * i + 2], objects[i], missing[i]))
+            askpool_hot_release()
+            for (i in 0 until n) {
+                val a = words[4 * i + 1]
+                val obj = objects[i]
+                val miss = missing[i]
+                objects[i] = null // the arrays must not keep objects alive
+                missing[i] = null
+                when (words[4 * i]) {
+                    KIND_REPLY -> guarded { Completions.reply(a, obj, miss) }
+                    KIND_HANDLE -> inbox.later.addLast(Request(a, words[4 * i + 2], obj, miss))
+                }
             }
+        } finally {
+            if (!nested) inbox.copying = false
         }
         if (inbox.taking) return
         // The outermost take on this thread runs the requests, one after the
@@ -140,6 +162,23 @@ internal object Hot {
             inbox.taking = false
         }
     }
+
+    /**
+     * Hands every handle Rust released to [free], in batches through this
+     * thread's buffer (a direct call: a generated one returning a list costs
+     * far more).
+     */
+    fun drainReleased(free: (Long) -> Unit) {
+        val buf = inboxes.get().buf
+        while (true) {
+            val n = askpool_hot_take_released(buf, RELEASE_CAP)
+            for (i in 0 until n) free(buf.getLong(8L * i))
+            if (n < RELEASE_CAP) return
+        }
+    }
+
+    /** Handles one drain call takes at most: what the thread's buffer holds. */
+    private const val RELEASE_CAP = 1 + HOT_CAP * 4
 
     /** One event's failure must not lose the others. */
     private inline fun guarded(body: () -> Unit) {
