@@ -3,6 +3,8 @@ package askpool
 import com.sun.jna.Memory
 import com.sun.jna.Native
 import com.sun.jna.Pointer
+import java.nio.ByteOrder
+import java.nio.LongBuffer
 import kotlin.coroutines.ContinuationInterceptor
 
 /**
@@ -42,7 +44,17 @@ internal object Hot {
 
     /** Per thread: the buffer hot calls write to, and what this thread is doing. */
     private class Inbox {
-        val buf by lazy { Memory((1 + HOT_CAP * 4L) * 8) }
+        private var memory: Memory? = null
+
+        /** [buf] as longs, read without a JNI call each (valid once [buf] was used). */
+        lateinit var longs: LongBuffer
+
+        /** Made on first use: runtime threads that only call back never need one. */
+        val buf: Memory
+            get() = memory ?: Memory((1 + HOT_CAP * 4L) * 8).also {
+                memory = it
+                longs = it.getByteBuffer(0, it.size()).order(ByteOrder.nativeOrder()).asLongBuffer()
+            }
 
         /** In a hot call: a callback arriving now comes from this JVM thread, not a runtime one. */
         var inCall = false
@@ -88,7 +100,7 @@ internal object Hot {
         }
         if (n == -2L) throw AskException.Internal("panic in askpool (ask); see stderr")
         if (n < 0) return n
-        val released = buf.getLong(0)
+        val released = inbox.longs.get(0)
         take(inbox, n.toInt(), here)
         return released
     }
@@ -120,7 +132,7 @@ internal object Hot {
         val objects = if (nested) arrayOfNulls(n) else inbox.objects
         val missing = if (nested) arrayOfNulls(n) else inbox.missing
         try {
-            inbox.buf.read(8, words, 0, n * 4)
+            inbox.longs.get(1, words, 0, n * 4)
             for (i in 0 until n) {
                 try {
                     objects[i] = HandleTable.get(words[4 * i + 3])
@@ -169,10 +181,13 @@ internal object Hot {
      * far more).
      */
     fun drainReleased(free: (Long) -> Unit) {
-        val buf = inboxes.get().buf
+        val inbox = inboxes.get()
+        val buf = inbox.buf
+        val handles = LongArray(RELEASE_CAP)
         while (true) {
             val n = askpool_hot_take_released(buf, RELEASE_CAP)
-            for (i in 0 until n) free(buf.getLong(8L * i))
+            inbox.longs.get(0, handles, 0, n)
+            for (i in 0 until n) free(handles[i])
             if (n < RELEASE_CAP) return
         }
     }

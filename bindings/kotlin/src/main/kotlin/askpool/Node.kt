@@ -2,9 +2,6 @@ package askpool
 
 import askpool.ffi.NativeNode
 import askpool.ffi.Payload
-import kotlinx.coroutines.CoroutineScope
-import kotlinx.coroutines.SupervisorJob
-import kotlinx.coroutines.cancel
 import kotlinx.coroutines.suspendCancellableCoroutine
 import java.util.concurrent.ConcurrentHashMap
 import kotlin.coroutines.ContinuationInterceptor
@@ -40,7 +37,6 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     }
     private val poolIds = ConcurrentHashMap<String, Long>()
     private val pools = ConcurrentHashMap<String, Pool>()
-    internal val scope = CoroutineScope(SupervisorJob())
 
     /** Hosts a pool whose requests run [handler] (see [Handler]). */
     fun pool(name: String, options: PoolOptions = PoolOptions(), handler: Handler): Pool {
@@ -156,9 +152,11 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     /** Fails pending asks (`Unavailable`), stops the pools, frees the node. */
     override fun close() {
         native.shutdown()
-        pools.values.forEach { Pool.forget(it) }
+        pools.values.forEach {
+            Pool.forget(it)
+            it.cancelAll()
+        }
         pools.clear()
-        scope.cancel()
         native.close()
         HandleTable.drain()
     }

@@ -10,11 +10,14 @@ import askpool.ffi.requestProgress
 import askpool.ffi.requestReplyBytes
 import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
+import kotlinx.coroutines.CoroutineScope
 import kotlinx.coroutines.CoroutineStart
 import kotlinx.coroutines.Job
 import kotlinx.coroutines.launch
 import java.util.concurrent.ConcurrentHashMap
 import kotlin.coroutines.ContinuationInterceptor
+import kotlin.coroutines.CoroutineContext
+import kotlin.coroutines.EmptyCoroutineContext
 
 /**
  * A pool's handler: a suspend function of the message and its context.
@@ -90,6 +93,27 @@ class Pool internal constructor(
 ) : HostHandler {
     private val running = RequestTable()
 
+    /**
+     * Where handlers are launched: a scope without a Job, so a handler's
+     * coroutine is no child to attach and detach (that bookkeeping on one
+     * shared parent cost more than the rest of the launch). [cancelAll]
+     * cancels them instead when the node closes.
+     */
+    private val handlers = object : CoroutineScope {
+        override val coroutineContext: CoroutineContext = options.dispatcher
+    }
+
+    @Volatile private var closed = false
+
+    /** Cancels every running handler and any that starts from now on. */
+    internal fun cancelAll() {
+        closed = true
+        running.forEach {
+            it.cancelPending = true
+            it.job?.cancel()
+        }
+    }
+
     internal fun nativeOptions() = askpool.ffi.PoolOptions(
         concurrency = options.concurrency.toUInt(),
         maxInFlight = options.maxInFlight.toULong(),
@@ -160,11 +184,14 @@ class Pool internal constructor(
     private fun start(request: Long, msg: Any?, here: ContinuationInterceptor? = null) {
         val context = RequestContext(request)
         if (running.start(request, context)) context.markCancelled()
+        // Checked after the start is recorded: a cancelAll either sees this
+        // request or ran before this check.
+        if (closed) context.cancelPending = true
         // ATOMIC / UNDISPATCHED: a request cancelled before its coroutine ran
         // still runs the block, so it still replies (the runtime waits for
         // that reply).
         val start = if (here != null && here === options.dispatcher) CoroutineStart.UNDISPATCHED else CoroutineStart.ATOMIC
-        node.scope.launch(options.dispatcher, start) {
+        handlers.launch(EmptyCoroutineContext, start) {
             context.job = coroutineContext[Job]
             // A cancel that came between registration and now found no job.
             if (context.cancelPending) context.job?.cancel()

@@ -206,6 +206,13 @@ internal class RequestTable {
         }
     }
 
+    /** Runs [action] on every running request (outside the locks). */
+    fun forEach(action: (RequestContext) -> Unit) {
+        val all = ArrayList<RequestContext>()
+        for (s in stripes) synchronized(s) { s.values.filterIsInstanceTo(all) }
+        all.forEach(action)
+    }
+
     /** Requests running now. */
     fun size(): Int = stripes.sumOf { synchronized(it) { it.running } }
 
