@@ -36,7 +36,7 @@ pub unsafe extern "C" fn askpool_hot_ask(
 ) -> i64 {
     catch_unwind(|| {
         let (released, events) = exec::hot(|| {
-            crate::node::node_ask(
+            crate::node::ask_in_runtime(
                 node,
                 pool,
                 handle,
