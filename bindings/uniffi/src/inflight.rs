@@ -17,6 +17,9 @@ pub struct Running {
     /// Lets the pool's worker take its next request.
     pub done: oneshot::Sender<()>,
     pub context: RequestContext,
+    /// The request's message, kept until the request ends: the JVM looks
+    /// its object up without a hold of its own (`events::push_unheld`).
+    pub _message: Msg,
 }
 
 /// Keyed by small integers from this process: Fx hashing, not SipHash.

@@ -37,6 +37,9 @@ internal object Hot {
 
     private const val KIND_REPLY = 1L
     private const val KIND_HANDLE = 2L
+
+    /** In a hot call's event kind: Rust holds the object until [askpool_hot_release]. */
+    private const val HELD = 0x100L
     private const val CAP = 256
 
     /** Events one hot call returns at most (the rest go to the event thread). */
@@ -133,7 +136,9 @@ internal object Hot {
         val missing = if (nested) arrayOfNulls(n) else inbox.missing
         try {
             inbox.longs.get(1, words, 0, n * 4)
+            var held = false
             for (i in 0 until n) {
+                held = held || words[4 * i] and HELD != 0L
                 try {
                     objects[i] = HandleTable.get(words[4 * i + 3])
                     missing[i] = null
@@ -142,14 +147,17 @@ internal object Hot {
                     missing[i] = e
                 }
             }
-            askpool_hot_release()
+            // Requests come unheld (Rust keeps a running request's message
+            // until it ends): a call that returned only requests needs no
+            // release call.
+            if (held) askpool_hot_release()
             for (i in 0 until n) {
                 val a = words[4 * i + 1]
                 val obj = objects[i]
                 val miss = missing[i]
                 objects[i] = null // the arrays must not keep objects alive
                 missing[i] = null
-                when (words[4 * i]) {
+                when (words[4 * i] and HELD.inv()) {
                     KIND_REPLY -> guarded { Completions.reply(a, obj, miss) }
                     KIND_HANDLE -> inbox.later.addLast(Request(a, words[4 * i + 2], obj, miss))
                 }
