@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use askpool::{
     AskError, AskHandle, DedupConfig, Node, NodeConfig, PoolConfig, PoolName, RequestId,
     RetryPolicy, WorkerPool,
@@ -132,7 +133,11 @@ impl NativeNode {
             pool_ids: Mutex::default(),
             pools: Mutex::default(),
         });
-        NODES.insert(node.id, Arc::clone(&node));
+        NODES.rcu(|nodes| {
+            let mut nodes = FxHashMap::clone(nodes);
+            nodes.insert(node.id, Arc::clone(&node));
+            nodes
+        });
         node
     }
 
@@ -307,7 +312,11 @@ impl NativeNode {
 
     /// Fails pending asks (`Unavailable`), stops the pools. Idempotent.
     pub fn shutdown(&self) {
-        NODES.remove(&self.id);
+        NODES.rcu(|nodes| {
+            let mut nodes = FxHashMap::clone(nodes);
+            nodes.remove(&self.id);
+            nodes
+        });
         let pools: Vec<_> = self.pools.lock().drain().map(|(_, p)| p).collect();
         drop(pools);
         self.node.shutdown();
@@ -316,8 +325,10 @@ impl NativeNode {
 
 /// Nodes by id, for the hot path: a top-level call with primitives costs
 /// one crossing, a method call two (the generated code clones the object
-/// handle first).
-static NODES: LazyLock<IdMap<Arc<NativeNode>>> = LazyLock::new(IdMap::default);
+/// handle first). A snapshot replaced when a node starts or shuts down:
+/// looking a node up writes no line the asking threads share (a map
+/// lock's or the node's reference count).
+static NODES: LazyLock<ArcSwap<FxHashMap<i64, Arc<NativeNode>>>> = LazyLock::new(ArcSwap::default);
 static NEXT_NODE: AtomicI64 = AtomicI64::new(1);
 
 /// The hot path: an ask of a host object with a timeout (0: the node's
@@ -340,14 +351,12 @@ pub(crate) fn ask_in_runtime(
     token: i64,
 ) -> u64 {
     let msg = Msg::host(handle);
-    // The map's guard, not a clone of the node: no write to the node's
-    // reference count, a line every asking thread would share. Nothing
-    // below takes this map again.
-    let Some(node) = NODES.get(&node) else {
+    let nodes = NODES.load();
+    let Some(node) = nodes.get(&node) else {
         return u64::MAX;
     };
     node.ask(pool, msg, timeout_ms, token);
-    drop(node);
+    drop(nodes);
     released_len() as u64
 }
 
