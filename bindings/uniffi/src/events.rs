@@ -15,11 +15,15 @@ use crate::payload::HostRef;
 
 pub const REPLY: i64 = 1;
 pub const HANDLE: i64 = 2;
+/// Or'ed into an event's kind when a hot call holds its object until
+/// `askpool_hot_release`; a hot call with no such event needs no release.
+pub const HELD_FLAG: i64 = 0x100;
 
 pub struct Event {
     words: [i64; 4],
-    /// Keeps the object in the handle table until the JVM has looked it up.
-    _keep: Arc<HostRef>,
+    /// Keeps the object in the handle table until the JVM has looked it up,
+    /// unless something else keeps it that long.
+    keep: Option<Arc<HostRef>>,
 }
 
 #[derive(Default)]
@@ -40,10 +44,22 @@ static READY: Condvar = Condvar::new();
 /// An event for the JVM: to the hot call in progress on this thread if
 /// there is one (it returns the event itself), else to the event thread.
 pub fn push(kind: i64, a: i64, b: i64, keep: Arc<HostRef>) {
-    let event = Event {
+    push_event(Event {
         words: [kind, a, b, keep.handle()],
-        _keep: keep,
-    };
+        keep: Some(keep),
+    });
+}
+
+/// An event whose object something else keeps until the JVM has looked it
+/// up (a request's message stays with its running request).
+pub fn push_unheld(kind: i64, a: i64, b: i64, handle: i64) {
+    push_event(Event {
+        words: [kind, a, b, handle],
+        keep: None,
+    });
+}
+
+fn push_event(event: Event) {
     if let Some(event) = crate::exec::capture(event) {
         enqueue(event);
     }
@@ -75,15 +91,17 @@ pub unsafe fn hand_over(events: Vec<Event>, buf: *mut i64, skip: usize, cap: usi
         let mut held = held.borrow_mut();
         for event in events {
             if written < cap && !buf.is_null() {
+                let mut words = event.words;
+                if event.keep.is_some() {
+                    words[0] |= HELD_FLAG;
+                }
                 // SAFETY: the caller provides skip + 4 * cap words.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        event.words.as_ptr(),
-                        buf.add(skip + 4 * written),
-                        4,
-                    );
+                    std::ptr::copy_nonoverlapping(words.as_ptr(), buf.add(skip + 4 * written), 4);
                 }
-                held.push(event);
+                if event.keep.is_some() {
+                    held.push(event);
+                }
                 written += 1;
             } else {
                 enqueue(event);

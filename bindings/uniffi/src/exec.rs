@@ -18,14 +18,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 
+use futures::task::{waker_ref, ArcWake};
 use parking_lot::Mutex;
 
 use crate::events::Event;
 use crate::runtime::runtime;
-
-type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 const IDLE: u8 = 0;
 const SCHEDULED: u8 = 1;
@@ -38,10 +37,21 @@ const DONE: u8 = 4;
 /// JVM thread never spins on a future that keeps waking itself.
 const INLINE_POLLS: usize = 64;
 
-struct Task {
+/// A spawned future and its state, in one allocation (the future is
+/// stored in place, not boxed apart).
+struct Task<F> {
     state: AtomicU8,
     /// Locked only by the one poller the state machine admits.
-    future: Mutex<Option<BoxFuture>>,
+    future: Mutex<Option<F>>,
+}
+
+/// A task as the ready queues hold it, whatever its future.
+type Runnable = Arc<dyn Run>;
+
+trait Run: Send + Sync {
+    /// Polls until the future is pending without a wake-up, or done.
+    /// Called only by whoever moved the state to `SCHEDULED`.
+    fn run(self: Arc<Self>);
 }
 
 /// Runs `future` to completion: on this thread now if a hot call is in
@@ -49,24 +59,26 @@ struct Task {
 pub fn spawn(future: impl Future<Output = ()> + Send + 'static) {
     let task = Arc::new(Task {
         state: AtomicU8::new(SCHEDULED),
-        future: Mutex::new(Some(Box::pin(future))),
+        future: Mutex::new(Some(future)),
     });
     schedule(task);
 }
 
-impl Task {
-    /// Polls until the future is pending without a wake-up, or done.
-    /// Called only by whoever moved the state to `SCHEDULED`.
+impl<F: Future<Output = ()> + Send + 'static> Run for Task<F> {
     fn run(self: Arc<Self>) {
         self.state.store(RUNNING, Ordering::SeqCst);
-        let waker = Waker::from(Arc::clone(&self));
+        let waker = waker_ref(&self);
         let mut cx = Context::from_waker(&waker);
         let mut slot = self.future.lock();
         let Some(future) = slot.as_mut() else {
             self.state.store(DONE, Ordering::SeqCst);
             return;
         };
-        let polled = catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
+        // SAFETY: the future lives in the task's `Arc` allocation and is
+        // never moved out of it: it is only polled in place or dropped in
+        // place (`*slot = None`).
+        let future = unsafe { Pin::new_unchecked(future) };
+        let polled = catch_unwind(AssertUnwindSafe(|| future.poll(&mut cx)));
         if !matches!(polled, Ok(Poll::Pending)) {
             // Done, or panicked: dropping the future releases what it held
             // (an unanswered responder fails its request).
@@ -88,26 +100,22 @@ impl Task {
     }
 }
 
-impl Wake for Task {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        let mut state = self.state.load(Ordering::SeqCst);
+impl<F: Future<Output = ()> + Send + 'static> ArcWake for Task<F> {
+    fn wake_by_ref(task: &Arc<Self>) {
+        let mut state = task.state.load(Ordering::SeqCst);
         loop {
             let next = match state {
                 IDLE => SCHEDULED,
                 RUNNING => NOTIFIED,
                 _ => return,
             };
-            match self
+            match task
                 .state
                 .compare_exchange(state, next, Ordering::SeqCst, Ordering::SeqCst)
             {
                 Ok(_) => {
                     if next == SCHEDULED {
-                        schedule(Arc::clone(self));
+                        schedule(Arc::clone(task) as Runnable);
                     }
                     return;
                 }
@@ -120,7 +128,7 @@ impl Wake for Task {
 /// The hot call in progress on this thread.
 #[derive(Default)]
 struct Scope {
-    ready: VecDeque<Arc<Task>>,
+    ready: VecDeque<Runnable>,
     events: Vec<Event>,
 }
 
@@ -128,7 +136,7 @@ thread_local! {
     static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
 }
 
-fn schedule(task: Arc<Task>) {
+fn schedule(task: Runnable) {
     let mut task = Some(task);
     let _ = SCOPE.try_with(|s| {
         if let Some(scope) = s.borrow_mut().as_mut() {

@@ -57,10 +57,11 @@ async fn run(host: &dyn HostHandler, host_id: i64, request: Request<Msg, Msg>) {
             responder,
             done: done_tx,
             context: context.clone(),
+            _message: message.clone(),
         },
     );
     match message {
-        Msg::Host(r) => events::push(events::HANDLE, host_id, token, r),
+        Msg::Host(r) => events::push_unheld(events::HANDLE, host_id, token, r.handle()),
         Msg::Bytes(b) => host.handle_bytes(token, b.to_vec()),
     }
     tokio::select! {

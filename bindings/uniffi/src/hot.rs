@@ -8,7 +8,9 @@
 //! return, and the events that produces (a request for a handler of this
 //! JVM, a reply to one of its callers) come back in `buf`, 4 words each
 //! (kind, a, b, handle) after `HEADER` words. The JVM looks their objects
-//! up, then calls `askpool_hot_release`.
+//! up, then calls `askpool_hot_release` if an event's kind carries
+//! `events::HELD_FLAG` (a reply; a request's message is kept by its
+//! running request instead).
 
 use std::panic::catch_unwind;
 
@@ -36,7 +38,7 @@ pub unsafe extern "C" fn askpool_hot_ask(
 ) -> i64 {
     catch_unwind(|| {
         let (released, events) = exec::hot(|| {
-            crate::node::node_ask(
+            crate::node::ask_in_runtime(
                 node,
                 pool,
                 handle,

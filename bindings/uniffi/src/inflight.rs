@@ -7,6 +7,7 @@ use std::sync::LazyLock;
 
 use askpool::{RequestContext, Responder};
 use dashmap::DashMap;
+use rustc_hash::FxBuildHasher;
 use tokio::sync::oneshot;
 
 use crate::payload::Msg;
@@ -16,12 +17,18 @@ pub struct Running {
     /// Lets the pool's worker take its next request.
     pub done: oneshot::Sender<()>,
     pub context: RequestContext,
+    /// The request's message, kept until the request ends: the JVM looks
+    /// its object up without a hold of its own (`events::push_unheld`).
+    pub _message: Msg,
 }
 
-static REQUESTS: LazyLock<DashMap<i64, Running>> = LazyLock::new(DashMap::new);
+/// Keyed by small integers from this process: Fx hashing, not SipHash.
+pub type IdMap<V> = DashMap<i64, V, FxBuildHasher>;
+
+static REQUESTS: LazyLock<IdMap<Running>> = LazyLock::new(IdMap::default);
 static NEXT_REQUEST: AtomicI64 = AtomicI64::new(1);
 
-pub fn requests() -> &'static DashMap<i64, Running> {
+pub fn requests() -> &'static IdMap<Running> {
     &REQUESTS
 }
 

@@ -29,6 +29,9 @@ pub use runtime::runtime_worker_threads;
 
 uniffi::setup_scaffolding!();
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Panics with `message`: lets the host's tests check that a panic inside
 /// the library becomes an exception instead of aborting the process.
 #[uniffi::export]

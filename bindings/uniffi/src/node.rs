@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use askpool::{
     AskError, AskHandle, DedupConfig, Node, NodeConfig, PoolConfig, PoolName, RequestId,
     RetryPolicy, WorkerPool,
 };
-use dashmap::DashMap;
 use futures::{FutureExt, StreamExt};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 use crate::error::{Failure, NativeError};
 use crate::events;
 use crate::host::{AskListener, HostHandler, Stage};
+use crate::inflight::IdMap;
 use crate::payload::{released_len, Msg, Payload};
 use crate::runtime::runtime;
 
@@ -83,7 +84,7 @@ pub struct NativeNode {
     listener: Arc<dyn AskListener>,
     id: i64,
     /// Cancel switches of running asks, by the caller's token.
-    asks: Arc<DashMap<i64, oneshot::Sender<()>>>,
+    asks: IdMap<oneshot::Sender<()>>,
     /// Pool names interned for the primitive-only ask path.
     pool_ids: Mutex<(Vec<PoolName>, FxHashMap<String, i64>)>,
     pools: Mutex<FxHashMap<String, WorkerPool<Msg, Msg>>>,
@@ -128,11 +129,15 @@ impl NativeNode {
             node: Node::with_config(config),
             listener,
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
-            asks: Arc::default(),
+            asks: IdMap::default(),
             pool_ids: Mutex::default(),
             pools: Mutex::default(),
         });
-        NODES.insert(node.id, Arc::clone(&node));
+        NODES.rcu(|nodes| {
+            let mut nodes = FxHashMap::clone(nodes);
+            nodes.insert(node.id, Arc::clone(&node));
+            nodes
+        });
         node
     }
 
@@ -189,7 +194,7 @@ impl NativeNode {
 
     /// An ask (or a tell) with every option; returns its request id.
     pub fn ask_with(
-        &self,
+        self: Arc<Self>,
         pool: String,
         payload: Payload,
         args: AskArgs,
@@ -278,7 +283,11 @@ impl NativeNode {
 
     /// Asks a dead letter again (same request id); the outcome goes to the
     /// listener under `token`.
-    pub fn replay_dead_letter(&self, request_id: String, token: i64) -> Result<(), NativeError> {
+    pub fn replay_dead_letter(
+        self: Arc<Self>,
+        request_id: String,
+        token: i64,
+    ) -> Result<(), NativeError> {
         let id: RequestId = parse_id("request id", &request_id)?;
         let _rt = runtime().enter();
         let handle = self.node.replay_dead_letter(id)?;
@@ -303,7 +312,11 @@ impl NativeNode {
 
     /// Fails pending asks (`Unavailable`), stops the pools. Idempotent.
     pub fn shutdown(&self) {
-        NODES.remove(&self.id);
+        NODES.rcu(|nodes| {
+            let mut nodes = FxHashMap::clone(nodes);
+            nodes.remove(&self.id);
+            nodes
+        });
         let pools: Vec<_> = self.pools.lock().drain().map(|(_, p)| p).collect();
         drop(pools);
         self.node.shutdown();
@@ -312,8 +325,10 @@ impl NativeNode {
 
 /// Nodes by id, for the hot path: a top-level call with primitives costs
 /// one crossing, a method call two (the generated code clones the object
-/// handle first).
-static NODES: LazyLock<DashMap<i64, Arc<NativeNode>>> = LazyLock::new(DashMap::new);
+/// handle first). A snapshot replaced when a node starts or shuts down:
+/// looking a node up writes no line the asking threads share (a map
+/// lock's or the node's reference count).
+static NODES: LazyLock<ArcSwap<FxHashMap<i64, Arc<NativeNode>>>> = LazyLock::new(ArcSwap::default);
 static NEXT_NODE: AtomicI64 = AtomicI64::new(1);
 
 /// The hot path: an ask of a host object with a timeout (0: the node's
@@ -322,11 +337,26 @@ static NEXT_NODE: AtomicI64 = AtomicI64::new(1);
 /// `u64::MAX` if the node is shut down (nothing will be reported).
 #[uniffi::export]
 pub fn node_ask(node: i64, pool: i64, handle: i64, timeout_ms: u64, token: i64) -> u64 {
+    let _rt = runtime().enter();
+    ask_in_runtime(node, pool, handle, timeout_ms, token)
+}
+
+/// [`node_ask`] on a thread already in the runtime's context (a hot call
+/// enters it once for everything it runs).
+pub(crate) fn ask_in_runtime(
+    node: i64,
+    pool: i64,
+    handle: i64,
+    timeout_ms: u64,
+    token: i64,
+) -> u64 {
     let msg = Msg::host(handle);
-    let Some(node) = NODES.get(&node).map(|n| Arc::clone(&n)) else {
+    let nodes = NODES.load();
+    let Some(node) = nodes.get(&node) else {
         return u64::MAX;
     };
     node.ask(pool, msg, timeout_ms, token);
+    drop(nodes);
     released_len() as u64
 }
 
@@ -339,7 +369,7 @@ impl NativeNode {
         Arc::clone(&self.listener)
     }
 
-    fn ask(&self, pool: i64, msg: Msg, timeout_ms: u64, token: i64) {
+    fn ask(self: &Arc<Self>, pool: i64, msg: Msg, timeout_ms: u64, token: i64) {
         let name = usize::try_from(pool)
             .ok()
             .and_then(|i| self.pool_ids.lock().0.get(i).cloned());
@@ -352,7 +382,6 @@ impl NativeNode {
             runtime().spawn(async move { listener.on_failure(token, Failure::from(&error)) });
             return;
         };
-        let _rt = runtime().enter();
         let mut ask = self.node.ask(name, msg);
         if timeout_ms > 0 {
             ask = ask.timeout(millis(timeout_ms));
@@ -361,7 +390,7 @@ impl NativeNode {
     }
 
     /// Runs an ask to its end on the runtime and reports the outcome.
-    fn drive(&self, started: Started, token: i64, stages: bool) {
+    fn drive(self: &Arc<Self>, started: Started, token: i64, stages: bool) {
         let (cancel_tx, cancel_rx) = oneshot::channel();
         self.asks.insert(token, cancel_tx);
         if stages {
@@ -376,19 +405,20 @@ impl NativeNode {
                 });
             }
         }
-        let asks = Arc::clone(&self.asks);
-        let listener = Arc::clone(&self.listener);
+        // One count on the node, not one each on its map and listener: every
+        // asking thread writes these counts.
+        let node = Arc::clone(self);
         crate::exec::spawn(async move {
             let outcome = AssertUnwindSafe(finish(started, cancel_rx))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| Err(AskError::internal(panic_message(panic.as_ref()))));
-            asks.remove(&token);
+            node.asks.remove(&token);
             match outcome {
                 Ok(Some(Msg::Host(r))) => events::push(events::REPLY, token, 0, r),
-                Ok(Some(Msg::Bytes(b))) => listener.on_reply_bytes(token, b.to_vec()),
-                Ok(None) => listener.on_told(token),
-                Err(e) => listener.on_failure(token, Failure::from(&e)),
+                Ok(Some(Msg::Bytes(b))) => node.listener.on_reply_bytes(token, b.to_vec()),
+                Ok(None) => node.listener.on_told(token),
+                Err(e) => node.listener.on_failure(token, Failure::from(&e)),
             }
         });
     }

@@ -4,12 +4,14 @@
 //! the last drop queues the handle for release; Kotlin drains that queue in
 //! batches, which keeps per-ask FFI crossings down.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 static RELEASED: Mutex<Vec<i64>> = Mutex::new(Vec::new());
+/// `RELEASED.len()`, readable without the lock (every ask reports it).
+static RELEASED_LEN: AtomicUsize = AtomicUsize::new(0);
 static LIVE: AtomicI64 = AtomicI64::new(0);
 
 /// A handle of the Kotlin handle table, owned by Rust.
@@ -28,7 +30,10 @@ impl HostRef {
 
 impl Drop for HostRef {
     fn drop(&mut self) {
-        RELEASED.lock().push(self.0);
+        let mut released = RELEASED.lock();
+        released.push(self.0);
+        RELEASED_LEN.store(released.len(), Ordering::Relaxed);
+        drop(released);
         LIVE.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -77,11 +82,36 @@ impl From<&Msg> for Payload {
 /// its table.
 #[uniffi::export]
 pub fn take_released() -> Vec<i64> {
-    std::mem::take(&mut *RELEASED.lock())
+    let mut released = RELEASED.lock();
+    RELEASED_LEN.store(0, Ordering::Relaxed);
+    std::mem::take(&mut *released)
 }
 
+/// [`take_released`] for the hot path: moves up to `cap` released handles
+/// to `buf` and returns how many (fewer than `cap`: none are left).
+///
+/// # Safety
+/// `buf` must point to `cap` writable `i64`s.
+#[no_mangle]
+pub unsafe extern "C" fn askpool_hot_take_released(buf: *mut i64, cap: i32) -> i32 {
+    let cap = usize::try_from(cap).unwrap_or(0);
+    if buf.is_null() {
+        return 0;
+    }
+    let mut released = RELEASED.lock();
+    let n = released.len().min(cap);
+    let from = released.len() - n;
+    // SAFETY: the caller provides `cap` words and n <= cap.
+    unsafe { std::ptr::copy_nonoverlapping(released.as_ptr().add(from), buf, n) };
+    released.truncate(from);
+    RELEASED_LEN.store(released.len(), Ordering::Relaxed);
+    // n <= cap, which came from an i32.
+    n as i32
+}
+
+/// How many released handles wait for [`take_released`] (a hint, no lock).
 pub fn released_len() -> usize {
-    RELEASED.lock().len()
+    RELEASED_LEN.load(Ordering::Relaxed)
 }
 
 /// Host handles Rust holds right now (a leak check: 0 once everything ended).

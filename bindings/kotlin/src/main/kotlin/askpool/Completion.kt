@@ -3,8 +3,10 @@ package askpool
 import askpool.ffi.AskListener
 import askpool.ffi.Failure
 import askpool.ffi.Stage
+import kotlinx.coroutines.CancellableContinuation
 import java.util.concurrent.ConcurrentHashMap
-import java.util.concurrent.atomic.AtomicLong
+import kotlin.coroutines.resume
+import kotlin.coroutines.resumeWithException
 
 /** Where one ask's outcome goes (a suspended caller, an [AskHandle]). */
 internal interface Completion {
@@ -21,34 +23,36 @@ internal interface Completion {
 internal class Completions : AskListener {
 
     fun register(completion: Completion, stages: Boolean = false): Long {
-        val token = tokens.getAndIncrement()
-        waiting[token] = completion
+        val token = waiting.put(completion)
         if (stages) streams[token] = completion
         return token
     }
 
+    /** An ask whose outcome resumes [cont] directly (no [Completion] object). */
+    fun register(cont: CancellableContinuation<Any?>): Long = waiting.put(cont)
+
     /** Fails an ask the runtime never took (nothing will be reported for it). */
     fun failNow(token: Long, error: AskException) {
         streams.remove(token)
-        waiting.remove(token)?.fail(error)
+        fail(waiting.take(token), error)
     }
 
     /** Asks started and not yet reported (in every node). */
-    fun size() = waiting.size + streams.size
+    fun size() = waiting.size() + streams.size
 
     override fun onReplyBytes(token: Long, data: ByteArray) {
         JvmThreads.stayAttached()
-        waiting.remove(token)?.complete(data)
+        complete(waiting.take(token), data)
     }
 
     override fun onTold(token: Long) {
         JvmThreads.stayAttached()
-        waiting.remove(token)?.complete(null)
+        complete(waiting.take(token), null)
     }
 
     override fun onFailure(token: Long, failure: Failure) {
         JvmThreads.stayAttached()
-        waiting.remove(token)?.fail(AskException.of(failure))
+        fail(waiting.take(token), AskException.of(failure))
     }
 
     override fun onStage(token: Long, stage: Stage) {
@@ -63,14 +67,29 @@ internal class Completions : AskListener {
 
     companion object {
         // Process-wide: replies arrive as events that carry only the token.
-        private val waiting = ConcurrentHashMap<Long, Completion>()
+        // A waiter is a Completion or, for a plain ask, the caller's continuation.
+        private val waiting = Slots<Any>()
         private val streams = ConcurrentHashMap<Long, Completion>()
-        private val tokens = AtomicLong(1)
 
         /** A host-object reply (its object, or why it could not be looked up). */
         fun reply(token: Long, value: Any?, missing: AskException?) {
-            val completion = waiting.remove(token) ?: return
-            if (missing != null) completion.fail(missing) else completion.complete(value)
+            val waiter = waiting.take(token) ?: return
+            if (missing != null) fail(waiter, missing) else complete(waiter, value)
+        }
+
+        @Suppress("UNCHECKED_CAST")
+        private fun complete(waiter: Any?, value: Any?) {
+            when (waiter) {
+                is Completion -> waiter.complete(value)
+                is CancellableContinuation<*> -> (waiter as CancellableContinuation<Any?>).resume(value)
+            }
+        }
+
+        private fun fail(waiter: Any?, error: AskException) {
+            when (waiter) {
+                is Completion -> waiter.fail(error)
+                is CancellableContinuation<*> -> waiter.resumeWithException(error)
+            }
         }
     }
 }

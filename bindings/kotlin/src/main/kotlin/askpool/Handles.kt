@@ -1,8 +1,5 @@
 package askpool
 
-import java.util.concurrent.ConcurrentHashMap
-import java.util.concurrent.atomic.AtomicLong
-
 /**
  * The JVM side of "objects pass directly": an object given to `ask` (or
  * returned by a handler) stays here and Rust carries its handle, so the
@@ -11,31 +8,23 @@ import java.util.concurrent.atomic.AtomicLong
  * DLQ); released handles are drained in batches.
  */
 object HandleTable {
-    private val objects = ConcurrentHashMap<Long, Any>()
-    private val next = AtomicLong(1)
+    private val objects = Slots<Any>()
 
     /** Handle 0 stands for `null`. */
-    internal fun put(obj: Any?): Long {
-        if (obj == null) return 0
-        val handle = next.getAndIncrement()
-        objects[handle] = obj
-        return handle
-    }
+    internal fun put(obj: Any?): Long = if (obj == null) 0 else objects.put(obj)
 
     internal fun get(handle: Long): Any? {
         if (handle == 0L) return null
-        return objects[handle] ?: throw AskException.Internal("host handle $handle is not in the handle table")
+        return objects.get(handle) ?: throw AskException.Internal("host handle $handle is not in the handle table")
     }
 
     /** Drops the objects Rust no longer holds. */
-    fun drain() {
-        for (handle in askpool.ffi.takeReleased()) objects.remove(handle)
-    }
+    fun drain() = Hot.drainReleased { objects.take(it) }
 
     /** Objects held for Rust right now (after a [drain]). */
     fun size(): Int {
         drain()
-        return objects.size
+        return objects.size()
     }
 
     /** Handles Rust holds right now (0 once every ask, cache and letter is gone). */

@@ -3,6 +3,8 @@ package askpool
 import com.sun.jna.Memory
 import com.sun.jna.Native
 import com.sun.jna.Pointer
+import java.nio.ByteOrder
+import java.nio.LongBuffer
 import kotlin.coroutines.ContinuationInterceptor
 
 /**
@@ -31,9 +33,13 @@ internal object Hot {
     @JvmStatic external fun askpool_hot_release()
     @JvmStatic external fun askpool_hot_probe(x: Long): Long
     @JvmStatic external fun askpool_hot_wait(buf: Pointer, cap: Int, timeoutMs: Int): Int
+    @JvmStatic external fun askpool_hot_take_released(buf: Pointer, cap: Int): Int
 
     private const val KIND_REPLY = 1L
     private const val KIND_HANDLE = 2L
+
+    /** In a hot call's event kind: Rust holds the object until [askpool_hot_release]. */
+    private const val HELD = 0x100L
     private const val CAP = 256
 
     /** Events one hot call returns at most (the rest go to the event thread). */
@@ -41,7 +47,17 @@ internal object Hot {
 
     /** Per thread: the buffer hot calls write to, and what this thread is doing. */
     private class Inbox {
-        val buf by lazy { Memory((1 + HOT_CAP * 4L) * 8) }
+        private var memory: Memory? = null
+
+        /** [buf] as longs, read without a JNI call each (valid once [buf] was used). */
+        lateinit var longs: LongBuffer
+
+        /** Made on first use: runtime threads that only call back never need one. */
+        val buf: Memory
+            get() = memory ?: Memory((1 + HOT_CAP * 4L) * 8).also {
+                memory = it
+                longs = it.getByteBuffer(0, it.size()).order(ByteOrder.nativeOrder()).asLongBuffer()
+            }
 
         /** In a hot call: a callback arriving now comes from this JVM thread, not a runtime one. */
         var inCall = false
@@ -49,6 +65,12 @@ internal object Hot {
         /** Taking on events: requests that arrive meanwhile wait in [later]. */
         var taking = false
         val later = ArrayDeque<Request>()
+
+        /** A hot call's events, copied out of [buf]; reused unless a take nests. */
+        val words = LongArray(HOT_CAP * 4)
+        val objects = arrayOfNulls<Any?>(HOT_CAP)
+        val missing = arrayOfNulls<AskException>(HOT_CAP)
+        var copying = false
     }
 
     private class Request(val pool: Long, val request: Long, val msg: Any?, val missing: AskException?)
@@ -81,7 +103,7 @@ internal object Hot {
         }
         if (n == -2L) throw AskException.Internal("panic in askpool (ask); see stderr")
         if (n < 0) return n
-        val released = buf.getLong(0)
+        val released = inbox.longs.get(0)
         take(inbox, n.toInt(), here)
         return released
     }
@@ -103,25 +125,45 @@ internal object Hot {
     private fun take(inbox: Inbox, n: Int, here: ContinuationInterceptor?) {
         if (n <= 0) return
         // Copied out and looked up first: running a handler below makes
-        // hot calls that reuse the buffer and release what Rust held.
-        val words = LongArray(n * 4)
-        inbox.buf.read(8, words, 0, n * 4)
-        val objects = arrayOfNulls<Any?>(n)
-        val missing = arrayOfNulls<AskException>(n)
-        for (i in 0 until n) {
-            try {
-                objects[i] = HandleTable.get(words[4 * i + 3])
-            } catch (e: AskException) {
-                missing[i] = e
+        // hot calls that reuse the buffer and release what Rust held. The
+        // arrays are the thread's own unless a reply resumed a caller that
+        // asks again on this thread (an unconfined caller) while they are
+        // in use.
+        val nested = inbox.copying
+        inbox.copying = true
+        val words = if (nested) LongArray(n * 4) else inbox.words
+        val objects = if (nested) arrayOfNulls(n) else inbox.objects
+        val missing = if (nested) arrayOfNulls(n) else inbox.missing
+        try {
+            inbox.longs.get(1, words, 0, n * 4)
+            var held = false
+            for (i in 0 until n) {
+                held = held || words[4 * i] and HELD != 0L
+                try {
+                    objects[i] = HandleTable.get(words[4 * i + 3])
+                    missing[i] = null
+                } catch (e: AskException) {
+                    objects[i] = null
+                    missing[i] = e
+                }
             }
-        }
-        askpool_hot_release()
-        for (i in 0 until n) {
-            val a = words[4 * i + 1]
-            when (words[4 * i]) {
-                KIND_REPLY -> guarded { Completions.reply(a, objects[i], missing[i]) }
-                KIND_HANDLE -> inbox.later.addLast(Request(a, words[4 * i + 2], objects[i], missing[i]))
+            // Requests come unheld (Rust keeps a running request's message
+            // until it ends): a call that returned only requests needs no
+            // release call.
+            if (held) askpool_hot_release()
+            for (i in 0 until n) {
+                val a = words[4 * i + 1]
+                val obj = objects[i]
+                val miss = missing[i]
+                objects[i] = null // the arrays must not keep objects alive
+                missing[i] = null
+                when (words[4 * i] and HELD.inv()) {
+                    KIND_REPLY -> guarded { Completions.reply(a, obj, miss) }
+                    KIND_HANDLE -> inbox.later.addLast(Request(a, words[4 * i + 2], obj, miss))
+                }
             }
+        } finally {
+            if (!nested) inbox.copying = false
         }
         if (inbox.taking) return
         // The outermost take on this thread runs the requests, one after the
@@ -140,6 +182,26 @@ internal object Hot {
             inbox.taking = false
         }
     }
+
+    /**
+     * Hands every handle Rust released to [free], in batches through this
+     * thread's buffer (a direct call: a generated one returning a list costs
+     * far more).
+     */
+    fun drainReleased(free: (Long) -> Unit) {
+        val inbox = inboxes.get()
+        val buf = inbox.buf
+        val handles = LongArray(RELEASE_CAP)
+        while (true) {
+            val n = askpool_hot_take_released(buf, RELEASE_CAP)
+            inbox.longs.get(0, handles, 0, n)
+            for (i in 0 until n) free(handles[i])
+            if (n < RELEASE_CAP) return
+        }
+    }
+
+    /** Handles one drain call takes at most: what the thread's buffer holds. */
+    private const val RELEASE_CAP = 1 + HOT_CAP * 4
 
     /** One event's failure must not lose the others. */
     private inline fun guarded(body: () -> Unit) {

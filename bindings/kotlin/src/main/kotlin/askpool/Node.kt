@@ -2,14 +2,9 @@ package askpool
 
 import askpool.ffi.NativeNode
 import askpool.ffi.Payload
-import kotlinx.coroutines.CoroutineScope
-import kotlinx.coroutines.SupervisorJob
-import kotlinx.coroutines.cancel
 import kotlinx.coroutines.suspendCancellableCoroutine
 import java.util.concurrent.ConcurrentHashMap
 import kotlin.coroutines.ContinuationInterceptor
-import kotlin.coroutines.resume
-import kotlin.coroutines.resumeWithException
 
 /**
  * A caller of asks and a host of worker pools, on the askpool runtime.
@@ -42,7 +37,6 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     }
     private val poolIds = ConcurrentHashMap<String, Long>()
     private val pools = ConcurrentHashMap<String, Pool>()
-    internal val scope = CoroutineScope(SupervisorJob())
 
     /** Hosts a pool whose requests run [handler] (see [Handler]). */
     fun pool(name: String, options: PoolOptions = PoolOptions(), handler: Handler): Pool {
@@ -68,7 +62,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         val poolId = poolIds.getOrPut(pool) { native.poolId(pool) }
         val timeoutMs = options.timeout?.inWholeMilliseconds?.coerceAtLeast(1) ?: 0
         return suspendCancellableCoroutine { cont ->
-            val token = completions.register(ContinuationCompletion(cont))
+            val token = completions.register(cont)
             // The reply may arrive within this call (the handler ran on this
             // thread): then `cont` is resumed before this block returns and
             // the caller does not suspend at all.
@@ -79,9 +73,10 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             } else if (pendingReleases >= DRAIN_BATCH) {
                 HandleTable.drain()
             }
-            // Also when `cont` is no longer active: a caller cancelled while
-            // its handler ran above gets the handler called at once.
-            cont.invokeOnCancellation { native.cancel(token) }
+            // Also when `cont` was cancelled meanwhile: a caller cancelled
+            // while its handler ran above gets the handler called at once. A
+            // caller whose reply came within the call has nothing to cancel.
+            if (!cont.isCompleted || cont.isCancelled) cont.invokeOnCancellation { native.cancel(token) }
         }
     }
 
@@ -157,9 +152,11 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     /** Fails pending asks (`Unavailable`), stops the pools, frees the node. */
     override fun close() {
         native.shutdown()
-        pools.values.forEach { Pool.forget(it) }
+        pools.values.forEach {
+            Pool.forget(it)
+            it.cancelAll()
+        }
         pools.clear()
-        scope.cancel()
         native.close()
         HandleTable.drain()
     }
@@ -204,11 +201,4 @@ data class DeadLetter(
             reason = d.reason,
         )
     }
-}
-
-private class ContinuationCompletion(
-    private val cont: kotlinx.coroutines.CancellableContinuation<Any?>,
-) : Completion {
-    override fun complete(value: Any?) = cont.resume(value)
-    override fun fail(error: AskException) = cont.resumeWithException(error)
 }

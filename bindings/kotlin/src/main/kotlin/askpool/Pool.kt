@@ -3,17 +3,21 @@ package askpool
 import askpool.ffi.CancelCause
 import askpool.ffi.Fault
 import askpool.ffi.HostHandler
+import askpool.ffi.RequestInfo
 import askpool.ffi.requestFail
 import askpool.ffi.requestInfo
 import askpool.ffi.requestProgress
 import askpool.ffi.requestReplyBytes
 import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
+import kotlinx.coroutines.CoroutineScope
 import kotlinx.coroutines.CoroutineStart
 import kotlinx.coroutines.Job
 import kotlinx.coroutines.launch
 import java.util.concurrent.ConcurrentHashMap
 import kotlin.coroutines.ContinuationInterceptor
+import kotlin.coroutines.CoroutineContext
+import kotlin.coroutines.EmptyCoroutineContext
 
 /**
  * A pool's handler: a suspend function of the message and its context.
@@ -27,24 +31,56 @@ fun interface Handler {
 
 /** What a handler knows about the request it runs. */
 class RequestContext internal constructor(private val request: Long) {
-    private val cancelSignal = CompletableDeferred<Unit>()
-    private val info by lazy { requestInfo(request) }
+    @Volatile private var cancelledFlag = false
 
-    val requestId: String get() = info?.requestId ?: ""
-    val correlationId: String get() = info?.correlationId ?: ""
-    val attempt: Int get() = info?.attempt?.toInt() ?: 0
+    /** Made on the first [cancelled] call only: most handlers never wait for a cancel. */
+    @Volatile private var cancelSignal: CompletableDeferred<Unit>? = null
+
+    @Volatile private var infoRead = false
+    private var info: RequestInfo? = null
+
+    /** The handler's coroutine, once it started. */
+    @Volatile internal var job: Job? = null
+
+    /** Cancelled before [job] was set: the coroutine cancels itself. */
+    @Volatile internal var cancelPending = false
+
+    private fun info(): RequestInfo? {
+        if (!infoRead) {
+            synchronized(this) {
+                if (!infoRead) {
+                    info = requestInfo(request)
+                    infoRead = true
+                }
+            }
+        }
+        return info
+    }
+
+    val requestId: String get() = info()?.requestId ?: ""
+    val correlationId: String get() = info()?.correlationId ?: ""
+    val attempt: Int get() = info()?.attempt?.toInt() ?: 0
 
     /** Whether the request was cancelled (by its caller, a timeout, shutdown). */
-    val isCancelled: Boolean get() = cancelSignal.isCompleted
+    val isCancelled: Boolean get() = cancelledFlag
 
     /** Suspends until the request is cancelled. */
-    suspend fun cancelled() = cancelSignal.await()
+    suspend fun cancelled() {
+        val signal = cancelSignal ?: synchronized(this) {
+            cancelSignal ?: CompletableDeferred<Unit>().also { cancelSignal = it }
+        }
+        // The flag is written before the signal is read (markCancelled) and
+        // the signal before the flag is read (here): one of them sees the other.
+        if (cancelledFlag) signal.complete(Unit)
+        signal.await()
+    }
 
     /** Reports progress to the caller (a `PARTIAL` stage). */
     fun progress(fraction: Float, note: String = "") = requestProgress(request, fraction, note)
 
     internal fun markCancelled() {
-        cancelSignal.complete(Unit)
+        cancelledFlag = true
+        cancelSignal?.complete(Unit)
     }
 }
 
@@ -55,14 +91,28 @@ class Pool internal constructor(
     private val options: PoolOptions,
     private val handler: Handler,
 ) : HostHandler {
-    private class Running(val context: RequestContext) {
-        @Volatile var job: Job? = null
+    private val running = RequestTable()
 
-        /** Cancelled before [job] was set: the coroutine cancels itself. */
-        @Volatile var cancelPending = false
+    /**
+     * Where handlers are launched: a scope without a Job, so a handler's
+     * coroutine is no child to attach and detach (that bookkeeping on one
+     * shared parent cost more than the rest of the launch). [cancelAll]
+     * cancels them instead when the node closes.
+     */
+    private val handlers = object : CoroutineScope {
+        override val coroutineContext: CoroutineContext = options.dispatcher
     }
 
-    private val running = ConcurrentHashMap<Long, Running>()
+    @Volatile private var closed = false
+
+    /** Cancels every running handler and any that starts from now on. */
+    internal fun cancelAll() {
+        closed = true
+        running.forEach {
+            it.cancelPending = true
+            it.job?.cancel()
+        }
+    }
 
     internal fun nativeOptions() = askpool.ffi.PoolOptions(
         concurrency = options.concurrency.toUInt(),
@@ -73,7 +123,7 @@ class Pool internal constructor(
     )
 
     /** Requests this pool's handler is running. */
-    fun running(): Int = running.size
+    fun running(): Int = running.size()
 
     /** Stops the pool: new asks get `NoRoute`, queued ones are cancelled. */
     fun close() = node.native.closePool(name)
@@ -116,18 +166,11 @@ class Pool internal constructor(
         start(request, data)
     }
 
-    /** Cancels that overtook their request (which comes by the event thread). */
-    private val cancelledEarly = ConcurrentHashMap.newKeySet<Long>()
-
     override fun cancelled(request: Long) {
         JvmThreads.stayAttached()
-        var entry: Running? = null
-        running.compute(request) { _, r ->
-            if (r == null) cancelledEarly.add(request) else entry = r
-            r
-        }
-        entry?.let {
-            it.context.markCancelled()
+        // Null if the request has not started: its start finds the cancel.
+        running.cancel(request)?.let {
+            it.markCancelled()
             it.cancelPending = true
             it.job?.cancel()
         }
@@ -139,21 +182,21 @@ class Pool internal constructor(
      * the request from a hot call, so its own work waits on this reply.
      */
     private fun start(request: Long, msg: Any?, here: ContinuationInterceptor? = null) {
-        val entry = Running(RequestContext(request))
-        running.compute(request) { _, _ ->
-            if (cancelledEarly.remove(request)) entry.context.markCancelled()
-            entry
-        }
+        val context = RequestContext(request)
+        if (running.start(request, context)) context.markCancelled()
+        // Checked after the start is recorded: a cancelAll either sees this
+        // request or ran before this check.
+        if (closed) context.cancelPending = true
         // ATOMIC / UNDISPATCHED: a request cancelled before its coroutine ran
         // still runs the block, so it still replies (the runtime waits for
         // that reply).
         val start = if (here != null && here === options.dispatcher) CoroutineStart.UNDISPATCHED else CoroutineStart.ATOMIC
-        node.scope.launch(options.dispatcher, start) {
-            entry.job = coroutineContext[Job]
+        handlers.launch(EmptyCoroutineContext, start) {
+            context.job = coroutineContext[Job]
             // A cancel that came between registration and now found no job.
-            if (entry.cancelPending) entry.job?.cancel()
+            if (context.cancelPending) context.job?.cancel()
             try {
-                when (val reply = handler.handle(msg, entry.context)) {
+                when (val reply = handler.handle(msg, context)) {
                     is ByteArray -> requestReplyBytes(request, reply)
                     else -> Hot.reply(request, HandleTable.put(reply), coroutineContext[ContinuationInterceptor])
                 }
@@ -162,7 +205,7 @@ class Pool internal constructor(
             } catch (e: Throwable) {
                 requestFail(request, AskException.fromHandler(e))
             } finally {
-                running.remove(request)
+                running.finish(request)
             }
         }
     }

@@ -109,7 +109,7 @@ private suspend fun measure(trials: Int, sequential: Int, concurrentOps: Int, ca
         "reply come back inside those calls, so no runtime or event thread wakes (bindings/uniffi " +
         "exec.rs). What remains per ask is CPU: the runtime's protocol work (ids, dedup entry, acks, " +
         "timer) and the JVM side's bookkeeping (handle table, completion map, handler coroutine), about " +
-        "9 us of CPU against the baseline's 0.65 us (bench/Profile.kt, mode 'one' vs 'plain')."
+        "4 us of CPU against the baseline's 0.6 us (bench/Profile.kt, mode 'one' vs 'plain')."
     val probeNs = median(probes)
     val hotNs = median(hotProbes)
     val callbackNs = median(callbackProbes)
