@@ -106,12 +106,10 @@ impl<T> ExpiryIndex<T> {
         what.map(|what| (key, what))
     }
 
-    /// The earliest deadline still indexed.
+    /// The earliest deadline still indexed (the front: every change leaves
+    /// a live entry there, or an empty ring).
     pub(crate) fn next_deadline(&self) -> Option<Timestamp> {
-        self.ring
-            .iter()
-            .find(|(_, what)| what.is_some())
-            .map(|((at, _), _)| *at)
+        self.ring.front().map(|((at, _), _)| *at)
     }
 
     /// Places held, live or not: what the index costs in memory. Zero

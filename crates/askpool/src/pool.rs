@@ -153,9 +153,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
 
     /// One step of the inbound table for `key`. Keeps the in-flight count
     /// and the expiry index in step with the entries that are InProgress, and
-    /// returns the action plus the request the step started or cancelled.
-    /// `None` means a new request was refused because the pool is full, or
-    /// (with `only_if`) that the entry was no longer the one that expired.
+    /// returns the action plus the running request the step ended (whose
+    /// cancel signal a Cancel step sets). `None` means a new request was
+    /// refused because the pool is full, or (with `only_if`) that the entry
+    /// was no longer the one that expired.
     ///
     /// `starting` is the request an `InboundEvent::Request` would start.
     fn step(
@@ -203,7 +204,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                         };
                         self.index_expiry(at, what)
                     });
-                    request = Some(Arc::clone(&started));
                     Entry {
                         state,
                         running: Some(started),
@@ -339,8 +339,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             cancel: CancelSignal::default(),
         });
         let now = self.clock.now();
-        let Some((action, started)) = self.step(ids.dedup_key(), now, event, Some(&request), None)
-        else {
+        let Some((action, _)) = self.step(ids.dedup_key(), now, event, Some(&request), None) else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
             refuse(AskError::BufferFull {
                 pool: self.name.to_string(),
@@ -352,7 +351,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             InboundAction::RunHandlerAndAck => {
                 self.counters.admitted.fetch_add(1, Ordering::Relaxed);
                 self.send(ToCaller::Ack { ids });
-                debug_assert!(started.is_some_and(|s| Arc::ptr_eq(&s, &request)));
                 self.enqueue(WorkItem { request, payload });
                 return;
             }

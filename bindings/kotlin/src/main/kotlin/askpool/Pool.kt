@@ -78,6 +78,12 @@ class RequestContext internal constructor(private val request: Long) {
     /** Reports progress to the caller (a `PARTIAL` stage). */
     fun progress(fraction: Float, note: String = "") = requestProgress(request, fraction, note)
 
+    /** Cancels the handler's coroutine, or has it cancel itself once it starts. */
+    internal fun cancelJob() {
+        cancelPending = true
+        job?.cancel()
+    }
+
     internal fun markCancelled() {
         cancelledFlag = true
         cancelSignal?.complete(Unit)
@@ -108,10 +114,7 @@ class Pool internal constructor(
     /** Cancels every running handler and any that starts from now on. */
     internal fun cancelAll() {
         closed = true
-        running.forEach {
-            it.cancelPending = true
-            it.job?.cancel()
-        }
+        running.forEach { it.cancelJob() }
     }
 
     internal fun nativeOptions() = askpool.ffi.PoolOptions(
@@ -171,8 +174,7 @@ class Pool internal constructor(
         // Null if the request has not started: its start finds the cancel.
         running.cancel(request)?.let {
             it.markCancelled()
-            it.cancelPending = true
-            it.job?.cancel()
+            it.cancelJob()
         }
     }
 
