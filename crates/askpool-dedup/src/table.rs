@@ -328,10 +328,14 @@ pub struct DedupTable<S> {
     max_terminal: isize,
     /// `config.terminal_ttl` in nanoseconds (saturated, as `Timestamp + Duration`).
     ttl_nanos: u64,
-    evicted_capacity: AtomicU64,
+    /// Written on every eviction: padded away from the read-only fields
+    /// above, which every operation reads (sharing their line made each
+    /// operation on one core miss after an eviction on the other).
+    evicted_capacity: CachePadded<AtomicU64>,
     evicted_ttl: AtomicU64,
-    /// The latest expiry stamped on a queued entry (nanos).
-    latest_expiry: AtomicU64,
+    /// The latest expiry stamped on a queued entry (nanos); written on
+    /// every transition to terminal.
+    latest_expiry: CachePadded<AtomicU64>,
     /// The expiry (nanos) of an entry `expire` found at the queue's head
     /// and not due; an operation whose clock is before it skips the queue
     /// with one load. Stamps never go down along the queue, so the entries
@@ -373,9 +377,9 @@ impl<S: DedupState> DedupTable<S> {
             terminal: CachePadded::new(AtomicIsize::new(0)),
             max_terminal: isize::try_from(config.max_terminal).unwrap_or(isize::MAX),
             ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
-            evicted_capacity: AtomicU64::new(0),
+            evicted_capacity: CachePadded::new(AtomicU64::new(0)),
             evicted_ttl: AtomicU64::new(0),
-            latest_expiry: AtomicU64::new(0),
+            latest_expiry: CachePadded::new(AtomicU64::new(0)),
             next_due: CachePadded::new(AtomicU64::new(0)),
             epoch: Epoch::new(),
         }
@@ -634,6 +638,11 @@ impl<S: DedupState> DedupTable<S> {
             evicted_capacity: self.evicted_capacity.load(Relaxed),
             evicted_ttl: self.evicted_ttl.load(Relaxed),
         }
+    }
+
+    /// In-progress entries (one load: what an admission check reads).
+    pub fn in_progress(&self) -> usize {
+        self.in_progress.load(Relaxed)
     }
 
     /// All entries, in-progress and terminal.

@@ -2,7 +2,10 @@
 //! `cargo build --release -p askpool --example ask_loop &&
 //!  perf record -g target/release/examples/ask_loop 200000`.
 //! `ASK_LOOP_TRACK=1` turns ACK stage tracking on (the node default);
-//! `ASK_LOOP_MT=1` runs on a multi_thread runtime with 2 workers.
+//! `ASK_LOOP_MT=1` runs on a multi_thread runtime with 2 workers;
+//! `ASK_LOOP_CALLERS=64` splits the asks over that many concurrent caller
+//! tasks (contention on the pool's shared state), `ASK_LOOP_CONCURRENCY=4`
+//! gives the pool that many workers.
 
 use askpool::{Node, NodeConfig};
 fn main() {
@@ -27,15 +30,34 @@ fn main() {
             track_stages: std::env::var_os("ASK_LOOP_TRACK").is_some(),
             ..NodeConfig::default()
         });
+        let concurrency = std::env::var("ASK_LOOP_CONCURRENCY").map_or(1, |s| s.parse().unwrap());
         node.pool("p")
+            .concurrency(concurrency)
             .handler(|m: u64, _ctx| async move { Ok(m + 1) })
             .unwrap();
+        let callers: u64 = std::env::var("ASK_LOOP_CALLERS")
+            .map(|s| s.parse().unwrap())
+            .unwrap_or(1);
         let t = std::time::Instant::now();
-        for i in 0..n {
-            let r = node.ask("p", i).await.unwrap();
-            assert_eq!(r, i + 1);
+        let tasks: Vec<_> = (0..callers)
+            .map(|_| {
+                let node = node.clone();
+                tokio::spawn(async move {
+                    for i in 0..n / callers {
+                        let r = node.ask("p", i).await.unwrap();
+                        assert_eq!(r, i + 1);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
         }
         println!("{:?} per ask", t.elapsed() / n as u32);
     });
     rt.block_on(main).unwrap();
 }
+
+/// The allocator the bindings use (mimalloc), so a profile shows what they see.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

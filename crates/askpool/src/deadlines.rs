@@ -11,6 +11,13 @@
 //! would wake anyway: deadlines mostly grow, so a busy queue wakes the
 //! sweeper about once per timeout, not once per entry.
 //!
+//! The queue is split into shards (see `shard`): a thread enters its deadlines in its own shard. With
+//! one lock and one ring for the whole node, two threads asking at once
+//! fought over that lock and that ring's lines on every ask, and their
+//! interleaved clock reads arrived out of order, which `try_insert`
+//! refuses (the ask then fell back to a tokio timer). One sweeper serves
+//! every shard.
+//!
 //! The sweeper runs on the tokio runtime of the call that first needed it.
 //! If that runtime goes away (the task is dropped with it), the next insert
 //! or [`DeadlineQueue::keep_alive`] starts a new one on the current runtime.
@@ -19,11 +26,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Weak;
 
 use askpool_proto::Timestamp;
-use parking_lot::Mutex;
+use crossbeam_utils::CachePadded;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use crate::clock::NodeClock;
 use crate::expiry::{ExpiryIndex, ExpiryKey};
+use crate::shard::{shard_count, thread_shard};
 
 /// What owns a [`DeadlineQueue`] and acts on its due entries.
 pub(crate) trait DeadlineOwner: Send + Sync + 'static {
@@ -34,22 +43,31 @@ pub(crate) trait DeadlineOwner: Send + Sync + 'static {
     fn fire(&self, key: ExpiryKey, item: Self::Item);
 }
 
+/// Where a shard's sequence numbers start: its index in the top bits.
+const SHARD_SHIFT: u32 = 56;
+
 pub(crate) struct DeadlineQueue<T> {
-    index: Mutex<ExpiryIndex<T>>,
+    shards: Box<[CachePadded<Mutex<ExpiryIndex<T>>>]>,
     changed: Notify,
     /// A sweeper task exists (cleared when it ends, however it ends).
     running: AtomicBool,
     closed: AtomicBool,
     /// When the sweeper next wakes by itself (nanos of a `Timestamp`;
-    /// `u64::MAX` while it waits for a first deadline). Written under the
-    /// index lock.
+    /// `u64::MAX` while it waits for a first deadline, and while it scans
+    /// the shards, so that an entry entered meanwhile wakes it again).
     wakes_at: AtomicU64,
 }
 
 impl<T> Default for DeadlineQueue<T> {
     fn default() -> Self {
         Self {
-            index: Mutex::default(),
+            shards: (0..shard_count())
+                .map(|i| {
+                    CachePadded::new(Mutex::new(ExpiryIndex::starting_at(
+                        (i as u64) << SHARD_SHIFT,
+                    )))
+                })
+                .collect(),
             changed: Notify::new(),
             running: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -65,7 +83,7 @@ impl<T: Send + 'static> DeadlineQueue<T> {
     where
         O: DeadlineOwner<Item = T>,
     {
-        let mut index = self.index.lock();
+        let mut index = self.own_shard();
         let key = index.insert(at, item);
         self.entered(owner, index, key)
     }
@@ -88,7 +106,7 @@ impl<T: Send + 'static> DeadlineQueue<T> {
         {
             return Err(item);
         }
-        let mut index = self.index.lock();
+        let mut index = self.own_shard();
         let key = index.try_insert(at, item)?;
         Ok(self.entered(owner, index, key))
     }
@@ -96,7 +114,7 @@ impl<T: Send + 'static> DeadlineQueue<T> {
     fn entered<O>(
         &self,
         owner: &Weak<O>,
-        index: parking_lot::MutexGuard<'_, ExpiryIndex<T>>,
+        index: MutexGuard<'_, ExpiryIndex<T>>,
         key: ExpiryKey,
     ) -> ExpiryKey
     where
@@ -131,10 +149,18 @@ impl<T: Send + 'static> DeadlineQueue<T> {
 }
 
 impl<T> DeadlineQueue<T> {
+    /// The calling thread's shard, locked.
+    fn own_shard(&self) -> MutexGuard<'_, ExpiryIndex<T>> {
+        self.shards[thread_shard(self.shards.len())].lock()
+    }
+
     /// Removes the entry at `key`; false if it already left (due, or
     /// removed before).
     pub(crate) fn remove(&self, key: ExpiryKey) -> bool {
-        self.index.lock().remove(key)
+        // The shard that entered it (any thread may remove it).
+        self.shards[(key.1 >> SHARD_SHIFT) as usize]
+            .lock()
+            .remove(key)
     }
 
     /// Ends the sweeper; entries left in the queue never fire.
@@ -145,12 +171,12 @@ impl<T> DeadlineQueue<T> {
 
     /// Places held (live entries and removed ones not yet dropped).
     pub(crate) fn len(&self) -> usize {
-        self.index.lock().len()
+        self.shards.iter().map(|shard| shard.lock().len()).sum()
     }
 
     /// Entries waiting for their deadline.
     pub(crate) fn live(&self) -> usize {
-        self.index.lock().live()
+        self.shards.iter().map(|shard| shard.lock().live()).sum()
     }
 }
 
@@ -183,18 +209,24 @@ async fn sweep<O: DeadlineOwner>(running: Running<O>) {
         }
         let now = owner.clock().now();
         let mut due = Vec::new();
-        let next = {
-            let mut index = queue.index.lock();
+        // An entry entered in a shard already scanned sees this (its lock
+        // comes after the scan's) and wakes the sweeper for another round.
+        queue.wakes_at.store(u64::MAX, Ordering::Release);
+        let mut next: Option<Timestamp> = None;
+        for shard in queue.shards.iter() {
+            let mut index = shard.lock();
             while let Some(entry) = index.pop_due(now) {
                 due.push(entry);
             }
-            let next = index.next_deadline();
-            queue.wakes_at.store(
-                next.map_or(u64::MAX, Timestamp::as_nanos),
-                Ordering::Release,
-            );
-            next
-        };
+            next = match (next, index.next_deadline()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        queue.wakes_at.store(
+            next.map_or(u64::MAX, Timestamp::as_nanos),
+            Ordering::Release,
+        );
         for (key, item) in due {
             owner.fire(key, item);
         }
@@ -209,5 +241,103 @@ async fn sweep<O: DeadlineOwner>(running: Running<O>) {
             }
             None => changed.await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Mutex as StdMutex};
+    use std::time::Duration;
+
+    struct Owner {
+        queue: DeadlineQueue<(u64, Timestamp)>,
+        clock: NodeClock,
+        fired: StdMutex<Vec<(u64, Timestamp, Timestamp)>>,
+        count: AtomicUsize,
+    }
+
+    impl DeadlineOwner for Owner {
+        type Item = (u64, Timestamp);
+        fn deadlines(&self) -> &DeadlineQueue<(u64, Timestamp)> {
+            &self.queue
+        }
+        fn clock(&self) -> &NodeClock {
+            &self.clock
+        }
+        fn fire(&self, _key: ExpiryKey, (id, due): (u64, Timestamp)) {
+            let now = self.clock.now();
+            self.fired.lock().unwrap().push((id, due, now));
+            self.count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Threads enter deadlines in their own shards, some while the sweeper
+    /// is sweeping, some removed again: every entry left fires once, never
+    /// before its deadline, and the shards end empty.
+    #[test]
+    fn entries_from_many_threads_fire_once_each_and_on_time() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let owner = Arc::new(Owner {
+            queue: DeadlineQueue::default(),
+            clock: NodeClock::new(false),
+            fired: StdMutex::default(),
+            count: AtomicUsize::new(0),
+        });
+        const THREADS: u64 = 4;
+        const PER_THREAD: u64 = 500;
+        let kept: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let owner = Arc::clone(&owner);
+                    let rt = rt.handle().clone();
+                    s.spawn(move || {
+                        let _runtime = rt.enter();
+                        let weak = Arc::downgrade(&owner);
+                        let mut kept = 0;
+                        for i in 0..PER_THREAD {
+                            let id = t * PER_THREAD + i;
+                            let due = owner.clock.now() + Duration::from_millis(1 + id % 20);
+                            let key = owner.queue.insert(&weak, due, (id, due));
+                            if i % 5 == 0 {
+                                owner.queue.remove(key);
+                            } else {
+                                kept += 1;
+                            }
+                            if i % 50 == 0 {
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                        }
+                        kept
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while owner.count.load(Ordering::SeqCst) < kept && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let fired = owner.fired.lock().unwrap().clone();
+        assert_eq!(fired.len(), kept, "every entry not removed fired");
+        let mut ids: Vec<u64> = fired.iter().map(|f| f.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), kept, "none fired twice");
+        assert!(
+            ids.iter().all(|id| id % PER_THREAD % 5 != 0),
+            "no removed entry fired"
+        );
+        assert!(
+            fired.iter().all(|(_, due, at)| at >= due),
+            "none fired early"
+        );
+        assert_eq!((owner.queue.live(), owner.queue.len()), (0, 0));
+        owner.queue.close();
     }
 }

@@ -53,6 +53,15 @@ impl<T> Default for ExpiryIndex<T> {
 }
 
 impl<T> ExpiryIndex<T> {
+    /// An index whose sequence numbers start at `first_seq` (so that the
+    /// shards of one queue hand out keys that never collide).
+    pub(crate) fn starting_at(first_seq: u64) -> Self {
+        Self {
+            next_seq: first_seq,
+            ..Self::default()
+        }
+    }
+
     /// Enters an entry due at `at` (or at the latest deadline so far, if
     /// that is later).
     pub(crate) fn insert(&mut self, at: Timestamp, what: T) -> ExpiryKey {

@@ -39,6 +39,7 @@ mod node;
 mod pending;
 mod pool;
 mod queue;
+mod shard;
 mod stats;
 mod telemetry;
 mod transport;

@@ -6,7 +6,7 @@
 //! requests wait in a flume queue (the pool's, or the preferred worker's) for
 //! a worker; the queue is bounded by `max_in_flight`, enforced at admission.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::cancel::CancelSignal;
@@ -24,6 +24,7 @@ use crate::config::PoolConfig;
 use crate::deadlines::{DeadlineOwner, DeadlineQueue};
 use crate::expiry::{Expiring, ExpiryKey};
 use crate::queue::QueueSignal;
+use crate::shard::StripedCounter;
 use crate::stats::PoolStats;
 use crate::telemetry;
 use crate::transport::{PoolEndpoint, WorkerTransport};
@@ -83,8 +84,9 @@ pub(crate) struct WorkItem<M> {
 
 #[derive(Default)]
 pub(crate) struct PoolCounters {
-    pub(crate) admitted: AtomicU64,
-    pub(crate) handler_runs: AtomicU64,
+    /// Striped: written by every request.
+    pub(crate) admitted: StripedCounter,
+    pub(crate) handler_runs: StripedCounter,
     pub(crate) duplicate_acks: AtomicU64,
     pub(crate) replays: AtomicU64,
     pub(crate) suppressed_replies: AtomicU64,
@@ -98,8 +100,9 @@ pub(crate) struct PoolCounters {
 pub(crate) struct PoolShared<M, R> {
     pub(crate) name: PoolName,
     pub(crate) config: PoolConfig,
+    /// Its in-progress count is the pool's in-flight count (a second
+    /// counter would be two more writes per request on a shared line).
     table: DedupTable<Entry<R>>,
-    in_flight: AtomicUsize,
     pub(crate) queue_tx: flume::Sender<Work<M>>,
     pub(crate) queue_rx: flume::Receiver<Work<M>>,
     /// Wakes an idle worker when the shared queue gets work. Workers wait on
@@ -131,7 +134,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             table: DedupTable::new(config.dedup),
             name,
             config,
-            in_flight: AtomicUsize::new(0),
             queue_tx,
             queue_rx,
             work: QueueSignal::default(),
@@ -174,7 +176,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 }
             }
             let is_new = current.is_none() && matches!(event, InboundEvent::Request { .. });
-            if is_new && self.in_flight.load(Ordering::Acquire) >= self.config.max_in_flight {
+            if is_new && self.table.in_progress() >= self.config.max_in_flight {
                 return (None, None);
             }
             let transition = inbound::step(current.map(|e| &e.state), event);
@@ -182,7 +184,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             let next = transition.next.map(|state| {
                 if state.is_terminal() {
                     if let Some(running) = current.filter(|e| !e.is_terminal()) {
-                        self.in_flight.fetch_sub(1, Ordering::AcqRel);
                         request = running.running.clone();
                         if let Some(expiry) = running.expiry {
                             self.expiries.remove(expiry);
@@ -194,7 +195,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                         expiry: None,
                     }
                 } else {
-                    self.in_flight.fetch_add(1, Ordering::AcqRel);
                     let started = Arc::clone(starting.expect("only a request starts a handler"));
                     let expiry = self.processing_deadline(now).map(|at| {
                         let meta = &started.meta;
@@ -349,7 +349,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         };
         let answer = match action {
             InboundAction::RunHandlerAndAck => {
-                self.counters.admitted.fetch_add(1, Ordering::Relaxed);
+                self.counters.admitted.add(1);
                 self.send(ToCaller::Ack { ids });
                 self.enqueue(WorkItem { request, payload });
                 return;
@@ -518,7 +518,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         PoolStats {
             name: self.name.to_string(),
-            in_flight: self.in_flight.load(Ordering::Acquire),
+            in_flight: self.table.in_progress(),
             queued: self.queue_rx.len()
                 + self
                     .workers
@@ -527,8 +527,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                     .map(|w| w.tx.len())
                     .sum::<usize>(),
             dedup: self.table.stats(),
-            admitted: get(&c.admitted),
-            handler_runs: get(&c.handler_runs),
+            admitted: c.admitted.get(),
+            handler_runs: c.handler_runs.get(),
             duplicate_acks: get(&c.duplicate_acks),
             replays: get(&c.replays),
             suppressed_replies: get(&c.suppressed_replies),

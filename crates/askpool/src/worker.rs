@@ -7,7 +7,6 @@
 use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -150,7 +149,7 @@ pub struct Request<M: Send + 'static, R: Clone + Send + 'static> {
 
 impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
     fn new(pool: &Arc<PoolShared<M, R>>, item: WorkItem<M>) -> Self {
-        pool.counters.handler_runs.fetch_add(1, Ordering::Relaxed);
+        pool.counters.handler_runs.add(1);
         pool.read(&item.request.meta);
         Self {
             message: item.payload,
