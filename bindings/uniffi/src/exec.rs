@@ -11,7 +11,7 @@
 //! Only the waking differs from `tokio::spawn`: the futures are the same and
 //! never block, so the JVM thread runs no more than the runtime would.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -178,12 +178,29 @@ impl Drop for Restore {
     }
 }
 
+/// Makes the library's runtime current on this thread from now on. A
+/// runtime guard per hot call cloned the runtime's handle (an `Arc`): two
+/// reference-count writes per call on one line that every calling thread
+/// writes. The runtime lives as long as the process, so the guard is kept
+/// (forgotten) instead; guards entered later nest inside it as usual.
+fn enter_runtime_for_good() {
+    thread_local! {
+        static ENTERED: Cell<bool> = const { Cell::new(false) };
+    }
+    ENTERED.with(|entered| {
+        if !entered.get() {
+            std::mem::forget(runtime().enter());
+            entered.set(true);
+        }
+    });
+}
+
 /// Runs `call` as a hot call: futures it wakes are polled here afterwards,
 /// and the events they produce are returned (in order).
 pub fn hot<T>(call: impl FnOnce() -> T) -> (T, Vec<Event>) {
     let outer = SCOPE.with(|s| s.borrow_mut().replace(Scope::default()));
     let restore = Restore(outer);
-    let _rt = runtime().enter();
+    enter_runtime_for_good();
     let value = call();
     for _ in 0..INLINE_POLLS {
         let next = SCOPE.with(|s| s.borrow_mut().as_mut().and_then(|s| s.ready.pop_front()));

@@ -85,8 +85,11 @@ pub struct NativeNode {
     id: i64,
     /// Cancel switches of running asks, by the caller's token.
     asks: IdMap<oneshot::Sender<()>>,
-    /// Pool names interned for the primitive-only ask path.
-    pool_ids: Mutex<(Vec<PoolName>, FxHashMap<String, i64>)>,
+    /// Pool names interned for the primitive-only ask path: ids by name
+    /// (taken when a pool id is made), and names by id, which every ask
+    /// reads (a snapshot: a lock here was a line both asking threads wrote).
+    pool_ids: Mutex<FxHashMap<String, i64>>,
+    pool_names: ArcSwap<Vec<PoolName>>,
     pools: Mutex<FxHashMap<String, WorkerPool<Msg, Msg>>>,
 }
 
@@ -131,6 +134,7 @@ impl NativeNode {
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
             asks: IdMap::default(),
             pool_ids: Mutex::default(),
+            pool_names: ArcSwap::default(),
             pools: Mutex::default(),
         });
         NODES.rcu(|nodes| {
@@ -183,12 +187,14 @@ impl NativeNode {
     /// A small id for `pool`, for [`ask`](Self::ask).
     pub fn pool_id(&self, pool: String) -> i64 {
         let mut ids = self.pool_ids.lock();
-        if let Some(&id) = ids.1.get(&pool) {
+        if let Some(&id) = ids.get(&pool) {
             return id;
         }
-        let id = ids.0.len() as i64;
-        ids.0.push(PoolName::from(pool.as_str()));
-        ids.1.insert(pool, id);
+        let mut names = Vec::clone(&self.pool_names.load());
+        let id = names.len() as i64;
+        names.push(PoolName::from(pool.as_str()));
+        self.pool_names.store(Arc::new(names));
+        ids.insert(pool, id);
         id
     }
 
@@ -372,7 +378,7 @@ impl NativeNode {
     fn ask(self: &Arc<Self>, pool: i64, msg: Msg, timeout_ms: u64, token: i64) {
         let name = usize::try_from(pool)
             .ok()
-            .and_then(|i| self.pool_ids.lock().0.get(i).cloned());
+            .and_then(|i| self.pool_names.load().get(i).cloned());
         let Some(name) = name else {
             let error = AskError::InvalidArgument {
                 message: format!("unknown pool id {pool}"),

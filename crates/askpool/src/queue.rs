@@ -29,7 +29,9 @@ impl QueueSignal {
     pub(crate) fn push<T>(&self, tx: &flume::Sender<T>, item: T) -> Result<(), T> {
         tx.send(item).map_err(|flume::SendError(back)| back)?;
         self.len.fetch_add(1, Ordering::Release);
-        self.ready.notify_one();
+        // The worker that went idle last: its state is likely still in the
+        // cache of the thread pushing now (the longest idle one's is not).
+        self.ready.notify_last();
         Ok(())
     }
 
