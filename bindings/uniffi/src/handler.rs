@@ -15,7 +15,9 @@ use tokio::sync::oneshot;
 use crate::error::Fault;
 use crate::events;
 use crate::host::HostHandler;
-use crate::inflight::{request_token, requests, RequestGuard, Running};
+use crate::inflight::{
+    enter_request, read_request, requests_len, take_request, RequestGuard, Running,
+};
 use crate::payload::Msg;
 
 /// Starts `concurrency` workers (`w0`, `w1`, ...) on `pool`. `host_id`
@@ -48,18 +50,14 @@ async fn run(host: &dyn HostHandler, host_id: i64, request: Request<Msg, Msg>) {
         context,
         responder,
     } = request;
-    let token = request_token();
     let (done_tx, mut done_rx) = oneshot::channel();
+    let token = enter_request(Running {
+        responder,
+        done: done_tx,
+        context: context.clone(),
+        _message: message.clone(),
+    });
     let _guard = RequestGuard(token);
-    requests().insert(
-        token,
-        Running {
-            responder,
-            done: done_tx,
-            context: context.clone(),
-            _message: message.clone(),
-        },
-    );
     match message {
         Msg::Host(r) => events::push_unheld(events::HANDLE, host_id, token, r.handle()),
         Msg::Bytes(b) => host.handle_bytes(token, b.to_vec()),
@@ -75,7 +73,7 @@ async fn run(host: &dyn HostHandler, host_id: i64, request: Request<Msg, Msg>) {
 }
 
 fn complete(request: i64, outcome: Outcome<Msg>) {
-    if let Some((_, running)) = requests().remove(&request) {
+    if let Some(running) = take_request(request) {
         running.responder.complete(outcome);
         let _ = running.done.send(());
     }
@@ -100,8 +98,9 @@ pub fn request_fail(request: i64, fault: Fault) {
 
 #[uniffi::export]
 pub fn request_progress(request: i64, fraction: f32, note: String) {
-    if let Some(running) = requests().get(&request) {
-        running.context.progress(fraction, note);
+    // Reported outside the shard's lock.
+    if let Some(context) = read_request(request, |r| r.context.clone()) {
+        context.progress(fraction, note);
     }
 }
 
@@ -116,7 +115,7 @@ pub struct RequestInfo {
 
 #[uniffi::export]
 pub fn request_info(request: i64) -> Option<RequestInfo> {
-    requests().get(&request).map(|r| {
+    read_request(request, |r| {
         let c = &r.context;
         RequestInfo {
             request_id: c.request_id().to_string(),
@@ -131,5 +130,5 @@ pub fn request_info(request: i64) -> Option<RequestInfo> {
 /// Requests handed to host handlers and not answered yet, in every node.
 #[uniffi::export]
 pub fn requests_in_flight() -> u64 {
-    requests().len() as u64
+    requests_len() as u64
 }

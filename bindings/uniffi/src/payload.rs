@@ -3,16 +3,28 @@
 //! the handle's lifetime (retries, the reply cache and the DLQ clone it), so
 //! the last drop queues the handle for release; Kotlin drains that queue in
 //! batches, which keeps per-ask FFI crossings down.
+//!
+//! Every ask adopts and releases two handles (its message and its reply),
+//! on whichever threads ask and reply: the release queue and the live count
+//! are per thread (`askpool::shard`), so that those four steps write lines
+//! of the thread's own and not one set that every asking thread writes.
 
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 
+use askpool::shard::{Sharded, StripedCounter};
 use parking_lot::Mutex;
 
-static RELEASED: Mutex<Vec<i64>> = Mutex::new(Vec::new());
-/// `RELEASED.len()`, readable without the lock (every ask reports it).
-static RELEASED_LEN: AtomicUsize = AtomicUsize::new(0);
-static LIVE: AtomicI64 = AtomicI64::new(0);
+/// Released handles, per thread, with each queue's length readable
+/// without its lock (every ask reports it).
+#[derive(Default)]
+struct ReleaseQueue {
+    handles: Mutex<Vec<i64>>,
+    len: AtomicUsize,
+}
+
+static RELEASED: LazyLock<Sharded<ReleaseQueue>> = LazyLock::new(Sharded::default);
+static LIVE: LazyLock<StripedCounter> = LazyLock::new(StripedCounter::default);
 
 /// A handle of the Kotlin handle table, owned by Rust.
 #[derive(Debug)]
@@ -20,7 +32,7 @@ pub struct HostRef(i64);
 
 impl HostRef {
     pub fn adopt(handle: i64) -> Self {
-        LIVE.fetch_add(1, Ordering::Relaxed);
+        LIVE.add(1);
         Self(handle)
     }
     pub fn handle(&self) -> i64 {
@@ -30,11 +42,12 @@ impl HostRef {
 
 impl Drop for HostRef {
     fn drop(&mut self) {
-        let mut released = RELEASED.lock();
-        released.push(self.0);
-        RELEASED_LEN.store(released.len(), Ordering::Relaxed);
-        drop(released);
-        LIVE.fetch_sub(1, Ordering::Relaxed);
+        let queue = RELEASED.mine();
+        let mut handles = queue.handles.lock();
+        handles.push(self.0);
+        queue.len.store(handles.len(), Ordering::Relaxed);
+        drop(handles);
+        LIVE.add(-1);
     }
 }
 
@@ -82,13 +95,18 @@ impl From<&Msg> for Payload {
 /// its table.
 #[uniffi::export]
 pub fn take_released() -> Vec<i64> {
-    let mut released = RELEASED.lock();
-    RELEASED_LEN.store(0, Ordering::Relaxed);
-    std::mem::take(&mut *released)
+    let mut all = Vec::new();
+    for queue in RELEASED.iter() {
+        let mut handles = queue.handles.lock();
+        queue.len.store(0, Ordering::Relaxed);
+        all.append(&mut handles);
+    }
+    all
 }
 
 /// [`take_released`] for the hot path: moves up to `cap` released handles
-/// to `buf` and returns how many (fewer than `cap`: none are left).
+/// to `buf` and returns how many (fewer than `cap`: none are left), from
+/// the calling thread's queue first.
 ///
 /// # Safety
 /// `buf` must point to `cap` writable `i64`s.
@@ -98,24 +116,50 @@ pub unsafe extern "C" fn askpool_hot_take_released(buf: *mut i64, cap: i32) -> i
     if buf.is_null() {
         return 0;
     }
-    let mut released = RELEASED.lock();
-    let n = released.len().min(cap);
-    let from = released.len() - n;
-    // SAFETY: the caller provides `cap` words and n <= cap.
-    unsafe { std::ptr::copy_nonoverlapping(released.as_ptr().add(from), buf, n) };
-    released.truncate(from);
-    RELEASED_LEN.store(released.len(), Ordering::Relaxed);
-    // n <= cap, which came from an i32.
-    n as i32
+    let mine = RELEASED.my_index();
+    let shards = RELEASED.len();
+    let mut taken = 0;
+    for queue in (0..shards).map(|i| RELEASED.get((mine + i) % shards)) {
+        if taken == cap {
+            break;
+        }
+        if queue.len.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        let mut handles = queue.handles.lock();
+        let n = handles.len().min(cap - taken);
+        let from = handles.len() - n;
+        // SAFETY: the caller provides `cap` words and taken + n <= cap.
+        unsafe { std::ptr::copy_nonoverlapping(handles.as_ptr().add(from), buf.add(taken), n) };
+        handles.truncate(from);
+        queue.len.store(handles.len(), Ordering::Relaxed);
+        taken += n;
+    }
+    // taken <= cap, which came from an i32.
+    taken as i32
 }
 
-/// How many released handles wait for [`take_released`] (a hint, no lock).
+/// How many released handles wait for [`take_released`] (a hint, no lock):
+/// in the calling thread's queue, and on every 64th call in all queues, so
+/// that handles released on other threads (a timeout fires on a runtime
+/// thread) are drained too while anybody asks.
 pub fn released_len() -> usize {
-    RELEASED_LEN.load(Ordering::Relaxed)
+    thread_local! {
+        static CALLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    let calls = CALLS.with(|c| {
+        c.set(c.get().wrapping_add(1));
+        c.get()
+    });
+    if calls % 64 == 0 {
+        RELEASED.iter().map(|q| q.len.load(Ordering::Relaxed)).sum()
+    } else {
+        RELEASED.mine().len.load(Ordering::Relaxed)
+    }
 }
 
 /// Host handles Rust holds right now (a leak check: 0 once everything ended).
 #[uniffi::export]
 pub fn live_host_refs() -> i64 {
-    LIVE.load(Ordering::Relaxed)
+    LIVE.get()
 }

@@ -26,13 +26,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Weak;
 
 use askpool_proto::Timestamp;
-use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use crate::clock::NodeClock;
 use crate::expiry::{ExpiryIndex, ExpiryKey};
-use crate::shard::{shard_count, thread_shard};
+use crate::shard::Sharded;
 
 /// What owns a [`DeadlineQueue`] and acts on its due entries.
 pub(crate) trait DeadlineOwner: Send + Sync + 'static {
@@ -47,7 +46,7 @@ pub(crate) trait DeadlineOwner: Send + Sync + 'static {
 const SHARD_SHIFT: u32 = 56;
 
 pub(crate) struct DeadlineQueue<T> {
-    shards: Box<[CachePadded<Mutex<ExpiryIndex<T>>>]>,
+    shards: Sharded<Mutex<ExpiryIndex<T>>>,
     changed: Notify,
     /// A sweeper task exists (cleared when it ends, however it ends).
     running: AtomicBool,
@@ -61,13 +60,9 @@ pub(crate) struct DeadlineQueue<T> {
 impl<T> Default for DeadlineQueue<T> {
     fn default() -> Self {
         Self {
-            shards: (0..shard_count())
-                .map(|i| {
-                    CachePadded::new(Mutex::new(ExpiryIndex::starting_at(
-                        (i as u64) << SHARD_SHIFT,
-                    )))
-                })
-                .collect(),
+            shards: Sharded::new(|i| {
+                Mutex::new(ExpiryIndex::starting_at((i as u64) << SHARD_SHIFT))
+            }),
             changed: Notify::new(),
             running: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -151,14 +146,15 @@ impl<T: Send + 'static> DeadlineQueue<T> {
 impl<T> DeadlineQueue<T> {
     /// The calling thread's shard, locked.
     fn own_shard(&self) -> MutexGuard<'_, ExpiryIndex<T>> {
-        self.shards[thread_shard(self.shards.len())].lock()
+        self.shards.mine().lock()
     }
 
     /// Removes the entry at `key`; false if it already left (due, or
     /// removed before).
     pub(crate) fn remove(&self, key: ExpiryKey) -> bool {
         // The shard that entered it (any thread may remove it).
-        self.shards[(key.1 >> SHARD_SHIFT) as usize]
+        self.shards
+            .get((key.1 >> SHARD_SHIFT) as usize)
             .lock()
             .remove(key)
     }

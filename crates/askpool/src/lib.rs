@@ -39,7 +39,7 @@ mod node;
 mod pending;
 mod pool;
 mod queue;
-mod shard;
+pub mod shard;
 mod stats;
 mod telemetry;
 mod transport;

@@ -527,8 +527,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                     .map(|w| w.tx.len())
                     .sum::<usize>(),
             dedup: self.table.stats(),
-            admitted: c.admitted.get(),
-            handler_runs: c.handler_runs.get(),
+            admitted: c.admitted.count(),
+            handler_runs: c.handler_runs.count(),
             duplicate_acks: get(&c.duplicate_acks),
             replays: get(&c.replays),
             suppressed_replies: get(&c.suppressed_replies),

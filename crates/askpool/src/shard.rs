@@ -5,19 +5,21 @@
 //! with callers on two threads, such lines cost more than the work done
 //! under them. A thread keeps to its own shard, so its writes stay in its own
 //! cache; readers (stats, sweeps) visit every shard, rarely.
+//!
+//! Public for the bindings, which keep per-ask state of their own.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use crossbeam_utils::CachePadded;
 
 /// The most shards anything has (a power of two).
-pub(crate) const MAX_SHARDS: usize = 16;
+pub const MAX_SHARDS: usize = 16;
 
 /// Shards per sharded thing: the machine's threads, rounded up to a power
 /// of two, at most [`MAX_SHARDS`].
-pub(crate) fn shard_count() -> usize {
+pub fn shard_count() -> usize {
     static COUNT: OnceLock<usize> = OnceLock::new();
     *COUNT.get_or_init(|| {
         std::thread::available_parallelism()
@@ -30,7 +32,7 @@ pub(crate) fn shard_count() -> usize {
 /// The calling thread's shard among `count` (a power of two): threads are
 /// numbered in the order they first ask, so the runtime's few threads get
 /// different shards.
-pub(crate) fn thread_shard(count: usize) -> usize {
+pub fn thread_shard(count: usize) -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static NUMBER: Cell<usize> = const { Cell::new(usize::MAX) };
@@ -44,31 +46,77 @@ pub(crate) fn thread_shard(count: usize) -> usize {
     number & (count - 1)
 }
 
-/// A counter that threads add to without sharing a line.
-pub(crate) struct StripedCounter {
-    stripes: Box<[CachePadded<AtomicU64>]>,
+/// One `T` per shard, each on lines of its own.
+pub struct Sharded<T> {
+    shards: Box<[CachePadded<T>]>,
 }
 
-impl Default for StripedCounter {
-    fn default() -> Self {
+impl<T> Sharded<T> {
+    /// [`shard_count`] shards; `make(i)` makes shard `i`.
+    pub fn new(make: impl FnMut(usize) -> T) -> Self {
         Self {
-            stripes: (0..shard_count())
-                .map(|_| CachePadded::new(AtomicU64::new(0)))
-                .collect(),
+            shards: (0..shard_count()).map(make).map(CachePadded::new).collect(),
         }
     }
+
+    /// The calling thread's shard.
+    #[inline]
+    pub fn mine(&self) -> &T {
+        &self.shards[thread_shard(self.shards.len())]
+    }
+
+    /// Shard `i` (`i < len()`).
+    pub fn get(&self, i: usize) -> &T {
+        &self.shards[i]
+    }
+
+    /// The calling thread's shard number.
+    pub fn my_index(&self) -> usize {
+        thread_shard(self.shards.len())
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shards.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.shards.iter().map(|shard| &**shard)
+    }
+}
+
+impl<T: Default> Default for Sharded<T> {
+    fn default() -> Self {
+        Self::new(|_| T::default())
+    }
+}
+
+/// A counter that threads add to without sharing a line. Signed: a count
+/// that goes up on one thread and down on another leaves one stripe below
+/// zero; only the sum means anything.
+#[derive(Default)]
+pub struct StripedCounter {
+    stripes: Sharded<AtomicI64>,
 }
 
 impl StripedCounter {
-    pub(crate) fn add(&self, n: u64) {
-        self.stripes[thread_shard(self.stripes.len())].fetch_add(n, Ordering::Relaxed);
+    pub fn add(&self, n: i64) {
+        self.stripes.mine().fetch_add(n, Ordering::Relaxed);
     }
 
-    pub(crate) fn get(&self) -> u64 {
+    pub fn get(&self) -> i64 {
         self.stripes
             .iter()
             .map(|stripe| stripe.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// The sum as a count that never goes below zero.
+    pub fn count(&self) -> u64 {
+        u64::try_from(self.get()).unwrap_or(0)
     }
 }
 
@@ -89,6 +137,18 @@ mod tests {
         threads.into_iter().for_each(|t| t.join().unwrap());
         counter.add(5);
         assert_eq!(counter.get(), 40_005);
+    }
+
+    #[test]
+    fn a_striped_counter_sums_ups_and_downs_made_on_different_threads() {
+        let gauge = Arc::new(StripedCounter::default());
+        let up = {
+            let gauge = Arc::clone(&gauge);
+            std::thread::spawn(move || (0..1_000).for_each(|_| gauge.add(1)))
+        };
+        up.join().unwrap();
+        (0..990).for_each(|_| gauge.add(-1));
+        assert_eq!(gauge.get(), 10);
     }
 
     #[test]
