@@ -262,14 +262,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
         self.permit = self.node.breakers.acquire(&self.meta.pool, now)?;
         let id = self.meta.ids.request_id;
-        let inserted = match self.node.caller.pending.entry(id) {
-            dashmap::mapref::entry::Entry::Occupied(_) => false,
-            dashmap::mapref::entry::Entry::Vacant(v) => {
-                v.insert(Arc::clone(&self.slot));
-                true
-            }
-        };
-        if !inserted {
+        if !self.node.caller.pending.insert_new(id, &self.slot) {
             self.settle_breaker(Verdict::Release, now);
             return Err(AskError::InvalidArgument {
                 message: format!("request id {id} is already pending on this node"),
@@ -386,7 +379,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
         self.settled = true;
         if self.registered {
-            self.node.caller.pending.remove(&self.meta.ids.request_id);
+            self.node.caller.pending.remove(self.meta.ids.request_id);
             self.registered = false;
             telemetry::pending(-1.0);
         }

@@ -150,7 +150,7 @@ where
         let breakers = Breakers::new(config.breaker)?;
         telemetry::describe();
         let seed = config.seed.unwrap_or_else(rand::random);
-        let ids = IdSource::new(seed);
+        let ids = IdSource::new(seed, config.seed.is_some());
         let caller_id = CallerId::from_u64(ids.next_u64());
         let clock = Arc::new(NodeClock::new(config.seed.is_some()));
         let caller = CallerSide::new(

@@ -18,14 +18,14 @@ use askpool_proto::{
     AckStage, AckTracker, AskError, AskIds, CancelReason, Outcome, PayloadFingerprint, PoolName,
     Progress, RequestId, StageError, StageEvent, Timestamp, ToCaller,
 };
-use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use rustc_hash::FxHashMap;
 
-use crate::clock::NodeClock;
+use crate::clock::{shard_of, NodeClock};
 use crate::deadlines::{DeadlineOwner, DeadlineQueue};
 use crate::dlq::DeadLetterQueue;
 use crate::expiry::ExpiryKey;
+use crate::shard::Sharded;
 use crate::telemetry;
 use crate::transport::CallerEndpoint;
 
@@ -375,10 +375,67 @@ impl<R> TimedOutAsks<R> {
     }
 }
 
+/// The pending asks of a node by request id, in per-thread shards: the shard
+/// an id's nonce names (`clock::shard_of`). An id the node made names the
+/// shard of the thread that asked, which mostly also takes the reply and
+/// ends the ask, so the shard's lock and map stay in that thread's cache.
+/// An id given by the user names a shard at random.
+pub(crate) struct PendingMap<R> {
+    shards: Sharded<Mutex<FxHashMap<RequestId, Arc<AskSlot<R>>>>>,
+}
+
+impl<R> PendingMap<R> {
+    fn shard(&self, id: RequestId) -> &Mutex<FxHashMap<RequestId, Arc<AskSlot<R>>>> {
+        self.shards.get(shard_of(id, self.shards.len()))
+    }
+
+    /// Enters `slot` under `id`; false (and nothing changes) if `id` is
+    /// already pending.
+    pub(crate) fn insert_new(&self, id: RequestId, slot: &Arc<AskSlot<R>>) -> bool {
+        match self.shard(id).lock().entry(id) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Arc::clone(slot));
+                true
+            }
+        }
+    }
+
+    pub(crate) fn get(&self, id: RequestId) -> Option<Arc<AskSlot<R>>> {
+        self.shard(id).lock().get(&id).cloned()
+    }
+
+    pub(crate) fn remove(&self, id: RequestId) {
+        // Dropped outside the lock.
+        let slot = self.shard(id).lock().remove(&id);
+        drop(slot);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.lock().len()).sum()
+    }
+
+    /// Every pending slot, taken out of the locks.
+    fn slots(&self) -> Vec<Arc<AskSlot<R>>> {
+        self.shards
+            .iter()
+            .flat_map(|shard| shard.lock().values().cloned().collect::<Vec<_>>())
+            .collect()
+    }
+}
+
+impl<R> Default for PendingMap<R> {
+    fn default() -> Self {
+        Self {
+            shards: Sharded::default(),
+        }
+    }
+}
+
 /// The caller endpoint of a node: its pending asks, what it ignored, its
 /// dead letters and its record of timed-out asks.
 pub(crate) struct CallerSide<M, R> {
-    pub(crate) pending: DashMap<RequestId, Arc<AskSlot<R>>, FxBuildHasher>,
+    pub(crate) pending: PendingMap<R>,
     /// Timers armed by live handles (of their own; see `deadlines`).
     pub(crate) armed_timers: AtomicUsize,
     /// Asks that wait only for their deadline, swept by one timer.
@@ -403,7 +460,7 @@ impl<M, R> CallerSide<M, R> {
         reconcile_window: Duration,
     ) -> Arc<Self> {
         Arc::new_cyclic(|weak_self| Self {
-            pending: DashMap::with_hasher(FxBuildHasher),
+            pending: PendingMap::default(),
             armed_timers: AtomicUsize::new(0),
             deadlines: DeadlineQueue::default(),
             weak_self: weak_self.clone(),
@@ -428,8 +485,8 @@ impl<M, R> CallerSide<M, R> {
 
     /// Fails every pending ask with `error` (the node is shutting down).
     pub(crate) fn abort_all(&self, error: &AskError) {
-        for entry in self.pending.iter() {
-            entry.value().offer(SlotEvent::Aborted(error.clone()));
+        for slot in self.pending.slots() {
+            slot.offer(SlotEvent::Aborted(error.clone()));
         }
     }
 
@@ -539,12 +596,8 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
             frame => (*frame.ids().expect("not a batch"), frame),
         };
         let id = ids.request_id;
-        // Clone the slot out: a shard guard must not be held while waking.
-        let slot = self
-            .pending
-            .get(&id)
-            .map(|s| Arc::clone(s.value()))
-            .filter(|slot| slot.answers(&frame));
+        // Cloned out: a shard's lock must not be held while waking.
+        let slot = self.pending.get(id).filter(|slot| slot.answers(&frame));
         let Some(slot) = slot else {
             match frame {
                 ToCaller::Reply { .. } | ToCaller::Cancelled { .. } => self.reconcile(frame),
