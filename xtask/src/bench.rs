@@ -418,8 +418,8 @@ fn compose(outcomes: &[Outcome], quick: bool, timings: &Timings) -> Value {
                    latency workloads never run more busy threads than cores",
         "hasher": "FxHash (rustc-hash 2) in the runtime's maps and the dedup table; the dedup \
                    suite gives every candidate table the same hasher",
-        "allocator": "the system allocator (glibc malloc) in the Rust suites and the uniffi \
-                      cdylib; mimalloc in the Python and Node extensions",
+        "allocator": "the system allocator (glibc malloc) in the Rust suites; mimalloc in the \
+                      Python and Node extensions and the uniffi cdylib",
         "crates": crate_versions()
             .into_iter()
             .map(|(n, v)| json!({"name": n, "version": v}))
