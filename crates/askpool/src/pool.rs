@@ -105,9 +105,9 @@ pub(crate) struct PoolShared<M, R> {
     table: DedupTable<Entry<R>>,
     pub(crate) queue_tx: flume::Sender<Work<M>>,
     pub(crate) queue_rx: flume::Receiver<Work<M>>,
-    /// Wakes an idle worker when the shared queue gets work. Workers wait on
-    /// this (and their own inbox's) instead of a channel's `recv_async`,
-    /// which allocates and unlinks a waiter hook on every wait.
+    /// Wakes an idle worker when the shared queue gets work (`queue`).
+    /// Workers wait on this (and their own inbox's) instead of a channel's
+    /// `recv_async`, which allocates and unlinks a waiter hook on every wait.
     pub(crate) work: QueueSignal,
     pub(crate) workers: RwLock<FxHashMap<WorkerId, WorkerQueue<M>>>,
     transport: Arc<dyn WorkerTransport<M, R>>,
@@ -136,7 +136,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             config,
             queue_tx,
             queue_rx,
-            work: QueueSignal::default(),
+            work: QueueSignal::shared(),
             workers: RwLock::default(),
             transport,
             clock,
@@ -505,7 +505,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             }
         }
         let _ = self.work.push(&self.queue_tx, Work::Closed);
-        self.work.notify_waiters();
+        self.work.wake_all();
         // `push` wakes the inbox's one worker (or leaves it a permit).
         for inbox in self.workers.read().values() {
             let _ = inbox.push(Work::Closed);

@@ -6,7 +6,6 @@
 
 use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -17,12 +16,13 @@ use futures::FutureExt;
 use tracing::Instrument;
 
 use crate::pool::{Admitted, PoolShared, Work, WorkItem, WorkerQueue};
-use crate::queue::QueueSignal;
+use crate::queue::{QueueSignal, WorkerWake};
 
-/// The receiving end of a worker's own queue, and its wake-up.
+/// The receiving end of a worker's own queue, and the worker's wake-up.
 pub(crate) struct WorkerInbox<M> {
     rx: flume::Receiver<Work<M>>,
     signal: Arc<QueueSignal>,
+    wake: Arc<WorkerWake>,
 }
 
 /// What a handler knows about the request it runs.
@@ -189,10 +189,22 @@ pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
         // common case where a request is already queued.
         let work = match try_take(pool, own) {
             Some(work) => work,
-            None => match wait_for_work(pool, own).await {
-                Some(work) => work,
-                None => continue,
-            },
+            None => {
+                // A pull without a worker of its own waits on a wake-up of
+                // its own.
+                let anonymous;
+                let me = match own {
+                    Some(inbox) => &inbox.wake,
+                    None => {
+                        anonymous = Arc::new(WorkerWake::default());
+                        &anonymous
+                    }
+                };
+                match wait_for_work(pool, own, me).await {
+                    Some(work) => work,
+                    None => continue,
+                }
+            }
         };
         let item = match work {
             Work::Item(item) => item,
@@ -227,31 +239,45 @@ fn try_take<M: Send + 'static, R: Clone + Send + 'static>(
 async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
     pool: &PoolShared<M, R>,
     own: Option<&WorkerInbox<M>>,
+    me: &Arc<WorkerWake>,
 ) -> Option<Work<M>> {
-    let mut pool_ready = pin!(pool.work.notified());
-    let mut own_ready = pin!(own.map(|inbox| inbox.signal.notified()));
-    // Registered before the second look, so work queued (or a close) after
-    // it wakes this wait instead of being missed.
-    pool_ready.as_mut().enable();
-    if let Some(notified) = own_ready.as_mut().as_pin_mut() {
-        notified.enable();
-    }
-    if let Some(work) = try_take(pool, own) {
-        return Some(work);
-    }
-    if pool.is_closed() {
-        return None;
-    }
+    // However the wait ends (also dropped), `me` leaves the idle list.
+    let _listed = Enlisted {
+        signal: &pool.work,
+        me,
+    };
     poll_fn(|cx| {
-        if let Some(notified) = own_ready.as_mut().as_pin_mut() {
-            if notified.poll(cx).is_ready() {
-                return Poll::Ready(());
-            }
+        if let Some(work) = try_take(pool, own) {
+            return Poll::Ready(Some(work));
         }
-        pool_ready.as_mut().poll(cx)
+        if pool.is_closed() {
+            return Poll::Ready(None);
+        }
+        // Enlisted before the second look, so work queued (or a close)
+        // after it wakes this wait instead of being missed.
+        me.register(cx.waker());
+        pool.work.enlist(me);
+        if let Some(work) = try_take(pool, own) {
+            return Poll::Ready(Some(work));
+        }
+        if pool.is_closed() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
     })
-    .await;
-    try_take(pool, own)
+    .await
+}
+
+/// Takes a worker off its pool's idle list when its wait ends.
+struct Enlisted<'a> {
+    signal: &'a QueueSignal,
+    me: &'a Arc<WorkerWake>,
+}
+
+impl Drop for Enlisted<'_> {
+    fn drop(&mut self) {
+        self.signal.delist(self.me);
+    }
 }
 
 /// A named worker of a pool: asks that prefer it are routed to it while it
@@ -265,7 +291,8 @@ pub struct Worker<M: Send + 'static, R: Clone + Send + 'static> {
 impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
     pub(crate) fn register(pool: &Arc<PoolShared<M, R>>, id: WorkerId) -> Result<Self, AskError> {
         let (tx, rx) = flume::unbounded();
-        let signal = Arc::new(QueueSignal::default());
+        let wake = Arc::new(WorkerWake::default());
+        let signal = Arc::new(QueueSignal::owned_by(Arc::clone(&wake)));
         let mut workers = pool.workers.write();
         if workers.contains_key(&id) {
             return Err(AskError::InvalidArgument {
@@ -282,7 +309,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
         Ok(Self {
             pool: Arc::clone(pool),
             id,
-            inbox: WorkerInbox { rx, signal },
+            inbox: WorkerInbox { rx, signal, wake },
         })
     }
 
