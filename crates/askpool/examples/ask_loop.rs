@@ -57,7 +57,3 @@ fn main() {
     });
     rt.block_on(main).unwrap();
 }
-
-/// The allocator the bindings use (mimalloc), so a profile shows what they see.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
