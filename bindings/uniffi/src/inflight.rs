@@ -13,9 +13,8 @@ use std::sync::LazyLock;
 
 use askpool::shard::Sharded;
 use askpool::{RequestContext, Responder};
-use dashmap::DashMap;
 use parking_lot::Mutex;
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
 use crate::payload::Msg;
@@ -29,9 +28,6 @@ pub struct Running {
     /// its object up without a hold of its own (`events::push_unheld`).
     pub _message: Msg,
 }
-
-/// Keyed by small integers from this process: Fx hashing, not SipHash.
-pub type IdMap<V> = DashMap<i64, V, FxBuildHasher>;
 
 #[derive(Default)]
 struct RequestShard {

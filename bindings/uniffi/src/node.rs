@@ -20,9 +20,9 @@ use tokio::sync::oneshot;
 use crate::error::{Failure, NativeError};
 use crate::events;
 use crate::host::{AskListener, HostHandler, Stage};
-use crate::inflight::IdMap;
 use crate::payload::{released_len, Msg, Payload};
 use crate::runtime::runtime;
+use askpool::shard::Sharded;
 
 #[derive(Clone, Debug, uniffi::Record)]
 pub struct NodeOptions {
@@ -84,13 +84,41 @@ pub struct NativeNode {
     listener: Arc<dyn AskListener>,
     id: i64,
     /// Cancel switches of running asks, by the caller's token.
-    asks: IdMap<oneshot::Sender<()>>,
+    asks: AskSwitches,
     /// Pool names interned for the primitive-only ask path: ids by name
     /// (taken when a pool id is made), and names by id, which every ask
     /// reads (a snapshot: a lock here was a line both asking threads wrote).
     pool_ids: Mutex<FxHashMap<String, i64>>,
     pool_names: ArcSwap<Vec<PoolName>>,
     pools: Mutex<FxHashMap<String, WorkerPool<Msg, Msg>>>,
+}
+
+/// The cancel switches of a node's running asks, in shards picked by the
+/// token's low bits. The Kotlin side's tokens carry the asking thread's
+/// stripe there (`Slots`), so an ask's switch is entered and removed in a
+/// shard that thread mostly has to itself; one map's shard locks were lines
+/// every asking thread wrote. Any token works: others just spread.
+#[derive(Default)]
+struct AskSwitches {
+    shards: Sharded<Mutex<FxHashMap<i64, oneshot::Sender<()>>>>,
+}
+
+impl AskSwitches {
+    fn shard(&self, token: i64) -> &Mutex<FxHashMap<i64, oneshot::Sender<()>>> {
+        self.shards.get((token as usize) & (self.shards.len() - 1))
+    }
+
+    fn insert(&self, token: i64, switch: oneshot::Sender<()>) {
+        self.shard(token).lock().insert(token, switch);
+    }
+
+    fn remove(&self, token: i64) -> Option<oneshot::Sender<()>> {
+        self.shard(token).lock().remove(&token)
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
 }
 
 enum Started {
@@ -132,7 +160,7 @@ impl NativeNode {
             node: Node::with_config(config),
             listener,
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
-            asks: IdMap::default(),
+            asks: AskSwitches::default(),
             pool_ids: Mutex::default(),
             pool_names: ArcSwap::default(),
             pools: Mutex::default(),
@@ -263,7 +291,7 @@ impl NativeNode {
     /// Cancels the ask started under `token`; its outcome (`AskCancelled`,
     /// or whatever came first) still goes to the listener.
     pub fn cancel(&self, token: i64) {
-        if let Some((_, tx)) = self.asks.remove(&token) {
+        if let Some(tx) = self.asks.remove(token) {
             let _ = tx.send(());
         }
     }
@@ -419,7 +447,7 @@ impl NativeNode {
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| Err(AskError::internal(panic_message(panic.as_ref()))));
-            node.asks.remove(&token);
+            node.asks.remove(token);
             match outcome {
                 Ok(Some(Msg::Host(r))) => events::push(events::REPLY, token, 0, r),
                 Ok(Some(Msg::Bytes(b))) => node.listener.on_reply_bytes(token, b.to_vec()),
