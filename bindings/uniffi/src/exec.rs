@@ -182,17 +182,25 @@ impl Drop for Restore {
 /// runtime guard per hot call cloned the runtime's handle (an `Arc`): two
 /// reference-count writes per call on one line that every calling thread
 /// writes. The runtime lives as long as the process, so the guard is kept
-/// (forgotten) instead; guards entered later nest inside it as usual.
-fn enter_runtime_for_good() {
+/// (forgotten) instead; guards entered later nest inside it as usual. On a
+/// thread already in a runtime's context (a runtime thread, or a caller's
+/// own guard) a forgotten guard would later be dropped out of order, so
+/// there the call gets a guard of its own, as before.
+fn enter_runtime_for_good() -> Option<tokio::runtime::EnterGuard<'static>> {
     thread_local! {
         static ENTERED: Cell<bool> = const { Cell::new(false) };
     }
     ENTERED.with(|entered| {
-        if !entered.get() {
-            std::mem::forget(runtime().enter());
-            entered.set(true);
+        if entered.get() {
+            return None;
         }
-    });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Some(runtime().enter());
+        }
+        std::mem::forget(runtime().enter());
+        entered.set(true);
+        None
+    })
 }
 
 /// Runs `call` as a hot call: futures it wakes are polled here afterwards,
@@ -200,7 +208,7 @@ fn enter_runtime_for_good() {
 pub fn hot<T>(call: impl FnOnce() -> T) -> (T, Vec<Event>) {
     let outer = SCOPE.with(|s| s.borrow_mut().replace(Scope::default()));
     let restore = Restore(outer);
-    enter_runtime_for_good();
+    let _entered = enter_runtime_for_good();
     let value = call();
     for _ in 0..INLINE_POLLS {
         let next = SCOPE.with(|s| s.borrow_mut().as_mut().and_then(|s| s.ready.pop_front()));

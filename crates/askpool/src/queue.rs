@@ -11,17 +11,25 @@
 //! may briefly lower it below an item not yet counted, which only costs a
 //! `try_recv` that finds nothing.
 //!
-//! Each worker has one [`WorkerWake`]. A worker's own inbox wakes it
-//! directly; the pool's shared queue keeps a list of the idle ones and wakes
-//! the one that went idle last, whose state is likely still in the cache of
-//! the thread that pushes (the longest idle one's is not). A `Notify` per
-//! queue did the same with two waiter registrations per wait, each linked
-//! and unlinked under the `Notify`'s lock: about a twentieth of an ask.
+//! A waiting pull enlists a [`WorkerWake`] (its worker's, or one of its own
+//! when another pull of the same worker already waits) in the idle list of
+//! each queue it reads: the pool's shared queue and its worker's inbox. A
+//! push wakes the one that enlisted last, whose state is likely still in the
+//! cache of the thread that pushes (the longest idle one's is not). An
+//! inbox keeps its worker's own wake-up beside the list, behind one flag:
+//! the list is for a second pull of the same worker, which is rare. A
+//! `Notify` per queue did the same with waiter registrations linked and
+//! unlinked under the `Notify`'s lock: about a twentieth of an ask.
 //!
 //! No push is missed: a waiter registers its waker, enlists, and then looks
 //! at the count again; a pusher raises the count and then reads how many
 //! are enlisted (all four steps `SeqCst`). Either the pusher sees the
 //! waiter enlisted and wakes one, or the waiter's second look sees the item.
+//! A wait that ends without using the wake-up it was picked for (it took
+//! work from its other queue, or its future was dropped) passes it on to the
+//! next idle waiter while the queue still holds work ([`finish_wait`]).
+//!
+//! [`finish_wait`]: QueueSignal::finish_wait
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,12 +38,20 @@ use std::task::Waker;
 use futures::task::AtomicWaker;
 use parking_lot::Mutex;
 
-/// How a waiting worker is woken.
+/// Which idle list a [`WorkerWake`] is in: the pool's shared queue's, its
+/// worker's inbox's.
+const SHARED: usize = 0;
+const INBOX: usize = 1;
+
+/// How a waiting pull is woken.
 #[derive(Default)]
 pub(crate) struct WorkerWake {
     waker: AtomicWaker,
-    /// In the pool queue's idle list (changed under that list's lock).
-    listed: AtomicBool,
+    /// In the idle list of the shared queue, of the inbox (each changed
+    /// under its list's lock).
+    listed: [AtomicBool; 2],
+    /// A pull is waiting with this wake-up.
+    claimed: AtomicBool,
 }
 
 impl WorkerWake {
@@ -43,51 +59,65 @@ impl WorkerWake {
         self.waker.register(waker);
     }
 
+    /// Takes this wake-up for one wait; false if another wait has it.
+    pub(crate) fn claim(&self) -> bool {
+        !self.claimed.swap(true, Ordering::Acquire)
+    }
+
+    pub(crate) fn release(&self) {
+        self.claimed.store(false, Ordering::Release);
+    }
+
     fn wake(&self) {
         self.waker.wake();
     }
 }
 
-/// Who a queue wakes when it gets work.
-enum Waiters {
-    /// A worker's own inbox: that worker.
-    Owner(Arc<WorkerWake>),
-    /// A pool's shared queue: the workers enlisted as idle, the latest last.
-    Idle {
-        list: Mutex<Vec<Arc<WorkerWake>>>,
-        /// `list.len()`, readable without the lock.
-        count: AtomicUsize,
-    },
-}
-
 pub(crate) struct QueueSignal {
     /// Items pushed and not yet taken (wrapping: see the module docs).
     len: AtomicUsize,
-    waiters: Waiters,
+    /// Waits enlisted for this queue's next push, the latest last.
+    idle: Mutex<Vec<Arc<WorkerWake>>>,
+    /// `idle.len()`, readable without the lock.
+    waiting: AtomicUsize,
+    /// [`SHARED`] or [`INBOX`].
+    list: usize,
+    /// An inbox's worker: its wake-up waits here, outside the list (the
+    /// list holds only other pulls of the same worker, which are rare).
+    owner: Option<Arc<WorkerWake>>,
+    owner_waiting: AtomicBool,
 }
 
 impl QueueSignal {
+    fn new(list: usize, owner: Option<Arc<WorkerWake>>) -> Self {
+        Self {
+            len: AtomicUsize::new(0),
+            idle: Mutex::default(),
+            waiting: AtomicUsize::new(0),
+            list,
+            owner,
+            owner_waiting: AtomicBool::new(false),
+        }
+    }
+
     /// The signal of a pool's shared queue.
     pub(crate) fn shared() -> Self {
-        Self {
-            len: AtomicUsize::new(0),
-            waiters: Waiters::Idle {
-                list: Mutex::default(),
-                count: AtomicUsize::new(0),
-            },
-        }
+        Self::new(SHARED, None)
     }
 
-    /// The signal of a worker's own inbox.
-    pub(crate) fn owned_by(owner: Arc<WorkerWake>) -> Self {
-        Self {
-            len: AtomicUsize::new(0),
-            waiters: Waiters::Owner(owner),
-        }
+    /// The signal of the inbox of the worker that `owner` wakes.
+    pub(crate) fn inbox(owner: Arc<WorkerWake>) -> Self {
+        Self::new(INBOX, Some(owner))
     }
 
-    /// Sends `item` on `tx` and wakes one waiting worker; gives the item
-    /// back if the receiving end is gone.
+    fn is_owner(&self, me: &Arc<WorkerWake>) -> bool {
+        self.owner
+            .as_ref()
+            .is_some_and(|owner| Arc::ptr_eq(owner, me))
+    }
+
+    /// Sends `item` on `tx` and wakes one waiting pull; gives the item back
+    /// if the receiving end is gone.
     pub(crate) fn push<T>(&self, tx: &flume::Sender<T>, item: T) -> Result<(), T> {
         tx.send(item).map_err(|flume::SendError(back)| back)?;
         self.len.fetch_add(1, Ordering::SeqCst);
@@ -107,88 +137,102 @@ impl QueueSignal {
     }
 
     fn wake_one(&self) {
-        match &self.waiters {
-            Waiters::Owner(owner) => owner.wake(),
-            Waiters::Idle { list, count } => {
-                if count.load(Ordering::SeqCst) == 0 {
-                    return;
-                }
-                let woken = {
-                    let mut list = list.lock();
-                    let woken = list.pop();
-                    if let Some(w) = &woken {
-                        w.listed.store(false, Ordering::Relaxed);
-                    }
-                    count.store(list.len(), Ordering::SeqCst);
-                    woken
-                };
-                if let Some(w) = woken {
-                    w.wake();
-                }
+        if let Some(owner) = &self.owner {
+            if self.owner_waiting.swap(false, Ordering::SeqCst) {
+                owner.wake();
+                return;
             }
         }
-    }
-
-    /// Wakes every waiting worker (the pool is closing).
-    pub(crate) fn wake_all(&self) {
-        match &self.waiters {
-            Waiters::Owner(owner) => owner.wake(),
-            Waiters::Idle { list, count } => {
-                let woken = {
-                    let mut list = list.lock();
-                    count.store(0, Ordering::SeqCst);
-                    std::mem::take(&mut *list)
-                };
-                for w in woken {
-                    w.listed.store(false, Ordering::Relaxed);
-                    w.wake();
-                }
-            }
-        }
-    }
-
-    /// Enlists `me` (its waker registered) as waiting for this queue's next
-    /// push. The caller looks at the queue once more afterwards.
-    pub(crate) fn enlist(&self, me: &Arc<WorkerWake>) {
-        let Waiters::Idle { list, count } = &self.waiters else {
+        if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
+        }
+        let woken = {
+            let mut idle = self.idle.lock();
+            let woken = idle.pop();
+            if let Some(w) = &woken {
+                w.listed[self.list].store(false, Ordering::Relaxed);
+            }
+            self.waiting.store(idle.len(), Ordering::SeqCst);
+            woken
         };
-        if me.listed.load(Ordering::Relaxed) {
-            // Still listed (a wake-up from elsewhere): the count is not 0,
+        if let Some(w) = woken {
+            w.wake();
+        }
+    }
+
+    /// Wakes every waiting pull (the pool is closing).
+    pub(crate) fn wake_all(&self) {
+        if let Some(owner) = &self.owner {
+            if self.owner_waiting.swap(false, Ordering::SeqCst) {
+                owner.wake();
+            }
+        }
+        let woken = {
+            let mut idle = self.idle.lock();
+            for w in idle.iter() {
+                w.listed[self.list].store(false, Ordering::Relaxed);
+            }
+            self.waiting.store(0, Ordering::SeqCst);
+            std::mem::take(&mut *idle)
+        };
+        for w in woken {
+            w.wake();
+        }
+    }
+
+    /// Enlists `me` (its waker registered) for this queue's next push. The
+    /// caller looks at the queue once more afterwards.
+    pub(crate) fn enlist(&self, me: &Arc<WorkerWake>) {
+        if self.is_owner(me) {
+            self.owner_waiting.store(true, Ordering::SeqCst);
+            return;
+        }
+        if me.listed[self.list].load(Ordering::Relaxed) {
+            // Still listed (woken by its other queue): the count is not 0,
             // so a push wakes someone.
             return;
         }
-        let mut list = list.lock();
-        me.listed.store(true, Ordering::Relaxed);
-        list.push(Arc::clone(me));
-        count.store(list.len(), Ordering::SeqCst);
+        let mut idle = self.idle.lock();
+        me.listed[self.list].store(true, Ordering::Relaxed);
+        idle.push(Arc::clone(me));
+        self.waiting.store(idle.len(), Ordering::SeqCst);
     }
 
-    /// Takes `me` off the idle list if it is still there (it found work
-    /// without being woken, or stops waiting): a stale entry would swallow
-    /// the wake-up of a later push.
-    pub(crate) fn delist(&self, me: &Arc<WorkerWake>) {
-        let Waiters::Idle { list, count } = &self.waiters else {
-            return;
+    /// Takes `me` off the idle list; false if it was not on it (never
+    /// enlisted in this wait, or picked by a push).
+    fn delist(&self, me: &Arc<WorkerWake>) -> bool {
+        if !me.listed[self.list].load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut idle = self.idle.lock();
+        let Some(at) = idle.iter().rposition(|w| Arc::ptr_eq(w, me)) else {
+            return false;
         };
-        if !me.listed.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut list = list.lock();
-        if let Some(at) = list.iter().rposition(|w| Arc::ptr_eq(w, me)) {
-            list.remove(at);
-            me.listed.store(false, Ordering::Relaxed);
-            count.store(list.len(), Ordering::SeqCst);
+        idle.remove(at);
+        me.listed[self.list].store(false, Ordering::Relaxed);
+        self.waiting.store(idle.len(), Ordering::SeqCst);
+        true
+    }
+
+    /// Ends a wait of `me`, however it ends: off the idle list, and if a
+    /// push picked it while this queue still holds work, that wake-up goes
+    /// to the next idle waiter (this wait may have taken other work, or
+    /// none: a stale pick would leave the work queued with others asleep).
+    pub(crate) fn finish_wait(&self, me: &Arc<WorkerWake>) {
+        let still_waiting = if self.is_owner(me) {
+            self.owner_waiting.swap(false, Ordering::SeqCst)
+        } else {
+            self.delist(me)
+        };
+        if !still_waiting && self.len.load(Ordering::SeqCst) > 0 {
+            self.wake_one();
         }
     }
 
-    /// Workers enlisted as idle (0 for an inbox).
+    /// Waits enlisted now.
     #[cfg(test)]
     fn idle(&self) -> usize {
-        match &self.waiters {
-            Waiters::Owner(_) => 0,
-            Waiters::Idle { count, .. } => count.load(Ordering::SeqCst),
-        }
+        self.waiting.load(Ordering::SeqCst)
     }
 }
 
@@ -227,17 +271,41 @@ mod tests {
         signal.enlist(&last);
         assert_eq!(signal.idle(), 2, "enlisting twice lists once");
         signal.push(&tx, 1).unwrap();
-        assert!(
-            !last.listed.load(Ordering::Relaxed),
-            "the latest went first"
-        );
-        assert!(first.listed.load(Ordering::Relaxed));
-        signal.delist(&first);
+        let listed = |w: &WorkerWake| w.listed[SHARED].load(Ordering::Relaxed);
+        assert!(!listed(&last), "the latest went first");
+        assert!(listed(&first));
+        assert!(signal.delist(&first));
+        assert!(!signal.delist(&first), "gone already");
         assert_eq!(signal.idle(), 0);
         signal.enlist(&first);
         signal.wake_all();
         assert_eq!(signal.idle(), 0);
-        assert!(!first.listed.load(Ordering::Relaxed));
+        assert!(!listed(&first));
+    }
+
+    /// A wait picked by a push that ends without taking the work passes the
+    /// pick on; one that was not picked just leaves the list.
+    #[test]
+    fn an_unused_pick_is_passed_on_while_work_is_queued() {
+        let signal = QueueSignal::shared();
+        let (tx, rx) = flume::unbounded();
+        let (other, picked) = (
+            Arc::new(WorkerWake::default()),
+            Arc::new(WorkerWake::default()),
+        );
+        signal.enlist(&other);
+        signal.enlist(&picked);
+        signal.push(&tx, 1).unwrap();
+        signal.finish_wait(&picked);
+        assert_eq!(signal.idle(), 0, "the other waiter was woken in its place");
+        assert_eq!(signal.take(&rx), Some(1));
+        signal.enlist(&other);
+        signal.finish_wait(&other);
+        assert_eq!(
+            signal.idle(),
+            0,
+            "a wait that was not picked leaves the list"
+        );
     }
 
     /// Items pushed by other threads are never missed: takers that see
@@ -264,22 +332,20 @@ mod tests {
                         while taken.load(Ordering::SeqCst) < N as usize {
                             let got = poll_fn(|cx| {
                                 if signal.take(&rx).is_some() {
-                                    signal.delist(&me);
                                     return Poll::Ready(true);
                                 }
                                 if taken.load(Ordering::SeqCst) >= N as usize {
-                                    signal.delist(&me);
                                     return Poll::Ready(false);
                                 }
                                 me.register(cx.waker());
                                 signal.enlist(&me);
                                 if signal.take(&rx).is_some() {
-                                    signal.delist(&me);
                                     return Poll::Ready(true);
                                 }
                                 Poll::Pending
                             })
                             .await;
+                            signal.finish_wait(&me);
                             if got && taken.fetch_add(1, Ordering::SeqCst) + 1 == N as usize {
                                 // Wake the others so they see the end.
                                 signal.wake_all();

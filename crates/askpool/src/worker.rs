@@ -189,22 +189,10 @@ pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
         // common case where a request is already queued.
         let work = match try_take(pool, own) {
             Some(work) => work,
-            None => {
-                // A pull without a worker of its own waits on a wake-up of
-                // its own.
-                let anonymous;
-                let me = match own {
-                    Some(inbox) => &inbox.wake,
-                    None => {
-                        anonymous = Arc::new(WorkerWake::default());
-                        &anonymous
-                    }
-                };
-                match wait_for_work(pool, own, me).await {
-                    Some(work) => work,
-                    None => continue,
-                }
-            }
+            None => match wait_for_work(pool, own).await {
+                Some(work) => work,
+                None => continue,
+            },
         };
         let item = match work {
             Work::Item(item) => item,
@@ -239,13 +227,16 @@ fn try_take<M: Send + 'static, R: Clone + Send + 'static>(
 async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
     pool: &PoolShared<M, R>,
     own: Option<&WorkerInbox<M>>,
-    me: &Arc<WorkerWake>,
 ) -> Option<Work<M>> {
-    // However the wait ends (also dropped), `me` leaves the idle list.
-    let _listed = Enlisted {
-        signal: &pool.work,
-        me,
+    // The worker's wake-up, unless another pull of the same worker waits
+    // with it (or there is no worker): then one of this wait's own.
+    let wake = match own {
+        Some(inbox) if inbox.wake.claim() => Wake::Claimed(&inbox.wake),
+        _ => Wake::Own(Arc::default()),
     };
+    let me = wake.get();
+    // However the wait ends (also dropped), `me` leaves the idle lists.
+    let _waiting = Waiting { pool, own, me };
     poll_fn(|cx| {
         if let Some(work) = try_take(pool, own) {
             return Poll::Ready(Some(work));
@@ -257,6 +248,9 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
         // after it wakes this wait instead of being missed.
         me.register(cx.waker());
         pool.work.enlist(me);
+        if let Some(inbox) = own {
+            inbox.signal.enlist(me);
+        }
         if let Some(work) = try_take(pool, own) {
             return Poll::Ready(Some(work));
         }
@@ -268,15 +262,43 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
     .await
 }
 
-/// Takes a worker off its pool's idle list when its wait ends.
-struct Enlisted<'a> {
-    signal: &'a QueueSignal,
+/// The wake-up one wait uses.
+enum Wake<'a> {
+    /// Its worker's (released when the wait ends).
+    Claimed(&'a Arc<WorkerWake>),
+    Own(Arc<WorkerWake>),
+}
+
+impl Wake<'_> {
+    fn get(&self) -> &Arc<WorkerWake> {
+        match self {
+            Wake::Claimed(wake) => wake,
+            Wake::Own(wake) => wake,
+        }
+    }
+}
+
+impl Drop for Wake<'_> {
+    fn drop(&mut self) {
+        if let Wake::Claimed(wake) = self {
+            wake.release();
+        }
+    }
+}
+
+/// Ends a wait on the queues it enlisted in (see `QueueSignal::finish_wait`).
+struct Waiting<'a, M: Send + 'static, R: Clone + Send + 'static> {
+    pool: &'a PoolShared<M, R>,
+    own: Option<&'a WorkerInbox<M>>,
     me: &'a Arc<WorkerWake>,
 }
 
-impl Drop for Enlisted<'_> {
+impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Waiting<'_, M, R> {
     fn drop(&mut self) {
-        self.signal.delist(self.me);
+        self.pool.work.finish_wait(self.me);
+        if let Some(inbox) = self.own {
+            inbox.signal.finish_wait(self.me);
+        }
     }
 }
 
@@ -292,7 +314,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
     pub(crate) fn register(pool: &Arc<PoolShared<M, R>>, id: WorkerId) -> Result<Self, AskError> {
         let (tx, rx) = flume::unbounded();
         let wake = Arc::new(WorkerWake::default());
-        let signal = Arc::new(QueueSignal::owned_by(Arc::clone(&wake)));
+        let signal = Arc::new(QueueSignal::inbox(Arc::clone(&wake)));
         let mut workers = pool.workers.write();
         if workers.contains_key(&id) {
             return Err(AskError::InvalidArgument {
