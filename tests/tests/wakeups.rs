@@ -21,16 +21,33 @@ async fn settle() {
     }
 }
 
+type Pull = tokio::task::JoinHandle<Option<u64>>;
+
+/// A node with pool `p` and its workers w1 (already waiting, in a task
+/// whose result is the first message it gets) and w2.
+async fn w1_waiting() -> (Node<u64, String>, askpool::WorkerPool<u64, String>, Pull) {
+    let node: Node<u64, String> = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let w1 = pool.worker("w1").unwrap();
+    let t1 = tokio::spawn(async move { w1.next_request().await.map(|r| r.message) });
+    settle().await;
+    (node, pool, t1)
+}
+
+/// What w1 got, failing when it was not woken.
+async fn w1_got(t1: Pull) -> Option<u64> {
+    tokio::time::timeout(Duration::from_secs(5), t1)
+        .await
+        .expect("w1 is woken for the shared request")
+        .unwrap()
+}
+
 /// w2 is picked by a push to the shared queue but takes the request in its
 /// own inbox: the shared request must still reach w1.
 #[tokio::test]
 async fn a_pick_unused_because_the_inbox_had_work_goes_to_the_next_idle_worker() {
-    let node: Node<u64, String> = Node::new();
-    let pool = node.pool("p").build().unwrap();
-    let w1 = pool.worker("w1").unwrap();
+    let (node, pool, t1) = w1_waiting().await;
     let w2 = pool.worker("w2").unwrap();
-    let t1 = tokio::spawn(async move { w1.next_request().await.map(|r| r.message) });
-    settle().await;
     let mut f2 = pin!(w2.next_request());
     assert!(poll_once(f2.as_mut()).is_pending());
     let _preferring = node.ask("p", 1).preferred_worker("w2").send();
@@ -40,23 +57,15 @@ async fn a_pick_unused_because_the_inbox_had_work_goes_to_the_next_idle_worker()
         panic!("w2 got nothing");
     };
     assert_eq!(r.message, 1, "w2 takes its own inbox first");
-    let got = tokio::time::timeout(Duration::from_secs(5), t1)
-        .await
-        .expect("w1 is woken for the shared request")
-        .unwrap();
-    assert_eq!(got, Some(2));
+    assert_eq!(w1_got(t1).await, Some(2));
 }
 
 /// A pull whose wait is dropped (a `select!` or `timeout` branch won) right
 /// after a push picked it: the request must still reach another worker.
 #[tokio::test]
 async fn a_pick_of_a_dropped_wait_goes_to_the_next_idle_worker() {
-    let node: Node<u64, String> = Node::new();
-    let pool = node.pool("p").build().unwrap();
-    let w1 = pool.worker("w1").unwrap();
+    let (node, pool, t1) = w1_waiting().await;
     let w2 = pool.worker("w2").unwrap();
-    let t1 = tokio::spawn(async move { w1.next_request().await.map(|r| r.message) });
-    settle().await;
     let _ask = {
         let mut f2 = pin!(w2.next_request());
         assert!(poll_once(f2.as_mut()).is_pending());
@@ -64,11 +73,7 @@ async fn a_pick_of_a_dropped_wait_goes_to_the_next_idle_worker() {
         settle().await;
         ask
     };
-    let got = tokio::time::timeout(Duration::from_secs(5), t1)
-        .await
-        .expect("w1 is woken")
-        .unwrap();
-    assert_eq!(got, Some(2));
+    assert_eq!(w1_got(t1).await, Some(2));
 }
 
 /// Two pulls of one worker wait at once: each request wakes one of them.
