@@ -189,6 +189,34 @@ impl<S> Node<S> {
     }
 }
 
+/// A node allocated for an insert that lost its race (another thread
+/// inserted the key first): kept for the next attempt, and, if the call
+/// ends without publishing it, its block goes back to this thread's cache
+/// rather than to the allocator (a two-thread duplicate storm loses the race
+/// on most ids).
+struct Spare<S>(Option<Owned<Node<S>>>);
+
+impl<S> Drop for Spare<S> {
+    fn drop(&mut self) {
+        let Some(node) = self.0.take() else {
+            return;
+        };
+        #[cfg(loom)]
+        drop(node);
+        #[cfg(not(loom))]
+        {
+            // SAFETY: never published, so owned by this thread alone; it
+            // holds no state (a reserved node's is uninitialised) and its
+            // other fields need no drop: its block is all there is.
+            let raw = Box::into_raw(node.into_box());
+            unsafe {
+                let block = NonNull::new_unchecked(raw.cast::<u8>());
+                node_pool::give(block, Layout::new::<Node<S>>());
+            }
+        }
+    }
+}
+
 /// The eviction queue: a Michael–Scott FIFO threaded through the nodes, in
 /// the order they became terminal. `head` is a sentinel (the last node
 /// popped, or the initial one).
@@ -328,10 +356,11 @@ pub struct DedupTable<S> {
     max_terminal: isize,
     /// `config.terminal_ttl` in nanoseconds (saturated, as `Timestamp + Duration`).
     ttl_nanos: u64,
-    evicted_capacity: AtomicU64,
-    evicted_ttl: AtomicU64,
-    /// The latest expiry stamped on a queued entry (nanos).
-    latest_expiry: AtomicU64,
+    /// What a terminal transition or an eviction writes, on a line of its
+    /// own: next to the fields every operation reads (buckets, mask,
+    /// bounds), each eviction made the other core miss on them (profiled in
+    /// the two-thread duplicate storm).
+    written: CachePadded<Written>,
     /// The expiry (nanos) of an entry `expire` found at the queue's head
     /// and not due; an operation whose clock is before it skips the queue
     /// with one load. Stamps never go down along the queue, so the entries
@@ -342,6 +371,14 @@ pub struct DedupTable<S> {
     /// value just sends an operation down the full check.
     next_due: CachePadded<AtomicU64>,
     epoch: Epoch,
+}
+
+/// The table's counters that the insert path writes (see `DedupTable::written`).
+struct Written {
+    evicted_capacity: AtomicU64,
+    evicted_ttl: AtomicU64,
+    /// The latest expiry stamped on a queued entry (nanos).
+    latest_expiry: AtomicU64,
 }
 
 // SAFETY: a state is only ever touched under its entry's lock, by one thread
@@ -373,9 +410,11 @@ impl<S: DedupState> DedupTable<S> {
             terminal: CachePadded::new(AtomicIsize::new(0)),
             max_terminal: isize::try_from(config.max_terminal).unwrap_or(isize::MAX),
             ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
-            evicted_capacity: AtomicU64::new(0),
-            evicted_ttl: AtomicU64::new(0),
-            latest_expiry: AtomicU64::new(0),
+            written: CachePadded::new(Written {
+                evicted_capacity: AtomicU64::new(0),
+                evicted_ttl: AtomicU64::new(0),
+                latest_expiry: AtomicU64::new(0),
+            }),
             next_due: CachePadded::new(AtomicU64::new(0)),
             epoch: Epoch::new(),
         }
@@ -409,7 +448,7 @@ impl<S: DedupState> DedupTable<S> {
         prefetch(bucket);
         self.expire(now, &guard);
         self.prefetch_eviction(&guard);
-        let mut spare: Option<Owned<Node<S>>> = None;
+        let mut spare = Spare(None);
         loop {
             match self.find(bucket, &key, &guard) {
                 Found::Node(ptr) => {
@@ -467,11 +506,11 @@ impl<S: DedupState> DedupTable<S> {
                     }
                 }
                 Found::Absent(head) => {
-                    let new = spare.take().unwrap_or_else(|| Node::alloc(&key));
+                    let new = spare.0.take().unwrap_or_else(|| Node::alloc(&key));
                     new.next.store(head, Relaxed);
                     match bucket.compare_exchange(head, new, AcqRel, Acquire, &guard) {
                         Err(e) => {
-                            spare = Some(e.new);
+                            spare.0 = Some(e.new);
                             continue;
                         }
                         Ok(ptr) => return self.fill_reserved(bucket, ptr, now, transition, &guard),
@@ -566,9 +605,9 @@ impl<S: DedupState> DedupTable<S> {
         let mine = now.as_nanos().saturating_add(self.ttl_nanos);
         // Read first: with a coarse clock most stamps equal the latest, and
         // a plain load spares the shared line a write.
-        let latest = self.latest_expiry.load(Relaxed);
+        let latest = self.written.latest_expiry.load(Relaxed);
         let expires = if mine > latest {
-            mine.max(self.latest_expiry.fetch_max(mine, Relaxed))
+            mine.max(self.written.latest_expiry.fetch_max(mine, Relaxed))
         } else {
             latest
         };
@@ -631,8 +670,8 @@ impl<S: DedupState> DedupTable<S> {
         DedupStats {
             in_progress: self.in_progress.load(Relaxed),
             terminal: self.terminal_count(),
-            evicted_capacity: self.evicted_capacity.load(Relaxed),
-            evicted_ttl: self.evicted_ttl.load(Relaxed),
+            evicted_capacity: self.written.evicted_capacity.load(Relaxed),
+            evicted_ttl: self.written.evicted_ttl.load(Relaxed),
         }
     }
 
@@ -715,10 +754,10 @@ impl<S: DedupState> DedupTable<S> {
         }
         match cause {
             Cause::Capacity | Cause::Replaced => {
-                self.evicted_capacity.fetch_add(1, Relaxed);
+                self.written.evicted_capacity.fetch_add(1, Relaxed);
             }
             Cause::Ttl => {
-                self.evicted_ttl.fetch_add(1, Relaxed);
+                self.written.evicted_ttl.fetch_add(1, Relaxed);
             }
             Cause::Clear => {}
         }
