@@ -250,7 +250,11 @@ mod tests {
             let theirs = std::thread::spawn(move || take_all(layout)).join().unwrap();
             let mine = take_all(layout);
             assert_eq!(theirs.0.len(), shared, "the shared list holds {shared}");
-            assert_eq!(mine.0.len(), KEEP, "a thread keeps {KEEP}; the rest was freed");
+            assert_eq!(
+                mine.0.len(),
+                KEEP,
+                "a thread keeps {KEEP}; the rest was freed"
+            );
             let mut back: Vec<NonNull<u8>> = mine.0.into_iter().chain(theirs.0).collect();
             back.sort_unstable();
             back.dedup();

@@ -220,9 +220,30 @@ impl<S> Drop for Spare<S> {
 /// The eviction queue: a Michael–Scott FIFO threaded through the nodes, in
 /// the order they became terminal. `head` is a sentinel (the last node
 /// popped, or the initial one).
+///
+/// Each end shares its cache line with the table's counters that the
+/// thread moving that end writes next (profiled in the two-thread duplicate
+/// storm, where each line an insert writes moves between the cores): the
+/// eviction counters beside the head (an eviction pops, then counts), the
+/// latest expiry beside the tail (a terminal transition reads it, then
+/// pushes).
 struct Fifo<S> {
-    head: CachePadded<Atomic<Node<S>>>,
-    tail: CachePadded<Atomic<Node<S>>>,
+    head: CachePadded<Head<S>>,
+    tail: CachePadded<Tail<S>>,
+}
+
+struct Head<S> {
+    ptr: Atomic<Node<S>>,
+    /// Terminal entries removed because of `max_terminal`, and because
+    /// their TTL passed (`DedupStats`).
+    evicted_capacity: AtomicU64,
+    evicted_ttl: AtomicU64,
+}
+
+struct Tail<S> {
+    ptr: Atomic<Node<S>>,
+    /// The latest expiry stamped on a queued entry (nanos).
+    latest_expiry: AtomicU64,
 }
 
 impl<S> Fifo<S> {
@@ -232,8 +253,15 @@ impl<S> Fifo<S> {
         // SAFETY: not shared yet.
         let sentinel = Owned::new(sentinel).into_shared(unsafe { crossbeam_epoch::unprotected() });
         Self {
-            head: CachePadded::new(Atomic::from(sentinel)),
-            tail: CachePadded::new(Atomic::from(sentinel)),
+            head: CachePadded::new(Head {
+                ptr: Atomic::from(sentinel),
+                evicted_capacity: AtomicU64::new(0),
+                evicted_ttl: AtomicU64::new(0),
+            }),
+            tail: CachePadded::new(Tail {
+                ptr: Atomic::from(sentinel),
+                latest_expiry: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -241,7 +269,7 @@ impl<S> Fifo<S> {
     /// queue's membership already).
     fn push(&self, new: Shared<'_, Node<S>>, guard: &Guard) {
         loop {
-            let tail = self.tail.load(Acquire, guard);
+            let tail = self.tail.ptr.load(Acquire, guard);
             // SAFETY: the tail is never null and is protected by `guard`.
             let t = unsafe { tail.deref() };
             let next = t.fifo_next.load(Acquire, guard);
@@ -249,6 +277,7 @@ impl<S> Fifo<S> {
                 // The tail lags: help it forward.
                 let _ = self
                     .tail
+                    .ptr
                     .compare_exchange(tail, next, Release, Relaxed, guard);
                 continue;
             }
@@ -258,6 +287,7 @@ impl<S> Fifo<S> {
             {
                 let _ = self
                     .tail
+                    .ptr
                     .compare_exchange(tail, new, Release, Relaxed, guard);
                 return;
             }
@@ -273,7 +303,7 @@ impl<S> Fifo<S> {
         guard: &'g Guard,
     ) -> Option<Shared<'g, Node<S>>> {
         loop {
-            let head = self.head.load(Acquire, guard);
+            let head = self.head.ptr.load(Acquire, guard);
             // SAFETY: the head is never null and is protected by `guard`.
             let h = unsafe { head.deref() };
             let next = h.fifo_next.load(Acquire, guard);
@@ -284,15 +314,23 @@ impl<S> Fifo<S> {
             }
             if self
                 .head
+                .ptr
                 .compare_exchange(head, next, AcqRel, Acquire, guard)
                 .is_ok()
             {
-                // Keep the tail from pointing at the node let go below.
-                let tail = self.tail.load(Acquire, guard);
-                if tail == head {
-                    let _ = self
-                        .tail
-                        .compare_exchange(tail, next, Release, Relaxed, guard);
+                // Keep the tail from pointing at the node let go below. It
+                // cannot when `next` has a successor: whoever linked that
+                // one had read the tail at `next` (a push links only behind
+                // the tail it read), and the tail never moves back. Then the
+                // tail's line, which every push writes, is left alone.
+                if n.fifo_next.load(Acquire, guard).is_null() {
+                    let tail = self.tail.ptr.load(Acquire, guard);
+                    if tail == head {
+                        let _ = self
+                            .tail
+                            .ptr
+                            .compare_exchange(tail, next, Release, Relaxed, guard);
+                    }
                 }
                 // SAFETY: the queue's head moved past the old sentinel, and
                 // so did its tail: the queue's membership of it ends here.
@@ -307,7 +345,7 @@ impl<S> Fifo<S> {
     /// # Safety
     /// No other thread may reach the table.
     unsafe fn drop_all(&mut self, guard: &Guard) {
-        let mut cur = self.head.load(Relaxed, guard);
+        let mut cur = self.head.ptr.load(Relaxed, guard);
         while !cur.is_null() {
             let next = cur.deref().fifo_next.load(Relaxed, guard);
             if cur.deref().refs.fetch_sub(1, Relaxed) == 1 {
@@ -356,11 +394,6 @@ pub struct DedupTable<S> {
     max_terminal: isize,
     /// `config.terminal_ttl` in nanoseconds (saturated, as `Timestamp + Duration`).
     ttl_nanos: u64,
-    /// What a terminal transition or an eviction writes, on a line of its
-    /// own: next to the fields every operation reads (buckets, mask,
-    /// bounds), each eviction made the other core miss on them (profiled in
-    /// the two-thread duplicate storm).
-    written: CachePadded<Written>,
     /// The expiry (nanos) of an entry `expire` found at the queue's head
     /// and not due; an operation whose clock is before it skips the queue
     /// with one load. Stamps never go down along the queue, so the entries
@@ -371,14 +404,6 @@ pub struct DedupTable<S> {
     /// value just sends an operation down the full check.
     next_due: CachePadded<AtomicU64>,
     epoch: Epoch,
-}
-
-/// The table's counters that the insert path writes (see `DedupTable::written`).
-struct Written {
-    evicted_capacity: AtomicU64,
-    evicted_ttl: AtomicU64,
-    /// The latest expiry stamped on a queued entry (nanos).
-    latest_expiry: AtomicU64,
 }
 
 // SAFETY: a state is only ever touched under its entry's lock, by one thread
@@ -410,11 +435,6 @@ impl<S: DedupState> DedupTable<S> {
             terminal: CachePadded::new(AtomicIsize::new(0)),
             max_terminal: isize::try_from(config.max_terminal).unwrap_or(isize::MAX),
             ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
-            written: CachePadded::new(Written {
-                evicted_capacity: AtomicU64::new(0),
-                evicted_ttl: AtomicU64::new(0),
-                latest_expiry: AtomicU64::new(0),
-            }),
             next_due: CachePadded::new(AtomicU64::new(0)),
             epoch: Epoch::new(),
         }
@@ -447,7 +467,6 @@ impl<S: DedupState> DedupTable<S> {
         // together rather than one miss after another.
         prefetch(bucket);
         self.expire(now, &guard);
-        self.prefetch_eviction(&guard);
         let mut spare = Spare(None);
         loop {
             match self.find(bucket, &key, &guard) {
@@ -506,6 +525,9 @@ impl<S: DedupState> DedupTable<S> {
                     }
                 }
                 Found::Absent(head) => {
+                    if spare.0.is_none() {
+                        self.prefetch_eviction(&guard);
+                    }
                     let new = spare.0.take().unwrap_or_else(|| Node::alloc(&key));
                     new.next.store(head, Relaxed);
                     match bucket.compare_exchange(head, new, AcqRel, Acquire, &guard) {
@@ -605,9 +627,9 @@ impl<S: DedupState> DedupTable<S> {
         let mine = now.as_nanos().saturating_add(self.ttl_nanos);
         // Read first: with a coarse clock most stamps equal the latest, and
         // a plain load spares the shared line a write.
-        let latest = self.written.latest_expiry.load(Relaxed);
+        let latest = self.fifo.tail.latest_expiry.load(Relaxed);
         let expires = if mine > latest {
-            mine.max(self.written.latest_expiry.fetch_max(mine, Relaxed))
+            mine.max(self.fifo.tail.latest_expiry.fetch_max(mine, Relaxed))
         } else {
             latest
         };
@@ -670,8 +692,8 @@ impl<S: DedupState> DedupTable<S> {
         DedupStats {
             in_progress: self.in_progress.load(Relaxed),
             terminal: self.terminal_count(),
-            evicted_capacity: self.written.evicted_capacity.load(Relaxed),
-            evicted_ttl: self.written.evicted_ttl.load(Relaxed),
+            evicted_capacity: self.fifo.head.evicted_capacity.load(Relaxed),
+            evicted_ttl: self.fifo.head.evicted_ttl.load(Relaxed),
         }
     }
 
@@ -754,10 +776,10 @@ impl<S: DedupState> DedupTable<S> {
         }
         match cause {
             Cause::Capacity | Cause::Replaced => {
-                self.written.evicted_capacity.fetch_add(1, Relaxed);
+                self.fifo.head.evicted_capacity.fetch_add(1, Relaxed);
             }
             Cause::Ttl => {
-                self.written.evicted_ttl.fetch_add(1, Relaxed);
+                self.fifo.head.evicted_ttl.fetch_add(1, Relaxed);
             }
             Cause::Clear => {}
         }
@@ -850,7 +872,7 @@ impl<S: DedupState> DedupTable<S> {
         if cfg!(any(loom, miri)) || self.terminal.load(Relaxed) < self.max_terminal {
             return;
         }
-        let head = self.fifo.head.load(Acquire, guard);
+        let head = self.fifo.head.ptr.load(Acquire, guard);
         // SAFETY: the head is never null; it and its successor are protected
         // by `guard`.
         let next = unsafe { head.deref() }.fifo_next.load(Acquire, guard);
@@ -954,7 +976,7 @@ impl<S: DedupState> DedupTable<S> {
     pub(crate) fn queue_len(&self) -> usize {
         let guard = self.epoch.pin();
         let mut n = 0;
-        let head = self.fifo.head.load(Acquire, &guard);
+        let head = self.fifo.head.ptr.load(Acquire, &guard);
         // SAFETY: protected by `guard`.
         let mut cur = unsafe { head.deref() }.fifo_next.load(Acquire, &guard);
         // SAFETY: protected by `guard`.
