@@ -197,10 +197,18 @@ impl<S> Node<S> {
 struct Spare<S>(Option<Owned<Node<S>>>);
 
 impl<S> Drop for Spare<S> {
+    #[inline]
     fn drop(&mut self) {
-        let Some(node) = self.0.take() else {
-            return;
-        };
+        if let Some(node) = self.0.take() {
+            Self::recycle(node);
+        }
+    }
+}
+
+impl<S> Spare<S> {
+    #[cold]
+    #[inline(never)]
+    fn recycle(node: Owned<Node<S>>) {
         #[cfg(loom)]
         drop(node);
         #[cfg(not(loom))]
