@@ -326,19 +326,13 @@ impl<S> Fifo<S> {
                 .compare_exchange(head, next, AcqRel, Acquire, guard)
                 .is_ok()
             {
-                // Keep the tail from pointing at the node let go below. It
-                // cannot when `next` has a successor: whoever linked that
-                // one had read the tail at `next` (a push links only behind
-                // the tail it read), and the tail never moves back. Then the
-                // tail's line, which every push writes, is left alone.
-                if n.fifo_next.load(Acquire, guard).is_null() {
-                    let tail = self.tail.ptr.load(Acquire, guard);
-                    if tail == head {
-                        let _ = self
-                            .tail
-                            .ptr
-                            .compare_exchange(tail, next, Release, Relaxed, guard);
-                    }
+                // Keep the tail from pointing at the node let go below.
+                let tail = self.tail.ptr.load(Acquire, guard);
+                if tail == head {
+                    let _ = self
+                        .tail
+                        .ptr
+                        .compare_exchange(tail, next, Release, Relaxed, guard);
                 }
                 // SAFETY: the queue's head moved past the old sentinel, and
                 // so did its tail: the queue's membership of it ends here.
