@@ -229,15 +229,13 @@ impl<S> Spare<S> {
 /// the order they became terminal. `head` is a sentinel (the last node
 /// popped, or the initial one).
 ///
-/// Each end shares its cache line with the table's counters that the
-/// thread moving that end writes next (profiled in the two-thread duplicate
-/// storm, where each line an insert writes moves between the cores): the
-/// eviction counters beside the head (an eviction pops, then counts), the
-/// latest expiry beside the tail (a terminal transition reads it, then
-/// pushes).
+/// The head shares its cache line with the eviction counters, which the
+/// thread that moved it writes next (an eviction pops, then counts):
+/// profiled in the two-thread duplicate storm, where each line an insert
+/// writes moves between the cores.
 struct Fifo<S> {
     head: CachePadded<Head<S>>,
-    tail: CachePadded<Tail<S>>,
+    tail: CachePadded<Atomic<Node<S>>>,
 }
 
 struct Head<S> {
@@ -246,12 +244,6 @@ struct Head<S> {
     /// their TTL passed (`DedupStats`).
     evicted_capacity: AtomicU64,
     evicted_ttl: AtomicU64,
-}
-
-struct Tail<S> {
-    ptr: Atomic<Node<S>>,
-    /// The latest expiry stamped on a queued entry (nanos).
-    latest_expiry: AtomicU64,
 }
 
 impl<S> Fifo<S> {
@@ -266,10 +258,7 @@ impl<S> Fifo<S> {
                 evicted_capacity: AtomicU64::new(0),
                 evicted_ttl: AtomicU64::new(0),
             }),
-            tail: CachePadded::new(Tail {
-                ptr: Atomic::from(sentinel),
-                latest_expiry: AtomicU64::new(0),
-            }),
+            tail: CachePadded::new(Atomic::from(sentinel)),
         }
     }
 
@@ -277,7 +266,7 @@ impl<S> Fifo<S> {
     /// queue's membership already).
     fn push(&self, new: Shared<'_, Node<S>>, guard: &Guard) {
         loop {
-            let tail = self.tail.ptr.load(Acquire, guard);
+            let tail = self.tail.load(Acquire, guard);
             // SAFETY: the tail is never null and is protected by `guard`.
             let t = unsafe { tail.deref() };
             let next = t.fifo_next.load(Acquire, guard);
@@ -285,7 +274,6 @@ impl<S> Fifo<S> {
                 // The tail lags: help it forward.
                 let _ = self
                     .tail
-                    .ptr
                     .compare_exchange(tail, next, Release, Relaxed, guard);
                 continue;
             }
@@ -295,7 +283,6 @@ impl<S> Fifo<S> {
             {
                 let _ = self
                     .tail
-                    .ptr
                     .compare_exchange(tail, new, Release, Relaxed, guard);
                 return;
             }
@@ -327,11 +314,10 @@ impl<S> Fifo<S> {
                 .is_ok()
             {
                 // Keep the tail from pointing at the node let go below.
-                let tail = self.tail.ptr.load(Acquire, guard);
+                let tail = self.tail.load(Acquire, guard);
                 if tail == head {
                     let _ = self
                         .tail
-                        .ptr
                         .compare_exchange(tail, next, Release, Relaxed, guard);
                 }
                 // SAFETY: the queue's head moved past the old sentinel, and
@@ -405,6 +391,13 @@ pub struct DedupTable<S> {
     /// of the crate docs). Only a lower bound is ever needed: a stale, lower
     /// value just sends an operation down the full check.
     next_due: CachePadded<AtomicU64>,
+    /// The latest expiry stamped on a queued entry (nanos), on a line of
+    /// its own: a terminal transition reads it while it holds the entry's
+    /// lock, so it must not sit on a line other threads write all the time
+    /// (the queue's tail), and when the clock moves it is written on most
+    /// terminal transitions, so it must not sit beside what every operation
+    /// reads (buckets, mask, bounds).
+    latest_expiry: CachePadded<AtomicU64>,
     epoch: Epoch,
 }
 
@@ -438,6 +431,7 @@ impl<S: DedupState> DedupTable<S> {
             max_terminal: isize::try_from(config.max_terminal).unwrap_or(isize::MAX),
             ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
             next_due: CachePadded::new(AtomicU64::new(0)),
+            latest_expiry: CachePadded::new(AtomicU64::new(0)),
             epoch: Epoch::new(),
         }
     }
@@ -629,9 +623,9 @@ impl<S: DedupState> DedupTable<S> {
         let mine = now.as_nanos().saturating_add(self.ttl_nanos);
         // Read first: with a coarse clock most stamps equal the latest, and
         // a plain load spares the shared line a write.
-        let latest = self.fifo.tail.latest_expiry.load(Relaxed);
+        let latest = self.latest_expiry.load(Relaxed);
         let expires = if mine > latest {
-            mine.max(self.fifo.tail.latest_expiry.fetch_max(mine, Relaxed))
+            mine.max(self.latest_expiry.fetch_max(mine, Relaxed))
         } else {
             latest
         };
