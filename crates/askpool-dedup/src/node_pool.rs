@@ -59,10 +59,14 @@ static SHARED: Mutex<Vec<(Layout, Vec<Batch>)>> = Mutex::new(Vec::new());
 /// before it takes the lock (while a table grows, every cache is empty).
 static SHARED_LEN: AtomicUsize = AtomicUsize::new(0);
 
-/// Hands a batch to the shared list; gives it back if the list is full.
-fn share(layout: Layout, batch: Batch) -> Result<(), Batch> {
+/// Moves the newest `BATCH` blocks of a full cache to the shared list, if
+/// it has room for them; whether it had (the blocks move only then: a
+/// refusal costs the lock and nothing else).
+#[cold]
+#[inline(never)]
+fn spill(list: &mut Vec<NonNull<u8>>, layout: Layout) -> bool {
     let Ok(mut shared) = SHARED.lock() else {
-        return Err(batch);
+        return false;
     };
     let index = match shared.iter().position(|(l, _)| *l == layout) {
         Some(i) => i,
@@ -72,13 +76,12 @@ fn share(layout: Layout, batch: Batch) -> Result<(), Batch> {
         }
     };
     let batches = &mut shared[index].1;
-    if batches.len() < SHARED_BATCHES {
-        batches.push(batch);
-        SHARED_LEN.fetch_add(1, Relaxed);
-        Ok(())
-    } else {
-        Err(batch)
+    if batches.len() >= SHARED_BATCHES {
+        return false;
     }
+    batches.push(Batch(list.split_off(list.len() - BATCH)));
+    SHARED_LEN.fetch_add(1, Relaxed);
+    true
 }
 
 /// A batch from the shared list, if it has one of `layout`.
@@ -189,21 +192,6 @@ pub(crate) unsafe fn give(block: NonNull<u8>, layout: Layout) {
         .unwrap_or(false);
     if !kept {
         free(block, layout);
-    }
-}
-
-/// Hands the newest `BATCH` blocks of a full cache to the shared list;
-/// whether it took them.
-#[cold]
-#[inline(never)]
-fn spill(list: &mut Vec<NonNull<u8>>, layout: Layout) -> bool {
-    let batch = Batch(list.split_off(list.len() - BATCH));
-    match share(layout, batch) {
-        Ok(()) => true,
-        Err(batch) => {
-            list.extend_from_slice(&batch.0);
-            false
-        }
     }
 }
 
