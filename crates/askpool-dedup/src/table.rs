@@ -463,6 +463,7 @@ impl<S: DedupState> DedupTable<S> {
         // together rather than one miss after another.
         prefetch(bucket);
         self.expire(now, &guard);
+        self.prefetch_eviction(&guard);
         let mut spare = Spare(None);
         loop {
             match self.find(bucket, &key, &guard) {
@@ -521,9 +522,6 @@ impl<S: DedupState> DedupTable<S> {
                     }
                 }
                 Found::Absent(head) => {
-                    if spare.0.is_none() {
-                        self.prefetch_eviction(&guard);
-                    }
                     let new = spare.0.take().unwrap_or_else(|| Node::alloc(&key));
                     new.next.store(head, Relaxed);
                     match bucket.compare_exchange(head, new, AcqRel, Acquire, &guard) {
