@@ -228,22 +228,9 @@ impl<S> Spare<S> {
 /// The eviction queue: a Michael–Scott FIFO threaded through the nodes, in
 /// the order they became terminal. `head` is a sentinel (the last node
 /// popped, or the initial one).
-///
-/// The head shares its cache line with the eviction counters, which the
-/// thread that moved it writes next (an eviction pops, then counts):
-/// profiled in the two-thread duplicate storm, where each line an insert
-/// writes moves between the cores.
 struct Fifo<S> {
-    head: CachePadded<Head<S>>,
+    head: CachePadded<Atomic<Node<S>>>,
     tail: CachePadded<Atomic<Node<S>>>,
-}
-
-struct Head<S> {
-    ptr: Atomic<Node<S>>,
-    /// Terminal entries removed because of `max_terminal`, and because
-    /// their TTL passed (`DedupStats`).
-    evicted_capacity: AtomicU64,
-    evicted_ttl: AtomicU64,
 }
 
 impl<S> Fifo<S> {
@@ -253,11 +240,7 @@ impl<S> Fifo<S> {
         // SAFETY: not shared yet.
         let sentinel = Owned::new(sentinel).into_shared(unsafe { crossbeam_epoch::unprotected() });
         Self {
-            head: CachePadded::new(Head {
-                ptr: Atomic::from(sentinel),
-                evicted_capacity: AtomicU64::new(0),
-                evicted_ttl: AtomicU64::new(0),
-            }),
+            head: CachePadded::new(Atomic::from(sentinel)),
             tail: CachePadded::new(Atomic::from(sentinel)),
         }
     }
@@ -298,7 +281,7 @@ impl<S> Fifo<S> {
         guard: &'g Guard,
     ) -> Option<Shared<'g, Node<S>>> {
         loop {
-            let head = self.head.ptr.load(Acquire, guard);
+            let head = self.head.load(Acquire, guard);
             // SAFETY: the head is never null and is protected by `guard`.
             let h = unsafe { head.deref() };
             let next = h.fifo_next.load(Acquire, guard);
@@ -309,7 +292,6 @@ impl<S> Fifo<S> {
             }
             if self
                 .head
-                .ptr
                 .compare_exchange(head, next, AcqRel, Acquire, guard)
                 .is_ok()
             {
@@ -333,7 +315,7 @@ impl<S> Fifo<S> {
     /// # Safety
     /// No other thread may reach the table.
     unsafe fn drop_all(&mut self, guard: &Guard) {
-        let mut cur = self.head.ptr.load(Relaxed, guard);
+        let mut cur = self.head.load(Relaxed, guard);
         while !cur.is_null() {
             let next = cur.deref().fifo_next.load(Relaxed, guard);
             if cur.deref().refs.fetch_sub(1, Relaxed) == 1 {
@@ -398,7 +380,20 @@ pub struct DedupTable<S> {
     /// terminal transitions, so it must not sit beside what every operation
     /// reads (buckets, mask, bounds).
     latest_expiry: CachePadded<AtomicU64>,
+    /// Terminal entries removed because of `max_terminal`, and because
+    /// their TTL passed (`DedupStats`), on a line of their own: each
+    /// eviction writes one, and beside the fields every operation reads
+    /// (buckets, mask, bounds) or the queue's head (which every insert at
+    /// capacity reads) it made the other core miss on them (profiled in the
+    /// two-thread duplicate storm).
+    evicted: CachePadded<Evicted>,
     epoch: Epoch,
+}
+
+/// See `DedupTable::evicted`.
+struct Evicted {
+    capacity: AtomicU64,
+    ttl: AtomicU64,
 }
 
 // SAFETY: a state is only ever touched under its entry's lock, by one thread
@@ -432,6 +427,10 @@ impl<S: DedupState> DedupTable<S> {
             ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
             next_due: CachePadded::new(AtomicU64::new(0)),
             latest_expiry: CachePadded::new(AtomicU64::new(0)),
+            evicted: CachePadded::new(Evicted {
+                capacity: AtomicU64::new(0),
+                ttl: AtomicU64::new(0),
+            }),
             epoch: Epoch::new(),
         }
     }
@@ -686,8 +685,8 @@ impl<S: DedupState> DedupTable<S> {
         DedupStats {
             in_progress: self.in_progress.load(Relaxed),
             terminal: self.terminal_count(),
-            evicted_capacity: self.fifo.head.evicted_capacity.load(Relaxed),
-            evicted_ttl: self.fifo.head.evicted_ttl.load(Relaxed),
+            evicted_capacity: self.evicted.capacity.load(Relaxed),
+            evicted_ttl: self.evicted.ttl.load(Relaxed),
         }
     }
 
@@ -770,10 +769,10 @@ impl<S: DedupState> DedupTable<S> {
         }
         match cause {
             Cause::Capacity | Cause::Replaced => {
-                self.fifo.head.evicted_capacity.fetch_add(1, Relaxed);
+                self.evicted.capacity.fetch_add(1, Relaxed);
             }
             Cause::Ttl => {
-                self.fifo.head.evicted_ttl.fetch_add(1, Relaxed);
+                self.evicted.ttl.fetch_add(1, Relaxed);
             }
             Cause::Clear => {}
         }
@@ -866,7 +865,7 @@ impl<S: DedupState> DedupTable<S> {
         if cfg!(any(loom, miri)) || self.terminal.load(Relaxed) < self.max_terminal {
             return;
         }
-        let head = self.fifo.head.ptr.load(Acquire, guard);
+        let head = self.fifo.head.load(Acquire, guard);
         // SAFETY: the head is never null; it and its successor are protected
         // by `guard`.
         let next = unsafe { head.deref() }.fifo_next.load(Acquire, guard);
@@ -970,7 +969,7 @@ impl<S: DedupState> DedupTable<S> {
     pub(crate) fn queue_len(&self) -> usize {
         let guard = self.epoch.pin();
         let mut n = 0;
-        let head = self.fifo.head.ptr.load(Acquire, &guard);
+        let head = self.fifo.head.load(Acquire, &guard);
         // SAFETY: protected by `guard`.
         let mut cur = unsafe { head.deref() }.fifo_next.load(Acquire, &guard);
         // SAFETY: protected by `guard`.
