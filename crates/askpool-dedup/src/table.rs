@@ -189,6 +189,42 @@ impl<S> Node<S> {
     }
 }
 
+/// A node allocated for an insert that lost its race (another thread
+/// inserted the key first): kept for the next attempt, and, if the call
+/// ends without publishing it, its block goes back to this thread's cache
+/// rather than to the allocator (a two-thread duplicate storm loses the race
+/// on most ids).
+struct Spare<S>(Option<Owned<Node<S>>>);
+
+impl<S> Drop for Spare<S> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(node) = self.0.take() {
+            Self::recycle(node);
+        }
+    }
+}
+
+impl<S> Spare<S> {
+    #[cold]
+    #[inline(never)]
+    fn recycle(node: Owned<Node<S>>) {
+        #[cfg(loom)]
+        drop(node);
+        #[cfg(not(loom))]
+        {
+            // SAFETY: never published, so owned by this thread alone; it
+            // holds no state (a reserved node's is uninitialised) and its
+            // other fields need no drop: its block is all there is.
+            let raw = Box::into_raw(node.into_box());
+            unsafe {
+                let block = NonNull::new_unchecked(raw.cast::<u8>());
+                node_pool::give(block, Layout::new::<Node<S>>());
+            }
+        }
+    }
+}
+
 /// The eviction queue: a Michael–Scott FIFO threaded through the nodes, in
 /// the order they became terminal. `head` is a sentinel (the last node
 /// popped, or the initial one).
@@ -328,14 +364,6 @@ pub struct DedupTable<S> {
     max_terminal: isize,
     /// `config.terminal_ttl` in nanoseconds (saturated, as `Timestamp + Duration`).
     ttl_nanos: u64,
-    /// Written on every eviction: padded away from the read-only fields
-    /// above, which every operation reads (sharing their line made each
-    /// operation on one core miss after an eviction on the other).
-    evicted_capacity: CachePadded<AtomicU64>,
-    evicted_ttl: AtomicU64,
-    /// The latest expiry stamped on a queued entry (nanos); written on
-    /// every transition to terminal.
-    latest_expiry: CachePadded<AtomicU64>,
     /// The expiry (nanos) of an entry `expire` found at the queue's head
     /// and not due; an operation whose clock is before it skips the queue
     /// with one load. Stamps never go down along the queue, so the entries
@@ -345,7 +373,27 @@ pub struct DedupTable<S> {
     /// of the crate docs). Only a lower bound is ever needed: a stale, lower
     /// value just sends an operation down the full check.
     next_due: CachePadded<AtomicU64>,
+    /// The latest expiry stamped on a queued entry (nanos), on a line of
+    /// its own: a terminal transition reads it while it holds the entry's
+    /// lock, so it must not sit on a line other threads write all the time
+    /// (the queue's tail), and when the clock moves it is written on most
+    /// terminal transitions, so it must not sit beside what every operation
+    /// reads (buckets, mask, bounds).
+    latest_expiry: CachePadded<AtomicU64>,
+    /// Terminal entries removed because of `max_terminal`, and because
+    /// their TTL passed (`DedupStats`), on a line of their own: each
+    /// eviction writes one, and beside the fields every operation reads
+    /// (buckets, mask, bounds) or the queue's head (which every insert at
+    /// capacity reads) it made the other core miss on them (profiled in the
+    /// two-thread duplicate storm).
+    evicted: CachePadded<Evicted>,
     epoch: Epoch,
+}
+
+/// See `DedupTable::evicted`.
+struct Evicted {
+    capacity: AtomicU64,
+    ttl: AtomicU64,
 }
 
 // SAFETY: a state is only ever touched under its entry's lock, by one thread
@@ -377,10 +425,12 @@ impl<S: DedupState> DedupTable<S> {
             terminal: CachePadded::new(AtomicIsize::new(0)),
             max_terminal: isize::try_from(config.max_terminal).unwrap_or(isize::MAX),
             ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
-            evicted_capacity: CachePadded::new(AtomicU64::new(0)),
-            evicted_ttl: AtomicU64::new(0),
-            latest_expiry: CachePadded::new(AtomicU64::new(0)),
             next_due: CachePadded::new(AtomicU64::new(0)),
+            latest_expiry: CachePadded::new(AtomicU64::new(0)),
+            evicted: CachePadded::new(Evicted {
+                capacity: AtomicU64::new(0),
+                ttl: AtomicU64::new(0),
+            }),
             epoch: Epoch::new(),
         }
     }
@@ -413,7 +463,7 @@ impl<S: DedupState> DedupTable<S> {
         prefetch(bucket);
         self.expire(now, &guard);
         self.prefetch_eviction(&guard);
-        let mut spare: Option<Owned<Node<S>>> = None;
+        let mut spare = Spare(None);
         loop {
             match self.find(bucket, &key, &guard) {
                 Found::Node(ptr) => {
@@ -471,11 +521,11 @@ impl<S: DedupState> DedupTable<S> {
                     }
                 }
                 Found::Absent(head) => {
-                    let new = spare.take().unwrap_or_else(|| Node::alloc(&key));
+                    let new = spare.0.take().unwrap_or_else(|| Node::alloc(&key));
                     new.next.store(head, Relaxed);
                     match bucket.compare_exchange(head, new, AcqRel, Acquire, &guard) {
                         Err(e) => {
-                            spare = Some(e.new);
+                            spare.0 = Some(e.new);
                             continue;
                         }
                         Ok(ptr) => return self.fill_reserved(bucket, ptr, now, transition, &guard),
@@ -635,8 +685,8 @@ impl<S: DedupState> DedupTable<S> {
         DedupStats {
             in_progress: self.in_progress.load(Relaxed),
             terminal: self.terminal_count(),
-            evicted_capacity: self.evicted_capacity.load(Relaxed),
-            evicted_ttl: self.evicted_ttl.load(Relaxed),
+            evicted_capacity: self.evicted.capacity.load(Relaxed),
+            evicted_ttl: self.evicted.ttl.load(Relaxed),
         }
     }
 
@@ -724,10 +774,10 @@ impl<S: DedupState> DedupTable<S> {
         }
         match cause {
             Cause::Capacity | Cause::Replaced => {
-                self.evicted_capacity.fetch_add(1, Relaxed);
+                self.evicted.capacity.fetch_add(1, Relaxed);
             }
             Cause::Ttl => {
-                self.evicted_ttl.fetch_add(1, Relaxed);
+                self.evicted.ttl.fetch_add(1, Relaxed);
             }
             Cause::Clear => {}
         }
