@@ -107,3 +107,44 @@ async fn two_pulls_of_one_worker_are_both_woken() {
     got.sort();
     assert_eq!(got, vec![Some(1), Some(2)]);
 }
+
+/// w2's pull is polled again (a `select!` sibling woke its task). A shared
+/// ask and an ask preferring w2 land while it registers its waker again
+/// (the waker's clone sends them, standing in for another thread): w2 takes
+/// its inbox's request, and the shared one must still reach w1.
+#[tokio::test]
+async fn a_pick_hidden_by_enlisting_again_goes_to_the_next_idle_worker() {
+    use std::sync::Mutex;
+    use std::task::{RawWaker, RawWakerVTable, Waker};
+    type Hook = Box<dyn FnOnce() + Send>;
+    static HOOK: Mutex<Option<Hook>> = Mutex::new(None);
+    fn clone(_: *const ()) -> RawWaker {
+        if let Some(hook) = HOOK.lock().unwrap().take() {
+            hook();
+        }
+        RawWaker::new(std::ptr::null(), &VTABLE)
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
+
+    let (node, pool, t1) = w1_waiting().await;
+    let w2 = pool.worker("w2").unwrap();
+    let mut f2 = pin!(w2.next_request());
+    assert!(poll_once(f2.as_mut()).is_pending());
+    let asks = Arc::new(Mutex::new(Vec::new()));
+    {
+        let (node, asks) = (node.clone(), Arc::clone(&asks));
+        *HOOK.lock().unwrap() = Some(Box::new(move || {
+            let mut asks = asks.lock().unwrap();
+            asks.push(node.ask("p", 2).send());
+            asks.push(node.ask("p", 1).preferred_worker("w2").send());
+        }));
+    }
+    // SAFETY: the vtable's functions ignore the data pointer.
+    let waker = unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) };
+    let Poll::Ready(Some(r)) = f2.as_mut().poll(&mut Context::from_waker(&waker)) else {
+        panic!("w2 got nothing");
+    };
+    assert_eq!(r.message, 1, "w2 takes its own inbox first");
+    assert_eq!(w1_got(t1).await, Some(2));
+}

@@ -410,6 +410,23 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
         // The pool holds the receiver too, so this send cannot fail.
         let _ = self.work.push(&self.queue_tx, Work::Item(item));
+        // Closed since the check above: `close` may have drained the queue
+        // before this push landed, leaving the item behind its sentinel.
+        if self.is_closed() {
+            self.cancel_queued();
+        }
+    }
+
+    /// Cancels every request in the shared queue (the pool is closed) and
+    /// leaves one sentinel there for the workers still to see.
+    fn cancel_queued(&self) {
+        while let Some(work) = self.work.take(&self.queue_rx) {
+            if let Work::Item(item) = work {
+                self.cancel_item(item, CancelReason::Shutdown);
+            }
+        }
+        let _ = self.work.push(&self.queue_tx, Work::Closed);
+        self.work.wake_all();
     }
 
     /// A cancel for `ids`, from the caller or from the worker side.
@@ -499,13 +516,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             return;
         }
         self.transport.deregister_pool(&self.name);
-        while let Some(work) = self.work.take(&self.queue_rx) {
-            if let Work::Item(item) = work {
-                self.cancel_item(item, CancelReason::Shutdown);
-            }
-        }
-        let _ = self.work.push(&self.queue_tx, Work::Closed);
-        self.work.wake_all();
+        self.cancel_queued();
         // `push` wakes the inbox's one worker (or leaves it a permit).
         for inbox in self.workers.read().values() {
             let _ = inbox.push(Work::Closed);

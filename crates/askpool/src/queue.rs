@@ -25,9 +25,9 @@
 //! at the count again; a pusher raises the count and then reads how many
 //! are enlisted (all four steps `SeqCst`). Either the pusher sees the
 //! waiter enlisted and wakes one, or the waiter's second look sees the item.
-//! A wait that ends without using the wake-up it was picked for (it took
-//! work from its other queue, or its future was dropped) passes it on to the
-//! next idle waiter while the queue still holds work ([`finish_wait`]).
+//! A wait that ends while a queue it read still holds work wakes another
+//! idle waiter ([`finish_wait`]): the wait may have been picked for that
+//! work and not taken it.
 //!
 //! [`finish_wait`]: QueueSignal::finish_wait
 
@@ -150,7 +150,7 @@ impl QueueSignal {
             let mut idle = self.idle.lock();
             let woken = idle.pop();
             if let Some(w) = &woken {
-                w.listed[self.list].store(false, Ordering::Relaxed);
+                w.listed[self.list].store(false, Ordering::Release);
             }
             self.waiting.store(idle.len(), Ordering::SeqCst);
             woken
@@ -170,7 +170,7 @@ impl QueueSignal {
         let woken = {
             let mut idle = self.idle.lock();
             for w in idle.iter() {
-                w.listed[self.list].store(false, Ordering::Relaxed);
+                w.listed[self.list].store(false, Ordering::Release);
             }
             self.waiting.store(0, Ordering::SeqCst);
             std::mem::take(&mut *idle)
@@ -187,7 +187,7 @@ impl QueueSignal {
             self.owner_waiting.store(true, Ordering::SeqCst);
             return;
         }
-        if me.listed[self.list].load(Ordering::Relaxed) {
+        if me.listed[self.list].load(Ordering::Acquire) {
             // Still listed (woken by its other queue): the count is not 0,
             // so a push wakes someone.
             return;
@@ -201,7 +201,7 @@ impl QueueSignal {
     /// Takes `me` off the idle list; false if it was not on it (never
     /// enlisted in this wait, or picked by a push).
     fn delist(&self, me: &Arc<WorkerWake>) -> bool {
-        if !me.listed[self.list].load(Ordering::Relaxed) {
+        if !me.listed[self.list].load(Ordering::Acquire) {
             return false;
         }
         let mut idle = self.idle.lock();
@@ -209,22 +209,25 @@ impl QueueSignal {
             return false;
         };
         idle.remove(at);
-        me.listed[self.list].store(false, Ordering::Relaxed);
+        me.listed[self.list].store(false, Ordering::Release);
         self.waiting.store(idle.len(), Ordering::SeqCst);
         true
     }
 
-    /// Ends a wait of `me`, however it ends: off the idle list, and if a
-    /// push picked it while this queue still holds work, that wake-up goes
-    /// to the next idle waiter (this wait may have taken other work, or
-    /// none: a stale pick would leave the work queued with others asleep).
+    /// Ends a wait of `me`, however it ends: off the idle list, and while
+    /// this queue still holds work, another idle waiter is woken. A push may
+    /// have picked this wait and the wait not used it: it took work from its
+    /// other queue, its future was dropped, or it enlisted again after the
+    /// pick (a re-poll between its two looks) and so hid it. Whether a pick
+    /// happened cannot be told reliably from here, so any work left wakes
+    /// someone: at worst a spare wake-up while the queue is busy.
     pub(crate) fn finish_wait(&self, me: &Arc<WorkerWake>) {
-        let still_waiting = if self.is_owner(me) {
-            self.owner_waiting.swap(false, Ordering::SeqCst)
+        if self.is_owner(me) {
+            self.owner_waiting.store(false, Ordering::SeqCst);
         } else {
-            self.delist(me)
-        };
-        if !still_waiting && self.len.load(Ordering::SeqCst) > 0 {
+            self.delist(me);
+        }
+        if self.len.load(Ordering::SeqCst) > 0 {
             self.wake_one();
         }
     }
@@ -306,6 +309,46 @@ mod tests {
             0,
             "a wait that was not picked leaves the list"
         );
+    }
+
+    /// A wait re-polled (a select! sibling woke its task) is picked by a
+    /// shared push between its first look and its enlisting again, which
+    /// hides the pick; it then takes an inbox item. The shared item must
+    /// still wake the other idle waiter.
+    #[test]
+    fn a_pick_hidden_by_enlisting_again_is_passed_on() {
+        struct Flag(std::sync::atomic::AtomicBool);
+        impl futures::task::ArcWake for Flag {
+            fn wake_by_ref(me: &Arc<Self>) {
+                me.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let shared = QueueSignal::shared();
+        let (stx, srx) = flume::unbounded::<u32>();
+        let w2 = Arc::new(WorkerWake::default());
+        let inbox = QueueSignal::inbox(Arc::clone(&w2));
+        let (itx, irx) = flume::unbounded::<u32>();
+        let w1 = Arc::new(WorkerWake::default());
+        let woke1 = Arc::new(Flag(AtomicBool::new(false)));
+        w1.register(&futures::task::waker(Arc::clone(&woke1)));
+        shared.enlist(&w1);
+        // w2's wait, first poll: enlisted in both, nothing queued.
+        shared.enlist(&w2);
+        inbox.enlist(&w2);
+        // Polled again: the first look finds nothing ...
+        assert_eq!(inbox.take(&irx), None);
+        assert_eq!(shared.take(&srx), None);
+        shared.push(&stx, 1).unwrap(); // picks w2, enlisted last
+                                       // ... it enlists again (listed anew: the pick is hidden) ...
+        shared.enlist(&w2);
+        inbox.enlist(&w2);
+        inbox.push(&itx, 10).unwrap();
+        // ... and its second look takes the inbox first.
+        assert_eq!(inbox.take(&irx), Some(10));
+        shared.finish_wait(&w2);
+        inbox.finish_wait(&w2);
+        assert_eq!(shared.len.load(Ordering::SeqCst), 1, "item 1 is queued");
+        assert!(woke1.0.load(Ordering::SeqCst), "w1 is woken for item 1");
     }
 
     /// Items pushed by other threads are never missed: takers that see

@@ -350,8 +350,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Worker<M, R> {
         // Out of the registry first: the requests that preferred this
         // worker then go to the pool's shared queue.
         self.pool.workers.write().remove(&self.id);
-        while let Ok(Work::Item(item)) = self.inbox.rx.try_recv() {
-            self.pool.enqueue(item);
+        // All of it: a request pushed after the pool's sentinel (a close
+        // racing a preferring ask) is cancelled by `enqueue`, not dropped.
+        while let Ok(work) = self.inbox.rx.try_recv() {
+            if let Work::Item(item) = work {
+                self.pool.enqueue(item);
+            }
         }
     }
 }
