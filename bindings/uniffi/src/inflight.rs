@@ -48,9 +48,10 @@ fn shard_of(token: i64) -> Option<&'static Mutex<RequestShard>> {
 
 /// Enters a running request in the calling thread's shard; returns its token.
 pub fn enter_request(running: Running) -> i64 {
-    let mut shard = REQUESTS.mine().lock();
+    let index = REQUESTS.my_index();
+    let mut shard = REQUESTS.get(index).lock();
     shard.issued += 1;
-    let token = ((REQUESTS.my_index() as i64 + 1) << SHARD_SHIFT) | shard.issued;
+    let token = ((index as i64 + 1) << SHARD_SHIFT) | shard.issued;
     shard.running.insert(token, running);
     token
 }

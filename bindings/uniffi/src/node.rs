@@ -13,7 +13,7 @@ use askpool::{
     RetryPolicy, WorkerPool,
 };
 use futures::{FutureExt, StreamExt};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
@@ -22,7 +22,7 @@ use crate::events;
 use crate::host::{AskListener, HostHandler, Stage};
 use crate::payload::{released_len, Msg, Payload};
 use crate::runtime::runtime;
-use askpool::shard::Sharded;
+use askpool::shard::ShardedMap;
 
 #[derive(Clone, Debug, uniffi::Record)]
 pub struct NodeOptions {
@@ -99,25 +99,23 @@ pub struct NativeNode {
 /// shard that thread mostly has to itself; one map's shard locks were lines
 /// every asking thread wrote. Any token works: others just spread.
 #[derive(Default)]
-struct AskSwitches {
-    shards: Sharded<Mutex<FxHashMap<i64, oneshot::Sender<()>>>>,
-}
+struct AskSwitches(ShardedMap<i64, oneshot::Sender<()>>);
 
 impl AskSwitches {
-    fn shard(&self, token: i64) -> &Mutex<FxHashMap<i64, oneshot::Sender<()>>> {
-        self.shards.get((token as usize) & (self.shards.len() - 1))
+    fn shard(&self, token: i64) -> MutexGuard<'_, FxHashMap<i64, oneshot::Sender<()>>> {
+        self.0.lock((token as usize) & (self.0.shards() - 1))
     }
 
     fn insert(&self, token: i64, switch: oneshot::Sender<()>) {
-        self.shard(token).lock().insert(token, switch);
+        self.shard(token).insert(token, switch);
     }
 
     fn remove(&self, token: i64) -> Option<oneshot::Sender<()>> {
-        self.shard(token).lock().remove(&token)
+        self.shard(token).remove(&token)
     }
 
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.0.len()
     }
 }
 

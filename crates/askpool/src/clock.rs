@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use askpool_proto::{RequestId, Timestamp};
+use tokio::time::Instant;
 
 use crate::shard::{Sharded, MAX_SHARDS};
-use tokio::time::Instant;
 
 pub(crate) struct NodeClock {
     epoch: Instant,
@@ -81,9 +81,9 @@ impl IdSource {
         if self.deterministic {
             return RequestId::from_parts(wall_micros, self.next_u64());
         }
-        let n = self.per_thread.mine().fetch_add(1, Ordering::Relaxed);
-        let shard = self.per_thread.my_index() as u64;
-        RequestId::from_parts(wall_micros, sharded_nonce(self.seed, n, shard))
+        let shard = self.per_thread.my_index();
+        let n = self.per_thread.get(shard).fetch_add(1, Ordering::Relaxed);
+        RequestId::from_parts(wall_micros, sharded_nonce(self.seed, n, shard as u64))
     }
 }
 

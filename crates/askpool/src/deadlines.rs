@@ -23,7 +23,7 @@
 //! or [`DeadlineQueue::keep_alive`] starts a new one on the current runtime.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use askpool_proto::Timestamp;
 use parking_lot::{Mutex, MutexGuard};
@@ -47,7 +47,9 @@ const SHARD_SHIFT: u32 = 56;
 
 pub(crate) struct DeadlineQueue<T> {
     shards: Sharded<Mutex<ExpiryIndex<T>>>,
-    changed: Notify,
+    /// Shared with the sweeper, which waits on it holding no strong
+    /// reference to the owner.
+    changed: Arc<Notify>,
     /// A sweeper task exists (cleared when it ends, however it ends).
     running: AtomicBool,
     closed: AtomicBool,
@@ -63,7 +65,7 @@ impl<T> Default for DeadlineQueue<T> {
             shards: Sharded::new(|i| {
                 Mutex::new(ExpiryIndex::starting_at((i as u64) << SHARD_SHIFT))
             }),
-            changed: Notify::new(),
+            changed: Arc::default(),
             running: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             wakes_at: AtomicU64::new(u64::MAX),
@@ -192,14 +194,14 @@ impl<O: DeadlineOwner> Drop for Running<O> {
     }
 }
 
-/// Fires due entries, sleeping until the earliest one. Ends when its owner is
-/// gone or closes the queue.
+/// Fires due entries, sleeping until the earliest one. Holds its owner only
+/// while it fires: ends when the owner is gone or closes the queue.
 async fn sweep<O: DeadlineOwner>(running: Running<O>) {
-    let Some(owner) = running.0.upgrade() else {
-        return;
-    };
-    let queue = owner.deadlines();
     loop {
+        let Some(owner) = running.0.upgrade() else {
+            return;
+        };
+        let queue = owner.deadlines();
         if queue.closed.load(Ordering::Acquire) {
             return;
         }
@@ -226,13 +228,16 @@ async fn sweep<O: DeadlineOwner>(running: Running<O>) {
         for (key, item) in due {
             owner.fire(key, item);
         }
-        let changed = queue.changed.notified();
-        match next {
+        let notify = Arc::clone(&queue.changed);
+        let wake_at = next.map(|at| owner.clock().instant(at));
+        drop(owner);
+        let changed = notify.notified();
+        match wake_at {
             Some(at) => {
                 tokio::select! {
                     biased;
                     _ = changed => {}
-                    _ = tokio::time::sleep_until(owner.clock().instant(at)) => {}
+                    _ = tokio::time::sleep_until(at) => {}
                 }
             }
             None => changed.await,

@@ -18,14 +18,14 @@ use askpool_proto::{
     AckStage, AckTracker, AskError, AskIds, CancelReason, Outcome, PayloadFingerprint, PoolName,
     Progress, RequestId, StageError, StageEvent, Timestamp, ToCaller,
 };
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::clock::{shard_of, NodeClock};
 use crate::deadlines::{DeadlineOwner, DeadlineQueue};
 use crate::dlq::DeadLetterQueue;
 use crate::expiry::ExpiryKey;
-use crate::shard::Sharded;
+use crate::shard::ShardedMap;
 use crate::telemetry;
 use crate::transport::CallerEndpoint;
 
@@ -381,18 +381,18 @@ impl<R> TimedOutAsks<R> {
 /// ends the ask, so the shard's lock and map stay in that thread's cache.
 /// An id given by the user names a shard at random.
 pub(crate) struct PendingMap<R> {
-    shards: Sharded<Mutex<FxHashMap<RequestId, Arc<AskSlot<R>>>>>,
+    map: ShardedMap<RequestId, Arc<AskSlot<R>>>,
 }
 
 impl<R> PendingMap<R> {
-    fn shard(&self, id: RequestId) -> &Mutex<FxHashMap<RequestId, Arc<AskSlot<R>>>> {
-        self.shards.get(shard_of(id, self.shards.len()))
+    fn shard(&self, id: RequestId) -> MutexGuard<'_, FxHashMap<RequestId, Arc<AskSlot<R>>>> {
+        self.map.lock(shard_of(id, self.map.shards()))
     }
 
     /// Enters `slot` under `id`; false (and nothing changes) if `id` is
     /// already pending.
     pub(crate) fn insert_new(&self, id: RequestId, slot: &Arc<AskSlot<R>>) -> bool {
-        match self.shard(id).lock().entry(id) {
+        match self.shard(id).entry(id) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(Arc::clone(slot));
@@ -402,32 +402,24 @@ impl<R> PendingMap<R> {
     }
 
     pub(crate) fn get(&self, id: RequestId) -> Option<Arc<AskSlot<R>>> {
-        self.shard(id).lock().get(&id).cloned()
+        self.shard(id).get(&id).cloned()
     }
 
     pub(crate) fn remove(&self, id: RequestId) {
         // Dropped outside the lock.
-        let slot = self.shard(id).lock().remove(&id);
+        let slot = self.shard(id).remove(&id);
         drop(slot);
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|shard| shard.lock().len()).sum()
-    }
-
-    /// Every pending slot, taken out of the locks.
-    fn slots(&self) -> Vec<Arc<AskSlot<R>>> {
-        self.shards
-            .iter()
-            .flat_map(|shard| shard.lock().values().cloned().collect::<Vec<_>>())
-            .collect()
+        self.map.len()
     }
 }
 
 impl<R> Default for PendingMap<R> {
     fn default() -> Self {
         Self {
-            shards: Sharded::default(),
+            map: ShardedMap::default(),
         }
     }
 }
@@ -485,7 +477,7 @@ impl<M, R> CallerSide<M, R> {
 
     /// Fails every pending ask with `error` (the node is shutting down).
     pub(crate) fn abort_all(&self, error: &AskError) {
-        for slot in self.pending.slots() {
+        for slot in self.pending.map.values() {
             slot.offer(SlotEvent::Aborted(error.clone()));
         }
     }

@@ -153,8 +153,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// One step of the inbound table for `key`. Keeps the in-flight count
-    /// and the expiry index in step with the entries that are InProgress, and
+    /// One step of the inbound table for `key`. Keeps the expiry index in
+    /// step with the entries that are InProgress (the in-flight count is the
+    /// table's own count of them), and
     /// returns the action plus the running request the step ended (whose
     /// cancel signal a Cancel step sets). `None` means a new request was
     /// refused because the pool is full, or (with `only_if`) that the entry
@@ -517,7 +518,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
         self.transport.deregister_pool(&self.name);
         self.cancel_queued();
-        // `push` wakes the inbox's one worker (or leaves it a permit).
+        // `push` wakes the inbox's worker if it waits (else it finds the
+        // sentinel on its next look).
         for inbox in self.workers.read().values() {
             let _ = inbox.push(Work::Closed);
         }

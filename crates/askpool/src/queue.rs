@@ -110,6 +110,11 @@ impl QueueSignal {
         Self::new(INBOX, Some(owner))
     }
 
+    /// The inbox's worker's wake-up (none for a shared queue).
+    pub(crate) fn owner(&self) -> Option<&Arc<WorkerWake>> {
+        self.owner.as_ref()
+    }
+
     fn is_owner(&self, me: &Arc<WorkerWake>) -> bool {
         self.owner
             .as_ref()
@@ -136,12 +141,20 @@ impl QueueSignal {
         Some(item)
     }
 
-    fn wake_one(&self) {
-        if let Some(owner) = &self.owner {
-            if self.owner_waiting.swap(false, Ordering::SeqCst) {
+    /// Wakes the inbox's worker if it waits; whether it did.
+    fn wake_owner(&self) -> bool {
+        match &self.owner {
+            Some(owner) if self.owner_waiting.swap(false, Ordering::SeqCst) => {
                 owner.wake();
-                return;
+                true
             }
+            _ => false,
+        }
+    }
+
+    fn wake_one(&self) {
+        if self.wake_owner() {
+            return;
         }
         if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
@@ -162,11 +175,7 @@ impl QueueSignal {
 
     /// Wakes every waiting pull (the pool is closing).
     pub(crate) fn wake_all(&self) {
-        if let Some(owner) = &self.owner {
-            if self.owner_waiting.swap(false, Ordering::SeqCst) {
-                owner.wake();
-            }
-        }
+        self.wake_owner();
         let woken = {
             let mut idle = self.idle.lock();
             for w in idle.iter() {

@@ -9,10 +9,13 @@
 //! Public for the bindings, which keep per-ask state of their own.
 
 use std::cell::Cell;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use crossbeam_utils::CachePadded;
+use parking_lot::{Mutex, MutexGuard};
+use rustc_hash::FxHashMap;
 
 /// The most shards anything has (a power of two).
 pub const MAX_SHARDS: usize = 16;
@@ -91,6 +94,54 @@ impl<T> Sharded<T> {
 impl<T: Default> Default for Sharded<T> {
     fn default() -> Self {
         Self::new(|_| T::default())
+    }
+}
+
+/// A map in shards that its user picks by key: keys that carry the shard
+/// of the thread that made them (a request id's nonce, a Kotlin token's
+/// stripe) keep each thread's entries in its own shard.
+pub struct ShardedMap<K, V> {
+    shards: Sharded<Mutex<FxHashMap<K, V>>>,
+}
+
+impl<K, V> Default for ShardedMap<K, V> {
+    fn default() -> Self {
+        Self {
+            shards: Sharded::new(|_| Mutex::new(FxHashMap::default())),
+        }
+    }
+}
+
+impl<K: Eq + Hash, V> ShardedMap<K, V> {
+    /// How many shards there are (a power of two).
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Shard `index` (below [`shards`](Self::shards)), locked.
+    pub fn lock(&self, index: usize) -> MutexGuard<'_, FxHashMap<K, V>> {
+        self.shards.get(index).lock()
+    }
+
+    /// Entries in every shard.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.lock().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every value, cloned out of the locks.
+    pub fn values(&self) -> Vec<V>
+    where
+        V: Clone,
+    {
+        let mut values = Vec::new();
+        for shard in self.shards.iter() {
+            values.extend(shard.lock().values().cloned());
+        }
+        values
     }
 }
 

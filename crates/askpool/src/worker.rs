@@ -18,11 +18,11 @@ use tracing::Instrument;
 use crate::pool::{Admitted, PoolShared, Work, WorkItem, WorkerQueue};
 use crate::queue::{QueueSignal, WorkerWake};
 
-/// The receiving end of a worker's own queue, and the worker's wake-up.
+/// The receiving end of a worker's own queue, and its signal (which holds
+/// the worker's wake-up).
 pub(crate) struct WorkerInbox<M> {
     rx: flume::Receiver<Work<M>>,
     signal: Arc<QueueSignal>,
-    wake: Arc<WorkerWake>,
 }
 
 /// What a handler knows about the request it runs.
@@ -230,8 +230,8 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
 ) -> Option<Work<M>> {
     // The worker's wake-up, unless another pull of the same worker waits
     // with it (or there is no worker): then one of this wait's own.
-    let wake = match own {
-        Some(inbox) if inbox.wake.claim() => Wake::Claimed(&inbox.wake),
+    let wake = match own.and_then(|inbox| inbox.signal.owner()) {
+        Some(owner) if owner.claim() => Wake::Claimed(owner),
         _ => Wake::Own(Arc::default()),
     };
     let me = wake.get();
@@ -313,8 +313,7 @@ pub struct Worker<M: Send + 'static, R: Clone + Send + 'static> {
 impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
     pub(crate) fn register(pool: &Arc<PoolShared<M, R>>, id: WorkerId) -> Result<Self, AskError> {
         let (tx, rx) = flume::unbounded();
-        let wake = Arc::new(WorkerWake::default());
-        let signal = Arc::new(QueueSignal::inbox(Arc::clone(&wake)));
+        let signal = Arc::new(QueueSignal::inbox(Arc::default()));
         let mut workers = pool.workers.write();
         if workers.contains_key(&id) {
             return Err(AskError::InvalidArgument {
@@ -331,7 +330,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
         Ok(Self {
             pool: Arc::clone(pool),
             id,
-            inbox: WorkerInbox { rx, signal, wake },
+            inbox: WorkerInbox { rx, signal },
         })
     }
 
