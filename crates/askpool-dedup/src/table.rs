@@ -859,6 +859,13 @@ impl<S: DedupState> DedupTable<S> {
         drop(lock);
         drop(gone);
         self.unlink(self.bucket(&node.key.unpack()), guard);
+        // The node is the queue's sentinel now, and what follows it is the
+        // next entry to evict: start loading it, so the next insert at
+        // capacity (`prefetch_eviction` reads its key) does not wait for it.
+        // A hint only: loom and Miri would just explore or check one more load.
+        if !cfg!(any(loom, miri)) {
+            prefetch(node.fifo_next.load(Relaxed, guard).as_raw());
+        }
         true
     }
 

@@ -5,7 +5,10 @@
 //! `ASK_LOOP_MT=1` runs on a multi_thread runtime with 2 workers;
 //! `ASK_LOOP_CALLERS=64` splits the asks over that many concurrent caller
 //! tasks (contention on the pool's shared state), `ASK_LOOP_CONCURRENCY=4`
-//! gives the pool that many workers.
+//! gives the pool that many workers. For attributing costs:
+//! `ASK_LOOP_CAP=1000` shrinks the reply cache (100,000 by default: at
+//! capacity every request evicts a cold entry), `ASK_LOOP_NOBREAKER=1`
+//! turns the circuit breakers off.
 
 use askpool::{Node, NodeConfig};
 fn main() {
@@ -28,11 +31,20 @@ fn main() {
     let main = rt.spawn(async move {
         let node: Node<u64, u64> = Node::with_config(NodeConfig {
             track_stages: std::env::var_os("ASK_LOOP_TRACK").is_some(),
+            breaker: if std::env::var_os("ASK_LOOP_NOBREAKER").is_some() {
+                None
+            } else {
+                NodeConfig::default().breaker
+            },
             ..NodeConfig::default()
         });
         let concurrency = std::env::var("ASK_LOOP_CONCURRENCY").map_or(1, |s| s.parse().unwrap());
         node.pool("p")
             .concurrency(concurrency)
+            .dedup(askpool_dedup::DedupConfig {
+                max_terminal: std::env::var("ASK_LOOP_CAP").map_or(100_000, |s| s.parse().unwrap()),
+                ..Default::default()
+            })
             .handler(|m: u64, _ctx| async move { Ok(m + 1) })
             .unwrap();
         let callers: u64 = std::env::var("ASK_LOOP_CALLERS")
