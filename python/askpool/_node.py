@@ -136,8 +136,23 @@ class DurableHandle(asyncio.Future[Any]):
     id: str
 
 
+async def _close_with_loop(pool: _native.NativePool) -> None:
+    """Waits for its loop's shutdown, then closes the pool."""
+    try:
+        # A timer, not a bare future: the loop holds its timers, so this task
+        # stays reachable (and uncollected) for as long as the loop lives.
+        await asyncio.sleep(_FOREVER)
+    finally:
+        pool.close()
+
+
+#: Longer than any loop runs (about 31 years).
+_FOREVER = 1e9
+
+
 class Pool:
-    """A pool hosted by a node; give it a handler with ``@pool.handler``."""
+    """A pool hosted by a node; give it a handler with ``@pool.handler``.
+    The pool lives as long as the event loop it was given its handler on."""
 
     def __init__(
         self,
@@ -148,10 +163,15 @@ class Pool:
         reply_cache: Optional[int] = None,
         reply_ttl: Optional[float] = None,
     ) -> None:
-        if concurrency < 1:
-            from ._errors import InvalidArgumentError
+        from ._errors import InvalidArgumentError
 
+        if concurrency < 1:
             raise InvalidArgumentError(f"concurrency must be at least 1, not {concurrency}")
+        for what, n in (("max_in_flight", max_in_flight), ("reply_cache", reply_cache)):
+            if n is not None and n < 1:
+                raise InvalidArgumentError(f"{what} must be at least 1, not {n}")
+        if reply_ttl is not None and not reply_ttl > 0:
+            raise InvalidArgumentError(f"reply_ttl must be a positive number of seconds, not {reply_ttl}")
         self._node = node
         self.name = name
         self.concurrency = concurrency
@@ -180,6 +200,11 @@ class Pool:
             self.reply_cache,
             self.reply_ttl,
         )
+        # The pool's workers run on this loop: when the loop shuts down
+        # (asyncio.run cancels every task it leaves), the pool leaves the node,
+        # so later asks fail at once with NoRouteError instead of queueing
+        # for workers that will never run again and timing out.
+        loop.create_task(_close_with_loop(self._native), name=f"askpool pool {self.name!r}")
         return fn
 
     def close(self) -> None:

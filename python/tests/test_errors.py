@@ -230,6 +230,51 @@ async def test_decode_failure_is_poison_and_lands_in_the_dlq() -> None:
             await node.replay_dead_letter(letter.request_id)
 
 
+async def test_bad_pool_options_are_invalid_argument_errors() -> None:
+    async with Node() as node:
+        for options in (
+            {"concurrency": 0},
+            {"concurrency": -1},
+            {"max_in_flight": 0},
+            {"max_in_flight": -5},
+            {"reply_cache": -1},
+            {"reply_ttl": -1.0},
+            {"reply_ttl": float("nan")},
+        ):
+            with pytest.raises(askpool.InvalidArgumentError):
+                node.pool("p", **options)
+        # Too many workers: refused by the core, not an allocation failure
+        # that would abort the process.
+        with pytest.raises(askpool.InvalidArgumentError, match="concurrency"):
+            node.pool("p", concurrency=2**32).handler(_noop)
+        with pytest.raises(askpool.NoRouteError):
+            await node.ask("p", 1, timeout=1)
+
+
+def test_a_pool_leaves_the_node_when_its_event_loop_ends() -> None:
+    node = Node()
+
+    async def host() -> Any:
+        pool = node.pool("p")
+        pool.handler(_echo)
+        return await node.ask("p", 1, timeout=5)
+
+    assert asyncio.run(host()) == 1
+
+    async def from_another_loop() -> None:
+        # Its workers ran on the loop that ended: asks fail at once instead of
+        # queueing for workers that never run again and timing out.
+        with pytest.raises(askpool.NoRouteError):
+            await node.ask("p", 2, timeout=30)
+
+    asyncio.run(asyncio.wait_for(from_another_loop(), 5))
+    node.close()
+
+
+async def _echo(msg: Any, ctx: Context) -> Any:
+    return msg
+
+
 def test_async_api_without_a_running_loop_is_a_clear_error() -> None:
     node = Node()
     with pytest.raises(askpool.NoRunningLoopError) as info:

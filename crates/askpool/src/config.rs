@@ -78,10 +78,18 @@ impl Default for NodeConfig {
     }
 }
 
+/// Most workers a pool may have. Each is a task (and, in the bindings, a
+/// slot on the host's side) made when the pool starts, so the bound keeps a
+/// wrapped-around negative from a host language (`-1` as an unsigned
+/// 32-bit number is 4,294,967,295) from ending in an allocation failure,
+/// which aborts the process, instead of an error.
+pub const MAX_CONCURRENCY: usize = 65_536;
+
 /// Settings of a [`WorkerPool`](crate::WorkerPool).
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
-    /// Worker tasks of a handler pool (each runs one request at a time).
+    /// Worker tasks of a handler pool (each runs one request at a time), at
+    /// most [`MAX_CONCURRENCY`].
     pub concurrency: usize,
     /// Requests admitted and not yet finished. A new request over it is
     /// answered `BufferFull`; nothing is dropped silently.
@@ -119,6 +127,12 @@ impl PoolConfig {
         if self.concurrency == 0 {
             return bad("concurrency must be at least 1");
         }
+        if self.concurrency > MAX_CONCURRENCY {
+            return bad(&format!(
+                "concurrency must be at most {MAX_CONCURRENCY}, got {}",
+                self.concurrency
+            ));
+        }
         if self.max_in_flight == 0 {
             return bad("max_in_flight must be at least 1");
         }
@@ -126,5 +140,28 @@ impl PoolConfig {
             return bad("dedup.max_terminal must be at least 1");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_config_bounds_concurrency_on_both_sides() {
+        let with = |concurrency| PoolConfig {
+            concurrency,
+            ..PoolConfig::default()
+        };
+        assert!(with(1).validate().is_ok());
+        assert!(with(MAX_CONCURRENCY).validate().is_ok());
+        for bad in [0, MAX_CONCURRENCY + 1, u32::MAX as usize, usize::MAX] {
+            match with(bad).validate() {
+                Err(AskError::InvalidArgument { message }) => {
+                    assert!(message.contains("concurrency"), "{message}")
+                }
+                other => panic!("concurrency {bad}: {other:?}"),
+            }
+        }
     }
 }

@@ -47,7 +47,7 @@ mod worker;
 
 pub use ask::{AskBuilder, AskHandle, TellBuilder, TellHandle};
 pub use breakers::BreakerStats;
-pub use config::{NodeConfig, PoolConfig, TimeoutConfig};
+pub use config::{NodeConfig, PoolConfig, TimeoutConfig, MAX_CONCURRENCY};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
 pub use pending::{LateOutcome, LateResult, StageSource, StageStream};
