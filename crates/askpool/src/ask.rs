@@ -186,6 +186,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             slot: Arc::new(AskSlot::new(
                 node.config.track_stages.then_some(now),
                 b.fingerprint,
+                b.one_way,
                 &span,
             )),
             payload: Some(b.payload),
@@ -227,13 +228,19 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         if self.node.is_closed() {
             return;
         }
-        if matches!(error, AskError::AskTimeout { .. }) {
+        // Every failure recorded as TIMED_OUT (the ask's timeout, a stage
+        // deadline) can still be answered by the pool: keep it to reconcile.
+        if AckStage::terminal_for_error(error) == AckStage::TimedOut {
             self.node.caller.record_timeout(
                 self.meta.ids,
                 self.meta.pool.clone(),
                 self.slot.clone(),
                 now,
             );
+            if let Some(event) = self.slot.close() {
+                let fingerprint = self.meta.fingerprint;
+                (self.node.caller).reconcile_event(self.meta.ids, fingerprint, event);
+            }
         }
         let Some(reason) = dlq::reason_for(error, self.machine.policy()) else {
             return;

@@ -20,7 +20,13 @@
 //!
 //! The sweeper runs on the tokio runtime of the call that first needed it.
 //! If that runtime goes away (the task is dropped with it), the next insert
-//! or [`DeadlineQueue::keep_alive`] starts a new one on the current runtime.
+//! or [`DeadlineQueue::keep_alive`] starts a new one on the current runtime,
+//! and the entries left waiting are handed to [`DeadlineOwner::orphaned`]:
+//! the node wakes those asks, whose next poll starts a sweeper on their own
+//! runtime. An ask awaited on another runtime while the sweeper's runtime
+//! lives on but is no longer driven (a current-thread runtime outside
+//! `block_on`) still waits for that runtime to run again: telling runtimes
+//! apart on every ask would cost a shared reference count per ask.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -40,6 +46,9 @@ pub(crate) trait DeadlineOwner: Send + Sync + 'static {
     fn clock(&self) -> &NodeClock;
     /// `item`, entered under `key`, is due (it has left the queue).
     fn fire(&self, key: ExpiryKey, item: Self::Item);
+    /// The sweeper ended (its runtime went away) with entries waiting: the
+    /// owner may have them start another (see [`Running`]). Default: nothing.
+    fn orphaned(&self) {}
 }
 
 /// Where a shard's sequence numbers start: its index in the top bits.
@@ -176,6 +185,19 @@ impl<T> DeadlineQueue<T> {
     pub(crate) fn live(&self) -> usize {
         self.shards.iter().map(|shard| shard.lock().live()).sum()
     }
+
+    /// The entries waiting for their deadline, copied out (no lock is held
+    /// once this returns).
+    pub(crate) fn waiting(&self) -> Vec<T>
+    where
+        T: Clone,
+    {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            out.extend(shard.lock().live_entries().cloned());
+        }
+        out
+    }
 }
 
 /// The sweeper task's claim on its queue. Dropped with the task, however it
@@ -190,6 +212,9 @@ impl<O: DeadlineOwner> Drop for Running<O> {
             let queue = owner.deadlines();
             queue.wakes_at.store(u64::MAX, Ordering::Release);
             queue.running.store(false, Ordering::Release);
+            if !queue.closed.load(Ordering::Acquire) && queue.live() > 0 {
+                owner.orphaned();
+            }
         }
     }
 }

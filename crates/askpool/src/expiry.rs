@@ -132,6 +132,11 @@ impl<T> ExpiryIndex<T> {
         self.live
     }
 
+    /// The entries not yet removed or popped, in deadline order.
+    pub(crate) fn live_entries(&self) -> impl Iterator<Item = &T> {
+        self.ring.iter().filter_map(|(_, what)| what.as_ref())
+    }
+
     fn drop_empty_front(&mut self) {
         while matches!(self.ring.front(), Some((_, None))) {
             self.ring.pop_front();

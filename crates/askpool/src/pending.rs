@@ -43,9 +43,21 @@ struct SlotInner<R> {
     /// The node's deadline queue found the ask's deadline due.
     deadline_due: bool,
     event: Option<SlotEvent<R>>,
+    /// The ask timed out and its handle no longer reads events: an outcome
+    /// offered now is a late outcome (see `AskSlot::close`).
+    closed: bool,
     waker: Option<Waker>,
     /// Inline, not boxed: one allocation per ask (the slot) instead of two.
     stages: Option<StageLog>,
+}
+
+/// What became of an event offered to a slot.
+pub(crate) enum Offered<R> {
+    Taken,
+    /// One was already waiting: this one is a duplicate.
+    Duplicate,
+    /// The ask timed out: the event is handed back for reconciliation.
+    Closed(SlotEvent<R>),
 }
 
 /// The ACK lifecycle of one ask, and the events not yet read by its stream.
@@ -65,8 +77,19 @@ struct StageLog {
 /// Stage events kept for a stream that is not reading; the oldest go first.
 const MAX_UNREAD_STAGE_EVENTS: usize = 64;
 
+/// Wakes `waker`, if any: called once the slot's lock is released, since a
+/// waker may run code that takes it again.
+fn wake(waker: Option<Waker>) {
+    if let Some(waker) = waker {
+        waker.wake();
+    }
+}
+
 impl StageLog {
-    fn push(&mut self, event: Result<StageEvent, StageError>) {
+    /// Records `event`; returns the stream's waker to wake once the slot's
+    /// lock is released.
+    #[must_use = "the stream's waker is woken after the slot's lock is released"]
+    fn push(&mut self, event: Result<StageEvent, StageError>) -> Option<Waker> {
         // A refused transition is a duplicate or reordered frame: the
         // tracker is unchanged and there is nothing to report.
         if let Ok(event) = event {
@@ -83,10 +106,9 @@ impl StageLog {
                 }
                 unread.push_back(event);
             }
-            if let Some(waker) = self.waker.take() {
-                waker.wake();
-            }
+            return self.waker.take();
         }
+        None
     }
 }
 
@@ -102,6 +124,9 @@ pub(crate) struct AskSlot<R> {
     inner: Mutex<SlotInner<R>>,
     /// The ask's payload fingerprint, if it has one.
     fingerprint: Option<PayloadFingerprint>,
+    /// A tell: it ends at its Ack, so the Ack wakes its handle (an ask's
+    /// Ack only sets a flag the handle reads when it next wakes).
+    ends_at_ack: bool,
 }
 
 impl<R> AskSlot<R> {
@@ -109,15 +134,18 @@ impl<R> AskSlot<R> {
     pub(crate) fn new(
         track_from: Option<Timestamp>,
         fingerprint: Option<PayloadFingerprint>,
+        ends_at_ack: bool,
         span: &tracing::Span,
     ) -> Self {
         Self {
             fingerprint,
+            ends_at_ack,
             inner: Mutex::new(SlotInner {
                 acked: false,
                 read: false,
                 deadline_due: false,
                 event: None,
+                closed: false,
                 waker: None,
                 stages: track_from.map(|sent_at| {
                     let tracker = AckTracker::new(sent_at);
@@ -146,38 +174,53 @@ impl<R> AskSlot<R> {
 
     fn ack(&self, stage: AckStage, now: impl FnOnce() -> Timestamp) {
         let mut inner = self.inner.lock();
+        let first = !inner.acked;
         inner.acked = true;
         if stage == AckStage::Read {
             inner.read = true;
         }
-        if let Some(log) = &mut inner.stages {
+        let stage_waker = inner.stages.as_mut().and_then(|log| {
             let event = log.tracker.advance(stage, now());
-            log.push(event);
-        }
+            log.push(event)
+        });
+        let waker = if first && self.ends_at_ack {
+            inner.waker.take()
+        } else {
+            None
+        };
+        drop(inner);
+        wake(stage_waker);
+        wake(waker);
     }
 
     fn progress(&self, progress: Progress, now: impl FnOnce() -> Timestamp) {
         let mut inner = self.inner.lock();
         inner.acked = true;
-        if let Some(log) = &mut inner.stages {
-            let now = now();
-            // Progress implies the pool received the request.
-            if log.tracker.stage() == AckStage::Sent {
-                let event = log.tracker.advance(AckStage::Received, now);
-                log.push(event);
-            }
-            let event = log.tracker.advance_partial(progress, now);
-            log.push(event);
+        let Some(log) = &mut inner.stages else {
+            return;
+        };
+        let now = now();
+        // Progress implies the pool received the request.
+        let mut waker = None;
+        if log.tracker.stage() == AckStage::Sent {
+            let event = log.tracker.advance(AckStage::Received, now);
+            waker = log.push(event);
         }
+        let event = log.tracker.advance_partial(progress, now);
+        let waker = log.push(event).or(waker);
+        drop(inner);
+        wake(waker);
     }
 
     /// Records the ask's terminal stage (once it is resolved).
     pub(crate) fn record_terminal(&self, stage: AckStage, now: Timestamp) {
         let mut inner = self.inner.lock();
-        if let Some(log) = &mut inner.stages {
+        let waker = inner.stages.as_mut().and_then(|log| {
             let event = log.tracker.advance(stage, now);
-            log.push(event);
-        }
+            log.push(event)
+        });
+        drop(inner);
+        wake(waker);
     }
 
     /// Reconciles a late outcome into the ACK record; `None` if the ask is
@@ -186,27 +229,43 @@ impl<R> AskSlot<R> {
         let mut inner = self.inner.lock();
         let log = inner.stages.as_mut()?;
         let late = log.tracker.reconcile(stage, now).ok()?;
-        if let Some(waker) = log.waker.take() {
-            waker.wake();
-        }
+        let waker = log.waker.take();
+        drop(inner);
+        wake(waker);
         Some(late.stage)
     }
 
-    /// Stores `event` unless one is already waiting; wakes the handle.
-    /// Returns false when the event was a duplicate.
-    pub(crate) fn offer(&self, event: SlotEvent<R>) -> bool {
+    /// Stores `event` unless one is already waiting or the slot is closed;
+    /// wakes the handle.
+    pub(crate) fn offer(&self, event: SlotEvent<R>) -> Offered<R> {
         let waker = {
             let mut inner = self.inner.lock();
+            if inner.closed {
+                return Offered::Closed(event);
+            }
             if inner.event.is_some() {
-                return false;
+                return Offered::Duplicate;
             }
             inner.event = Some(event);
             inner.waker.take()
         };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-        true
+        wake(waker);
+        Offered::Taken
+    }
+
+    /// Closes the slot of an ask that timed out, once its timeout is on
+    /// record for reconciliation: a reply offered later is handed back (the
+    /// deliverer reconciles it), and one that arrived since the handle last
+    /// looked is returned, so a reply crossing the timeout is a late outcome
+    /// rather than lost in a slot nobody reads.
+    pub(crate) fn close(&self) -> Option<SlotEvent<R>> {
+        let mut inner = self.inner.lock();
+        inner.closed = true;
+        // A cancellation waiting here answers the ask's own timeout cancel.
+        inner
+            .event
+            .take()
+            .filter(|event| matches!(event, SlotEvent::Reply(_)))
     }
 
     /// The ask's deadline is due (from the node's deadline queue): wakes
@@ -217,9 +276,13 @@ impl<R> AskSlot<R> {
             inner.deadline_due = true;
             inner.waker.take()
         };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        wake(waker);
+    }
+
+    /// Wakes the handle with nothing new (see `CallerSide::orphaned`).
+    fn nudge(&self) {
+        let waker = self.inner.lock().waker.take();
+        wake(waker);
     }
 
     /// Takes what arrived since the last call and registers `waker`.
@@ -516,6 +579,26 @@ impl<M, R> CallerSide<M, R> {
 
     /// A terminal frame for an ask that is no longer pending: if it timed
     /// out recently, reconcile it once; otherwise it is a duplicate.
+    /// Reconciles an outcome taken back from a closed slot (see
+    /// [`AskSlot::close`]).
+    pub(crate) fn reconcile_event(
+        &self,
+        ids: AskIds,
+        fingerprint: Option<PayloadFingerprint>,
+        event: SlotEvent<R>,
+    ) {
+        match event {
+            SlotEvent::Reply(outcome) => self.reconcile(ToCaller::Reply {
+                ids,
+                outcome,
+                fingerprint,
+            }),
+            SlotEvent::Cancelled(reason) => self.reconcile(ToCaller::Cancelled { ids, reason }),
+            // The node shut down: nothing is late.
+            SlotEvent::Aborted(_) => {}
+        }
+    }
+
     fn reconcile(&self, frame: ToCaller<R>) {
         let id = frame.ids().expect("not a batch").request_id;
         let now = self.clock.now();
@@ -574,6 +657,13 @@ impl<M: Send + 'static, R: Send + 'static> DeadlineOwner for CallerSide<M, R> {
     fn fire(&self, _key: ExpiryKey, slot: Arc<AskSlot<R>>) {
         slot.deadline_due();
     }
+    /// Wakes the asks waiting for their deadline (not due): each one's next
+    /// poll starts a sweeper on its own runtime.
+    fn orphaned(&self) {
+        for slot in self.deadlines.waiting() {
+            slot.nudge();
+        }
+    }
 }
 
 impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
@@ -612,8 +702,19 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
                 slot.progress(progress, now);
                 true
             }
-            ToCaller::Reply { outcome, .. } => slot.offer(SlotEvent::Reply(outcome)),
-            ToCaller::Cancelled { reason, .. } => slot.offer(SlotEvent::Cancelled(reason)),
+            ToCaller::Reply {
+                outcome,
+                fingerprint,
+                ..
+            } => match slot.offer(SlotEvent::Reply(outcome)) {
+                Offered::Closed(event) => return self.reconcile_event(ids, fingerprint, event),
+                offered => matches!(offered, Offered::Taken),
+            },
+            // After a timeout this is the pool's answer to the ask's own
+            // cancel: nothing late to reconcile.
+            ToCaller::Cancelled { reason, .. } => {
+                matches!(slot.offer(SlotEvent::Cancelled(reason)), Offered::Taken)
+            }
             ToCaller::AckBatch { .. } => unreachable!("unpacked above"),
         };
         if !fresh {

@@ -52,9 +52,11 @@ pub(crate) enum Work<M> {
     Closed,
 }
 
-/// The sending end of a named worker's own queue, for asks that prefer it.
+/// A named worker's own queue as the pool sees it: asks that prefer the
+/// worker are sent here, and a close takes back what is still queued.
 pub(crate) struct WorkerQueue<M> {
     pub(crate) tx: flume::Sender<Work<M>>,
+    pub(crate) rx: flume::Receiver<Work<M>>,
     pub(crate) signal: Arc<QueueSignal>,
 }
 
@@ -120,6 +122,17 @@ pub(crate) struct PoolShared<M, R> {
     /// Acks waiting for the end of the tick (`batch_acks`), per caller.
     ack_buffer: Mutex<FxHashMap<CallerId, Vec<AskIds>>>,
     flush_scheduled: AtomicBool,
+}
+
+/// Flushes a pool's buffered acks when dropped (see `buffer_ack`).
+struct FlushOnDrop<M: Send + 'static, R: Clone + Send + 'static>(Weak<PoolShared<M, R>>);
+
+impl<M: Send + 'static, R: Clone + Send + 'static> Drop for FlushOnDrop<M, R> {
+    fn drop(&mut self) {
+        if let Some(pool) = self.0.upgrade() {
+            pool.flush_acks();
+        }
+    }
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
@@ -259,13 +272,14 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let weak = self.weak_self.clone();
+                // The flush is the guard's drop: it happens even if the task
+                // never runs (its runtime shuts down first), or the flag
+                // would stay set and every later ack would wait here forever.
+                let flush = FlushOnDrop(self.weak_self.clone());
                 runtime.spawn(async move {
                     // Let the tick's other tasks add their acks first.
                     tokio::task::yield_now().await;
-                    if let Some(pool) = weak.upgrade() {
-                        pool.flush_acks();
-                    }
+                    drop(flush);
                 });
             }
             Err(_) => self.flush_acks(),
@@ -392,10 +406,15 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// alive, else to the pool's shared queue.
     pub(crate) fn enqueue(&self, mut item: WorkItem<M>) {
         if item.request.meta.preferred_worker.is_some() {
-            // Pushed under the registry's read lock: a worker leaving takes
-            // the write lock before it drains its inbox, so no push lands in
-            // an inbox after its last drain.
+            // Checked and pushed under the registry's read lock: a worker
+            // leaving, and a close, take the write lock before they drain an
+            // inbox, so no push lands in an inbox after its last drain.
             let workers = self.workers.read();
+            if self.is_closed() {
+                drop(workers);
+                self.cancel_item(item, CancelReason::Shutdown);
+                return;
+            }
             let inbox = (item.request.meta.preferred_worker.as_ref()).and_then(|w| workers.get(w));
             if let Some(inbox) = inbox {
                 match inbox.push(Work::Item(item)) {
@@ -518,10 +537,22 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
         self.transport.deregister_pool(&self.name);
         self.cancel_queued();
-        // `push` wakes the inbox's worker if it waits (else it finds the
-        // sentinel on its next look).
-        for inbox in self.workers.read().values() {
+        // What the workers' own queues hold is cancelled too: a worker may
+        // keep its `Worker` (a binding's handle) and never pull again. Taken
+        // under the write lock (see `enqueue`), cancelled after it.
+        let mut queued = Vec::new();
+        for inbox in self.workers.write().values() {
+            while let Some(work) = inbox.signal.take(&inbox.rx) {
+                if let Work::Item(item) = work {
+                    queued.push(item);
+                }
+            }
+            // `push` wakes the inbox's worker if it waits (else it finds the
+            // sentinel on its next look).
             let _ = inbox.push(Work::Closed);
+        }
+        for item in queued {
+            self.cancel_item(item, CancelReason::Shutdown);
         }
         self.expiries.close();
     }

@@ -324,6 +324,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
             id.clone(),
             WorkerQueue {
                 tx,
+                rx: rx.clone(),
                 signal: Arc::clone(&signal),
             },
         );

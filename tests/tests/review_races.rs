@@ -1,0 +1,317 @@
+//! Races and runtime corner cases a third review found (each test failed
+//! before its fix): deadlines whose sweeper's runtime is dropped, a tell
+//! whose Ack comes later, a reply crossing the caller's timeout, a late
+//! reply after a stage deadline, acks batched by a task that never ran, a
+//! pool closed between admitting a request and queueing it for a preferred
+//! worker.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use askpool::{AskError, Node};
+
+fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+    let waker = futures::task::noop_waker();
+    f.poll(&mut Context::from_waker(&waker))
+}
+
+/// The sweeper's runtime is dropped after an ask on another runtime
+/// entered its deadline: the ask is woken and starts a sweeper on its own
+/// runtime (before, nothing did and it hung).
+#[test]
+fn an_ask_times_out_after_the_sweepers_runtime_is_dropped() {
+    let rt1 = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let rt2 = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let node: Node<u64, u64> = Node::new();
+    let _pool = node.pool("p").build().unwrap();
+    rt1.block_on(async {
+        let mut a = pin!(node.ask("p", 1).timeout(Duration::from_secs(60)).send());
+        assert!(poll_once(a.as_mut()).is_pending());
+        tokio::task::yield_now().await;
+    });
+    let node2 = node.clone();
+    let ask = rt2.spawn(async move {
+        node2
+            .ask("p", 2)
+            .timeout(Duration::from_millis(300))
+            .send()
+            .await
+    });
+    std::thread::sleep(Duration::from_millis(50)); // the ask is queued on the deadline queue
+    drop(rt1); // the sweeper goes with it
+    let got = rt2.block_on(async { tokio::time::timeout(Duration::from_secs(3), ask).await });
+    match got {
+        Ok(Ok(Err(AskError::AskTimeout { .. }))) => {}
+        other => panic!("expected AskTimeout, got {other:?}"),
+    }
+}
+
+/// A tell ends at its Ack, so an Ack that arrives after the send returned
+/// (batch_acks here; any asynchronous transport) wakes it (before, the tell
+/// waited for its next timer: the re-send time, 1 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tell_ends_when_its_later_ack_arrives() {
+    let node: Node<u64, u64> = Node::new();
+    let _pool = node
+        .pool("p")
+        .config(askpool::PoolConfig {
+            batch_acks: true,
+            ..Default::default()
+        })
+        .handler(|m: u64, _ctx| async move { Ok(m) })
+        .unwrap();
+    let started = std::time::Instant::now();
+    node.tell("p", 1).await.unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(200), "tell took {took:?}");
+}
+
+mod racing {
+    use super::*;
+    use askpool::{CallerEndpoint, InProcessTransport, PoolEndpoint, Request, WorkerTransport};
+    use askpool_proto::{CallerId, PoolName, ToCaller, ToWorker};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    /// The worker's reply crosses the caller's timeout: it is sent while the
+    /// caller's timeout Cancel goes out (the same instant on two threads).
+    pub struct Racing {
+        pub inner: InProcessTransport<u64, u64>,
+        pub stash: Mutex<Option<Request<u64, u64>>>,
+        pub drop_cancels: bool,
+    }
+    impl WorkerTransport<u64, u64> for Racing {
+        fn register_pool(
+            &self,
+            p: PoolName,
+            e: Arc<dyn PoolEndpoint<u64>>,
+        ) -> Result<(), AskError> {
+            self.inner.register_pool(p, e)
+        }
+        fn deregister_pool(&self, p: &PoolName) {
+            self.inner.deregister_pool(p)
+        }
+        fn register_caller(&self, c: CallerId, e: Arc<dyn CallerEndpoint<u64>>) {
+            self.inner.register_caller(c, e)
+        }
+        fn deregister_caller(&self, c: CallerId) {
+            self.inner.deregister_caller(c)
+        }
+        fn send_to_pool(&self, frame: ToWorker<u64>) -> Result<(), AskError> {
+            if matches!(frame, ToWorker::Cancel { .. }) {
+                if self.drop_cancels {
+                    return Ok(());
+                }
+                let stashed = self.stash.lock().unwrap().take();
+                if let Some(r) = stashed {
+                    r.reply(7);
+                }
+            }
+            self.inner.send_to_pool(frame)
+        }
+        fn send_to_caller(&self, frame: ToCaller<u64>) -> Result<(), AskError> {
+            self.inner.send_to_caller(frame)
+        }
+    }
+
+    /// A reply that arrives between the handle deciding AskTimeout and
+    /// removing its pending entry is a late outcome (before, it was stored
+    /// in the finished handle's slot and lost).
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_crossing_the_timeout_is_a_late_outcome() {
+        let racing = Arc::new(Racing {
+            inner: InProcessTransport::new(),
+            stash: Mutex::new(None),
+            drop_cancels: false,
+        });
+        let node: Node<u64, u64> =
+            Node::with_transport(racing.clone(), askpool::NodeConfig::default());
+        let late = Arc::new(AtomicUsize::new(0));
+        let seen = late.clone();
+        node.on_late_outcome(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        let pool = node.pool("p").build().unwrap();
+        let ask = tokio::spawn(node.ask("p", 1).timeout(Duration::from_millis(100)).send());
+        let req = pool.next_request().await.unwrap();
+        *racing.stash.lock().unwrap() = Some(req);
+        let err = ask.await.unwrap().unwrap_err();
+        assert!(matches!(err, AskError::AskTimeout { .. }), "{err:?}");
+        assert!(racing.stash.lock().unwrap().is_none(), "the worker replied");
+        assert_eq!(
+            late.load(Ordering::SeqCst),
+            1,
+            "the crossing reply is a late outcome"
+        );
+    }
+}
+
+mod stage_deadline {
+    use super::racing::Racing;
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    /// An ask that failed DeadlineExceeded (recorded TIMED_OUT), whose
+    /// cancel was lost and whose worker then replies: the reply reconciles
+    /// and its dead letter goes (before, only AskTimeout was reconciled).
+    #[tokio::test(start_paused = true)]
+    async fn a_late_reply_after_a_stage_deadline_is_reconciled() {
+        let racing = Arc::new(Racing {
+            inner: askpool::InProcessTransport::new(),
+            stash: Mutex::new(None),
+            drop_cancels: true,
+        });
+        let mut config = askpool::NodeConfig::default();
+        config.timeouts.read = Some(Duration::from_millis(50));
+        let node: Node<u64, u64> = Node::with_transport(racing.clone(), config);
+        let late = Arc::new(AtomicUsize::new(0));
+        let seen = late.clone();
+        node.on_late_outcome(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        let pool = node.pool("p").build().unwrap();
+        let err = node
+            .ask("p", 1)
+            .timeout(Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AskError::DeadlineExceeded), "{err:?}");
+        let dl = node.dead_letters().len();
+        let r = pool.next_request().await.unwrap();
+        r.reply(5);
+        assert_eq!(
+            (late.load(Ordering::SeqCst), node.dead_letters().len(), dl),
+            (1, 0, 1),
+            "(late outcomes, dead letters after, dead letters before); ignored frames {}",
+            node.stats().ignored_frames
+        );
+    }
+}
+
+/// The batch_acks flush task is spawned on whatever runtime delivered the
+/// first ack; dropped unrun, it flushes all the same (before, no ack of that
+/// pool was ever sent again and the buffer grew without bound).
+#[test]
+fn batched_acks_go_on_after_a_flush_task_is_dropped() {
+    let node: Node<u64, u64> = Node::new();
+    let _pool = node
+        .pool("p")
+        .config(askpool::PoolConfig {
+            batch_acks: true,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    {
+        let rt1 = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt1.block_on(async {
+            let t = node.tell("p", 1).send(); // ack buffered, flush spawned on rt1
+            std::mem::forget(t); // keep it from cancelling; irrelevant to the bug
+        });
+    } // rt1 dropped with the flush task unrun
+    let rt2 = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let got = rt2.block_on(async { node.tell("p", 2).timeout(Duration::from_secs(3)).await });
+    assert!(got.is_ok(), "tell 2 never acknowledged: {got:?}");
+}
+
+mod close_race {
+    use super::*;
+    use askpool::{CallerEndpoint, InProcessTransport, PoolEndpoint, WorkerPool, WorkerTransport};
+    use askpool_proto::{CallerId, PoolName, ToCaller, ToWorker};
+    use std::sync::{Arc, Mutex};
+
+    /// Closes the pool while it sends its Ack, i.e. between admission and
+    /// enqueue (another thread closing at that instant).
+    pub struct CloseOnAck {
+        inner: InProcessTransport<u64, u64>,
+        pool: Mutex<Option<Arc<WorkerPool<u64, u64>>>>,
+    }
+    impl WorkerTransport<u64, u64> for CloseOnAck {
+        fn register_pool(
+            &self,
+            p: PoolName,
+            e: Arc<dyn PoolEndpoint<u64>>,
+        ) -> Result<(), AskError> {
+            self.inner.register_pool(p, e)
+        }
+        fn deregister_pool(&self, p: &PoolName) {
+            self.inner.deregister_pool(p)
+        }
+        fn register_caller(&self, c: CallerId, e: Arc<dyn CallerEndpoint<u64>>) {
+            self.inner.register_caller(c, e)
+        }
+        fn deregister_caller(&self, c: CallerId) {
+            self.inner.deregister_caller(c)
+        }
+        fn send_to_pool(&self, frame: ToWorker<u64>) -> Result<(), AskError> {
+            self.inner.send_to_pool(frame)
+        }
+        fn send_to_caller(&self, frame: ToCaller<u64>) -> Result<(), AskError> {
+            if matches!(frame, ToCaller::Ack { .. }) {
+                let pool = self.pool.lock().unwrap().take();
+                if let Some(pool) = pool {
+                    pool.close();
+                }
+            }
+            self.inner.send_to_caller(frame)
+        }
+    }
+
+    async fn run(preferred: bool) -> (Result<u64, AskError>, usize) {
+        let t = Arc::new(CloseOnAck {
+            inner: InProcessTransport::new(),
+            pool: Mutex::new(None),
+        });
+        let node: Node<u64, u64> = Node::with_transport(t.clone(), askpool::NodeConfig::default());
+        let pool = Arc::new(node.pool("p").build().unwrap());
+        let _w = pool.worker("w").unwrap(); // a pull worker, kept alive (e.g. held by a binding)
+        *t.pool.lock().unwrap() = Some(Arc::clone(&pool));
+        let b = node.ask("p", 1).timeout(Duration::from_secs(2));
+        let b = if preferred {
+            b.preferred_worker("w")
+        } else {
+            b
+        };
+        let r = b.await;
+        (r, pool.stats().in_flight)
+    }
+
+    /// The shared-queue variant (fixed after the second review).
+    #[tokio::test(start_paused = true)]
+    async fn a_close_between_admit_and_queue_cancels_the_request() {
+        let (r, in_flight) = run(false).await;
+        assert!(matches!(r, Err(AskError::AskCancelled { .. })), "{r:?}");
+        assert_eq!(in_flight, 0);
+    }
+
+    /// The same race with a preferred worker whose `Worker` lives on and
+    /// never pulls: the request is cancelled (before, it landed in the inbox
+    /// behind the Closed sentinel and stayed in flight forever).
+    #[tokio::test(start_paused = true)]
+    async fn a_close_between_admit_and_a_preferred_workers_inbox_cancels_the_request() {
+        let (r, in_flight) = run(true).await;
+        assert!(
+            matches!(r, Err(AskError::AskCancelled { .. })),
+            "{r:?} (in flight {in_flight})"
+        );
+        assert_eq!(in_flight, 0);
+    }
+}
