@@ -14,6 +14,7 @@ __all__ = [
     "register_dispatch",
     "register_error_factory",
     "_panic",
+    "_panic_in_next_dispatch",
     "_send_through_method",
 ]
 
@@ -25,6 +26,7 @@ def register_dispatch(
     failure: Callable[[BaseException], Optional[tuple[str, str, Optional[str]]]],
 ) -> None: ...
 def _panic(message: str) -> None: ...
+def _panic_in_next_dispatch(message: str) -> None: ...
 def _send_through_method(on: bool) -> None: ...
 
 @final

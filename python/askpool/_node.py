@@ -204,7 +204,11 @@ class Pool:
         # (asyncio.run cancels every task it leaves), the pool leaves the node,
         # so later asks fail at once with NoRouteError instead of queueing
         # for workers that will never run again and timing out.
-        loop.create_task(_close_with_loop(self._native), name=f"askpool pool {self.name!r}")
+        keeper = loop.create_task(_close_with_loop(self._native), name=f"askpool pool {self.name!r}")
+        # A loop closed without cancelling its tasks (run_forever, then
+        # close) drops this one pending, which closes the pool all the same
+        # (its `finally`): nothing to warn about.
+        setattr(keeper, "_log_destroy_pending", False)
         return fn
 
     def close(self) -> None:

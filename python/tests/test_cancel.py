@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 from typing import Any
 
@@ -119,6 +120,46 @@ async def test_ask_sync_from_a_thread_without_a_loop() -> None:
 
         with pytest.raises(askpool.NoRouteError):
             await asyncio.get_running_loop().run_in_executor(None, ask_missing)
+
+
+def test_ask_sync_is_interrupted_by_a_signal_and_cancels_the_ask() -> None:
+    node = Node()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="pool loop")
+    thread.start()
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    async def host() -> None:
+        pool = node.pool("slow")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            started.set()
+            await ctx.wait_cancelled()
+            cancelled.set()
+
+    asyncio.run_coroutine_threadsafe(host(), loop).result(5)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            # Without the signal this would wait out its 30 s timeout.
+            node.ask_sync("slow", 1, timeout=30)
+        assert started.is_set()
+        # Dropping the interrupted ask sent the protocol cancel.
+        assert cancelled.wait(5)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+        node.close()
 
 
 async def test_ask_sync_on_the_loop_thread_is_refused() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import askpool
-from askpool import Context, Node
+from askpool import Context, Node, _native
 from askpool._errors import ERRORS, from_native
 
 BUILTIN = {
@@ -249,6 +249,23 @@ async def test_bad_pool_options_are_invalid_argument_errors() -> None:
             node.pool("p", concurrency=2**32).handler(_noop)
         with pytest.raises(askpool.NoRouteError):
             await node.ask("p", 1, timeout=1)
+
+
+async def test_a_panic_in_a_pool_worker_fails_that_request_and_the_pool_goes_on() -> None:
+    reports: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: reports.append(context))
+    async with Node() as node:
+        pool = node.pool("p")
+        pool.handler(_echo)
+        assert await node.ask("p", 0, timeout=5) == 0
+        _native._panic_in_next_dispatch("boom")
+        with pytest.raises(askpool.InternalError):
+            await node.ask("p", 1, timeout=5)
+        # The worker slot recovered: the pool answers the next ask.
+        assert await node.ask("p", 2, timeout=5) == 2
+        assert await asyncio.gather(*(node.ask("p", i, timeout=5) for i in range(10))) == list(range(10))
+    assert [r["message"] for r in reports if "boom" in r["message"]], reports
+    assert "recovered" in reports[0]["message"]
 
 
 def test_a_pool_leaves_the_node_when_its_event_loop_ends() -> None:

@@ -12,6 +12,7 @@ use std::cell::Cell;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -23,6 +24,9 @@ pub(crate) trait LoopTask: Send + Sync + 'static {
     fn queued(&self) -> &AtomicBool;
     /// Polls the task once; `self` is the task's own handle, for its waker.
     fn run(self: Arc<Self>, py: Python<'_>);
+    /// `run` panicked (caught by the driver, so the rest of the queue still
+    /// runs): the task puts itself back in a state it can go on from.
+    fn recover(self: Arc<Self>, _py: Python<'_>) {}
 }
 
 pub(crate) struct DriverShared {
@@ -72,8 +76,11 @@ impl DriverShared {
     }
 
     /// Runs every queued task, and the tasks they wake, until none is left.
+    /// A task that panics is recovered and the others run on: a panic never
+    /// leaves tasks marked queued but in no queue, nor this thread marked
+    /// as draining.
     fn run_queue(&self, py: Python<'_>) {
-        let previous = DRAINING.with(|d| d.replace(self));
+        let _draining = Draining::enter(self);
         let _runtime = crate::runtime().enter();
         let mut batch = std::mem::take(&mut *self.spare.lock());
         loop {
@@ -83,11 +90,15 @@ impl DriverShared {
             }
             for task in batch.drain(..) {
                 task.queued().store(false, Ordering::Release);
-                task.run(py);
+                let ran = catch_unwind(AssertUnwindSafe(|| Arc::clone(&task).run(py)));
+                if let Err(panic) = ran {
+                    let error = crate::errors::panic_error(panic.as_ref());
+                    let recovered = catch_unwind(AssertUnwindSafe(|| task.recover(py))).is_ok();
+                    report_panic(py, &error, recovered);
+                }
             }
         }
         *self.spare.lock() = batch;
-        DRAINING.with(|d| d.set(previous));
         crate::obj::release_dropped(py);
     }
 }
@@ -149,6 +160,42 @@ impl LoopDriver {
         };
         self.shared.run_queue(py);
         out
+    }
+}
+
+/// Tells the event loop's exception handler (asyncio's way to report an
+/// error no caller awaits) that a driver task panicked.
+fn report_panic(py: Python<'_>, error: &askpool::AskError, recovered: bool) {
+    let message = if recovered {
+        format!("askpool: a task on this event loop panicked and was recovered: {error}")
+    } else {
+        format!("askpool: a task on this event loop panicked and was dropped: {error}")
+    };
+    let report = || -> PyResult<()> {
+        let context = pyo3::types::PyDict::new(py);
+        context.set_item("message", message)?;
+        py.import("asyncio")?
+            .call_method0("get_running_loop")?
+            .call_method1("call_exception_handler", (context,))?;
+        Ok(())
+    };
+    // Nothing to do if even that fails (no running loop).
+    let _ = report();
+}
+
+/// Marks this thread as running `shared`'s queue until dropped (also when
+/// unwinding), then restores what it was.
+struct Draining(*const DriverShared);
+
+impl Draining {
+    fn enter(shared: &DriverShared) -> Self {
+        Self(DRAINING.with(|d| d.replace(shared)))
+    }
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        DRAINING.with(|d| d.set(self.0));
     }
 }
 

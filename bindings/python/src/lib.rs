@@ -38,6 +38,13 @@ fn _panic(message: &str) {
     panic!("{message}");
 }
 
+/// Makes the next request a pool worker takes panic before its handler
+/// starts (for the test that a worker's panic fails that request only).
+#[pyfunction]
+fn _panic_in_next_dispatch(message: String) {
+    *pool::PANIC_IN_NEXT_DISPATCH.lock() = Some(message);
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<driver::LoopDriver>()?;
@@ -50,6 +57,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::register_error_factory, m)?)?;
     m.add_function(wrap_pyfunction!(pool::register_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_in_next_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(send::_send_through_method, m)?)?;
     Ok(())
 }

@@ -20,6 +20,9 @@ use crate::promises::NativePromises;
 use crate::task::FutureTask;
 use askpool_promises::DurableAsk;
 
+/// How often a blocked `ask_sync` looks at the thread's signals.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
 type Handle = AskHandle<Obj, Obj>;
 
 fn seconds(what: &str, value: f64) -> Result<Duration, AskError> {
@@ -196,8 +199,22 @@ impl NativeNode {
         timeout: Option<f64>,
         options: Option<AskOptions>,
     ) -> PyResult<Py<PyAny>> {
-        let handle = self.start(pool, msg, timeout, options)?;
-        let result = py.detach(|| crate::runtime().block_on(handle));
+        let mut handle = self.start(pool, msg, timeout, options)?;
+        // Waits in slices, looking at the thread's signals between them: a
+        // Ctrl-C (or any signal handler that raises) ends the wait with its
+        // exception, and dropping the handle then cancels the ask (the pool
+        // is told). One block_on for the whole wait would see no signal
+        // before the ask's timeout.
+        let result = loop {
+            let slice = py.detach(|| {
+                crate::runtime()
+                    .block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut handle).await })
+            });
+            match slice {
+                Ok(result) => break result,
+                Err(_) => py.check_signals()?,
+            }
+        };
         crate::obj::release_dropped(py);
         result
             .map(|obj| obj.get(py))

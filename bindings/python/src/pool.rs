@@ -24,6 +24,9 @@ use crate::task::FutureTask;
 
 type Pull = Pin<Box<dyn Future<Output = Option<Request<Obj, Obj>>> + Send>>;
 
+/// Set by the test hook `_panic_in_next_dispatch`.
+pub(crate) static PANIC_IN_NEXT_DISPATCH: Mutex<Option<String>> = Mutex::new(None);
+
 pub(crate) struct SlotTask {
     queued: AtomicBool,
     driver: Arc<DriverShared>,
@@ -103,6 +106,19 @@ impl LoopTask for SlotTask {
         self.pull_and_dispatch(py);
         self.running.store(false, Ordering::Release);
     }
+
+    /// After a panic: a pull that panicked is not polled again (a new one
+    /// starts), and the slot goes on pulling. A request taken before the
+    /// panic was failed when its responder was dropped (`Internal`); one
+    /// whose handler was running keeps the slot busy until it answers.
+    fn recover(self: Arc<Self>, _py: Python<'_>) {
+        self.state.lock().pull = None;
+        self.running.store(false, Ordering::Release);
+        if !self.busy.load(Ordering::Acquire) {
+            let driver = Arc::clone(&self.driver);
+            driver.schedule(self);
+        }
+    }
 }
 
 impl SlotTask {
@@ -119,6 +135,9 @@ impl SlotTask {
     /// awaiting is answered at once (no task, no `Reply` object); one that
     /// awaits goes on as an asyncio task holding the slot until it answers.
     fn dispatch(self: &Arc<Self>, py: Python<'_>, request: Request<Obj, Obj>) {
+        if let Some(message) = PANIC_IN_NEXT_DISPATCH.lock().take() {
+            panic!("{message}");
+        }
         let Request {
             message,
             context,
