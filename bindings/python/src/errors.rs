@@ -45,21 +45,9 @@ pub(crate) fn to_py<T>(result: Result<T, AskError>) -> PyResult<T> {
     result.map_err(|e| Python::attach(|py| exception(py, &e)))
 }
 
-/// The error a handler's exception becomes. An exception of the taxonomy
-/// whose code carries just a message keeps its code (a handler can reject
-/// poison with `DecodeFailureError`); anything else is `HandlerFailed`.
+/// The error a handler's exception becomes (see `AskError::from_handler`).
 pub(crate) fn from_handler(code: Option<&str>, type_name: String, message: String) -> AskError {
-    let code = code.and_then(|c| ErrorCode::ALL.into_iter().find(|k| k.as_str() == c));
-    match code {
-        Some(ErrorCode::Unavailable) => AskError::Unavailable { reason: message },
-        Some(ErrorCode::InvalidArgument) => AskError::InvalidArgument { message },
-        Some(ErrorCode::ValidationError) => AskError::ValidationError { message },
-        Some(ErrorCode::PermissionDenied) => AskError::PermissionDenied { message },
-        Some(ErrorCode::FailedPrecondition) => AskError::FailedPrecondition { message },
-        Some(ErrorCode::DecodeFailure) => AskError::DecodeFailure { message },
-        Some(ErrorCode::Internal) => AskError::Internal { message },
-        _ => AskError::handler_failed(type_name, message),
-    }
+    AskError::from_handler(code.and_then(ErrorCode::from_name), type_name, message)
 }
 
 /// A panic caught at the boundary, as the taxonomy's `Internal`.

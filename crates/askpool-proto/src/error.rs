@@ -57,6 +57,11 @@ impl ErrorCode {
         ErrorCode::HandlerFailed,
     ];
 
+    /// The code spelled `name` as [`as_str`](Self::as_str) spells it.
+    pub fn from_name(name: &str) -> Option<ErrorCode> {
+        Self::ALL.into_iter().find(|code| code.as_str() == name)
+    }
+
     pub const fn class(self) -> ErrorClass {
         use ErrorCode::*;
         match self {
@@ -250,6 +255,34 @@ impl AskError {
         }
     }
 
+    /// The error a caller sees when a handler fails with an error of type
+    /// `type_name` saying `message`, which carries `code` if it is one of
+    /// the taxonomy's (re-raised from an inner ask, or raised on purpose).
+    /// Every binding maps a handler's failure through this, so one failure
+    /// reads the same in every language. A code whose error is just a
+    /// message keeps it (a handler rejects poison with `DecodeFailure`, bad
+    /// input with `InvalidArgument`); one whose error describes the caller's
+    /// own ask (its timeout, its route, its pool's buffer, its payload, its
+    /// cancellation) would misreport this ask, so it becomes
+    /// `HandlerFailed` with the handler's type name and message intact.
+    pub fn from_handler(
+        code: Option<ErrorCode>,
+        type_name: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        let message = message.into();
+        match code {
+            Some(ErrorCode::Unavailable) => AskError::Unavailable { reason: message },
+            Some(ErrorCode::InvalidArgument) => AskError::InvalidArgument { message },
+            Some(ErrorCode::ValidationError) => AskError::ValidationError { message },
+            Some(ErrorCode::PermissionDenied) => AskError::PermissionDenied { message },
+            Some(ErrorCode::FailedPrecondition) => AskError::FailedPrecondition { message },
+            Some(ErrorCode::DecodeFailure) => AskError::DecodeFailure { message },
+            Some(ErrorCode::Internal) => AskError::Internal { message },
+            _ => AskError::handler_failed(type_name, message),
+        }
+    }
+
     pub fn handler_failed(type_name: impl Into<String>, message: impl Into<String>) -> Self {
         AskError::HandlerFailed {
             type_name: type_name.into(),
@@ -268,6 +301,36 @@ pub type Outcome<R> = Result<R, AskError>;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_handlers_failure_keeps_message_codes_and_wraps_the_rest() {
+        use super::{AskError, ErrorCode};
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::from_name(code.as_str()), Some(code));
+            let e = AskError::from_handler(Some(code), "MyError", "upstream said no");
+            let kept = matches!(
+                code,
+                ErrorCode::Unavailable
+                    | ErrorCode::InvalidArgument
+                    | ErrorCode::ValidationError
+                    | ErrorCode::PermissionDenied
+                    | ErrorCode::FailedPrecondition
+                    | ErrorCode::DecodeFailure
+                    | ErrorCode::Internal
+            );
+            if kept {
+                assert_eq!(e.code(), code);
+            } else {
+                assert_eq!(e, AskError::handler_failed("MyError", "upstream said no"));
+            }
+            assert!(e.to_string().contains("upstream said no"), "{code:?}: {e}");
+        }
+        assert_eq!(ErrorCode::from_name("NOT_A_CODE"), None);
+        assert_eq!(
+            AskError::from_handler(None, "ValueError", "bad"),
+            AskError::handler_failed("ValueError", "bad")
+        );
+    }
+
     use super::*;
 
     #[test]
