@@ -88,7 +88,7 @@ class DeadLetter(NamedTuple):
     payload: Any
     error: AskpoolError
     attempts: int
-    #: "poison" or "retries_exhausted".
+    #: "POISON" or "RETRIES_EXHAUSTED" (as in every binding).
     reason: str
 
 

@@ -215,7 +215,7 @@ async def test_decode_failure_is_poison_and_lands_in_the_dlq() -> None:
         letter = letters[0]
         assert letter.request_id == handle_.request_id
         assert letter.payload is payload
-        assert letter.reason == "poison"
+        assert letter.reason == "POISON"
         assert letter.pool == "parse"
         assert isinstance(letter.error, askpool.DecodeFailureError)
         assert node.stats()["dlq_depth"] == 1

@@ -348,10 +348,7 @@ impl NativeNode {
             .dead_letters()
             .into_iter()
             .map(|l| {
-                let reason = match l.reason {
-                    askpool::DeadLetterReason::Poison => "poison",
-                    askpool::DeadLetterReason::RetriesExhausted => "retries_exhausted",
-                };
+                let reason = l.reason.as_str();
                 PyTuple::new(
                     py,
                     [

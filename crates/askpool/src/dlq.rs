@@ -21,6 +21,17 @@ pub enum DeadLetterReason {
     Poison,
 }
 
+impl DeadLetterReason {
+    /// The name every binding gives the reason (`RETRIES_EXHAUSTED`,
+    /// `POISON`), spelled as error codes are.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::RetriesExhausted => "RETRIES_EXHAUSTED",
+            DeadLetterReason::Poison => "POISON",
+        }
+    }
+}
+
 /// One failed ask.
 #[derive(Clone, Debug)]
 pub struct DeadLetter<M> {
