@@ -134,6 +134,12 @@ export interface DeadLetterInfo {
   reason: string
 }
 
+/**
+ * Makes the next poll of an ask panic, so tests can show that a panic
+ * fails that ask alone (with `INTERNAL`) and the node carries on.
+ */
+export declare function debugPanicNextAsk(): void
+
 /** An `AskError` as the wrapper sees it. */
 export interface ErrorInfo {
   code: string

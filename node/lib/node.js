@@ -38,6 +38,16 @@ function call(fn) {
   }
 }
 
+// Reports a failure that has no caller to reject (a drain that failed on
+// the event loop) without throwing into the loop.
+function warn(what, e) {
+  const error = e instanceof errors.AskError ? e : fromNative(e);
+  process.emitWarning(`askpool: ${what}: ${error.name} (${error.code}): ${error.message}`, {
+    type: 'AskpoolWarning',
+    code: `ASKPOOL_${error.code}`,
+  });
+}
+
 function aborted(signal) {
   return new AskCancelledError('ask cancelled: the signal was aborted before the ask was sent', {
     cause: signal.reason,
@@ -257,7 +267,8 @@ class Node {
   #draining = false;
   #dirty = false;
   #drainQueued = false;
-  #drainNow = () => this.#drain();
+  #failedDrains = 0;
+  #drainNow = () => this.#drainSafely();
   #closed = false;
   #promises;
 
@@ -404,7 +415,7 @@ class Node {
     if (this.#closed) return;
     this.#closed = true;
     call(() => this.#core.close());
-    this.#drain();
+    this.#drainSafely();
     busy.delete(this);
     if (this.#keepAlive) {
       clearInterval(this.#keepAlive);
@@ -490,7 +501,22 @@ class Node {
 
   /** @internal Called by the addon when a future woke on another thread. */
   _wake() {
-    this.#drain();
+    this.#drainSafely();
+  }
+
+  // A drain run from the event loop (a wake, a microtask, close): a failure
+  // there has nobody to throw to, so it becomes a process warning.
+  // What a failed drain did not report is still queued in the addon, so it
+  // is tried again soon (a few times in a row at most: a drain that keeps
+  // failing must not spin; the next wake or call tries again).
+  #drainSafely() {
+    try {
+      this.#drain();
+      this.#failedDrains = 0;
+    } catch (e) {
+      warn('a drain failed', e);
+      if (++this.#failedDrains <= 3) setImmediate(this.#drainNow);
+    }
   }
 
   // After a call into the addon that may have woken a future on this thread
@@ -508,7 +534,14 @@ class Node {
     this.#drainQueued = false;
     if (this.#draining) return;
     this.#draining = true;
-    this.#consume(native.fastDrain(this.#fast, this.#buf));
+    let n;
+    try {
+      n = native.fastDrain(this.#fast, this.#buf);
+    } catch (e) {
+      this.#draining = false;
+      throw e;
+    }
+    this.#consume(n);
   }
 
   // Dispatches `n` events already in the buffer, and drains again while the
@@ -521,7 +554,12 @@ class Node {
       for (;;) {
         this.#dirty = false;
         for (let i = 0; i < n * 4; i += 4) {
-          this.#dispatch(buf[i], buf[i + 1], buf[i + 2], buf[i + 3]);
+          try {
+            this.#dispatch(buf[i], buf[i + 1], buf[i + 2], buf[i + 3]);
+          } catch (e) {
+            // One event's failure must not drop the others of the batch.
+            warn('an event could not be dispatched', e);
+          }
         }
         if (n < EVENTS && !this.#dirty) break;
         n = native.fastDrain(fast, buf);
@@ -602,11 +640,22 @@ class Node {
     }
     if (reply !== null && typeof reply === 'object' && typeof reply.then === 'function') {
       reply.then(
-        (value) => this.#reply(request, value),
-        (e) => this.#fail(request, e),
+        (value) => this.#answer(request, value, false),
+        (e) => this.#answer(request, e, true),
       );
     } else {
       this.#reply(request, reply);
+    }
+  }
+
+  // The answer of an async handler, sent from a promise reaction: a failure
+  // here would be an unhandled rejection, so it becomes a warning.
+  #answer(request, value, failed) {
+    try {
+      if (failed) this.#fail(request, value);
+      else this.#reply(request, value);
+    } catch (e) {
+      warn("a handler's answer could not be sent", e);
     }
   }
 
@@ -648,6 +697,7 @@ class Node {
       n = native.fastReplyDrain(this.#fast, request, slot, this.#buf);
     } catch (e) {
       this.#draining = false;
+      this.#schedule();
       throw e;
     }
     this.#consume(n);

@@ -1,7 +1,7 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { Node } = require('..');
+const { Node, InternalError } = require('..');
 
 test('a reply comes back, and both objects pass by identity', async () => {
   const node = new Node();
@@ -164,3 +164,58 @@ test('a Rust panic becomes a JS error, and the process carries on', async () => 
   await node.close();
   core.close();
 });
+
+test('a panic polling one ask fails that ask with INTERNAL; the next asks succeed', async () => {
+  const native = require('../lib/native');
+  const node = new Node();
+  node.pool('echo').handle((m) => m);
+  assert.equal(await node.ask('echo', 1), 1);
+  native.debugPanicNextAsk();
+  const err = await node.ask('echo', 2).catch((e) => e);
+  assert.ok(err instanceof InternalError, `${err?.name}: ${err?.message}`);
+  assert.equal(err.code, 'INTERNAL');
+  assert.match(err.message, /panic/);
+  assert.equal(await node.ask('echo', 3), 3);
+  // The other asks of a batch in which one panics are not lost.
+  const batch = Array.from({ length: 50 }, (_, i) => node.ask('echo', i).catch((e) => e.code));
+  native.debugPanicNextAsk();
+  batch.push(node.ask('echo', 'last').catch((e) => e.code));
+  const results = await Promise.all(batch);
+  assert.equal(results.filter((r) => r === 'INTERNAL').length, 1);
+  assert.equal(results.filter((r) => r !== 'INTERNAL').length, 50);
+  assert.equal(await node.ask('echo', 4), 4);
+  assert.equal(node.stats().outstanding, 0);
+  await node.close();
+});
+
+test('a drain that throws once is reported as a warning and jams nothing', async () => {
+  const native = require('../lib/native');
+  const node = new Node();
+  node.pool('echo').handle((m) => m);
+  assert.equal(await node.ask('echo', 1), 1);
+  const warnings = [];
+  const onWarning = (w) => warnings.push(w);
+  process.on('warning', onWarning);
+  const real = native.fastDrain;
+  let once = true;
+  native.fastDrain = (...args) => {
+    if (once) {
+      once = false;
+      throw new Error('simulated: a panic caught at the boundary');
+    }
+    return real(...args);
+  };
+  try {
+    assert.equal(await node.ask('echo', 2, { timeoutMs: 2_000 }), 2);
+    assert.equal(await node.ask('echo', 3), 3);
+  } finally {
+    native.fastDrain = real;
+  }
+  await new Promise((r) => setImmediate(r));
+  process.off('warning', onWarning);
+  assert.equal(warnings.length, 1);
+  assert.equal(warnings[0].name, 'AskpoolWarning');
+  assert.match(warnings[0].message, /simulated/);
+  await node.close();
+});
+

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -314,6 +315,26 @@ impl Core {
     }
 }
 
+/// Test hook: the next ask task polled (by any core) panics.
+static PANIC_NEXT_ASK: AtomicBool = AtomicBool::new(false);
+
+/// Makes the next poll of an ask panic, so tests can show that a panic
+/// fails that ask alone (with `INTERNAL`) and the node carries on.
+#[napi(catch_unwind)]
+pub fn debug_panic_next_ask() {
+    PANIC_NEXT_ASK.store(true, Ordering::Relaxed);
+}
+
+/// A panic caught while polling a task, as the taxonomy's `Internal`.
+fn panic_error(panic: &(dyn std::any::Any + Send)) -> AskError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    AskError::internal(format!("panic in askpool: {message}"))
+}
+
 impl Core {
     pub(crate) fn drain_into(&mut self, buf: &mut [u32]) -> u32 {
         let _enter = self.rt.enter();
@@ -339,7 +360,7 @@ impl Core {
                 if out.full() {
                     break;
                 }
-                self.poll_task(id, &mut out);
+                self.poll_guarded(id, &mut out);
                 polled += 1;
             }
             if polled < batch.len() {
@@ -438,6 +459,42 @@ impl Core {
         self.errors.push(error);
     }
 
+    /// Polls one task; a panic ends that task alone: an ask (or tell) fails
+    /// with `INTERNAL`, a stage stream ends, and the rest of the drain (the
+    /// events already written, the other woken tasks) goes on.
+    fn poll_guarded(&mut self, id: u32, out: &mut Out<'_>) {
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| self.poll_task(id, out)));
+        let Err(panic) = polled else {
+            return;
+        };
+        // A task still in its slot wrote no event (each writes its one event
+        // after leaving its slot), so `out` has room for this one.
+        let Some(slot) = self.tasks.remove(id) else {
+            return;
+        };
+        let error = panic_error(panic.as_ref());
+        let task = slot.task;
+        match &task {
+            Task::Ask(_) | Task::Tell(_) | Task::Durable(_) => {
+                self.push_error(out, id, error);
+            }
+            Task::Stage { stream } => {
+                self.streams.remove(*stream);
+                out.push(event::STAGE_END, *stream, 0, 0);
+            }
+            Task::CancelWatch { request, .. } => {
+                if let Some(h) = self.requests.get_mut(*request) {
+                    h.watch = None;
+                }
+            }
+            // The worker was inside the future: it leaves, and its pool goes
+            // on with the others.
+            Task::Pull { .. } => {}
+        }
+        // Dropping a future that panicked may panic again: keep that here too.
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(task)));
+    }
+
     fn poll_task(&mut self, id: u32, out: &mut Out<'_>) {
         let Some(slot) = self.tasks.get_mut(id) else {
             return;
@@ -446,6 +503,11 @@ impl Core {
         let mut cx = Context::from_waker(&slot.waker);
         match &mut slot.task {
             Task::Ask(handle) => {
+                if PANIC_NEXT_ASK.load(Ordering::Relaxed)
+                    && PANIC_NEXT_ASK.swap(false, Ordering::Relaxed)
+                {
+                    panic!("debug_panic_next_ask: a test of the per-task panic boundary");
+                }
                 let polled = Pin::new(handle).poll(&mut cx);
                 self.ask_polled(out, id, polled);
             }
