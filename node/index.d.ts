@@ -4,6 +4,9 @@
 // against the wrapper's runtime exports, and compiles test/types/usage.ts
 // with `tsc --strict`.
 
+// Numeric options are checked before use: a negative, NaN, fractional (for
+// counts) or out-of-range value throws (or rejects with) InvalidArgumentError.
+
 export interface NodeOptions {
   /** Timeout of an ask that sets none (default 30 000). */
   defaultTimeoutMs?: number;
@@ -20,7 +23,7 @@ export interface NodeOptions {
 }
 
 export interface PoolOptions {
-  /** Requests handled at once (default 1). */
+  /** Requests handled at once: an integer from 1 to 65 536 (default 1). */
   concurrency?: number;
   /** Admitted, unfinished requests before BUFFER_FULL (default 10 000). */
   maxInFlight?: number;

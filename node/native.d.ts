@@ -175,6 +175,7 @@ export interface NodeOptions {
 }
 
 export interface PoolOptions {
+  /** Workers, 1 to 65,536 (default 1). */
   concurrency?: number
   maxInFlight?: number
   /** Reply-cache entries kept (default 100,000). */

@@ -2,7 +2,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const askpool = require('..');
-const { Node, AskError, HandlerFailedError, errorCodes } = askpool;
+const { Node, AskError, HandlerFailedError, InvalidArgumentError, errorCodes } = askpool;
 
 const classes = Object.values(askpool).filter(
   (v) => typeof v === 'function' && v.prototype instanceof AskError,
@@ -112,3 +112,71 @@ test('UNAVAILABLE: asking a closed node', async () => {
   await node.close();
   await assert.rejects(node.ask('any', 1), { code: 'UNAVAILABLE' });
 });
+
+test('INVALID_ARGUMENT: negative, NaN, fractional or huge numeric options', async () => {
+  const node = new Node();
+  node.pool('ok').handle((m) => m);
+  const counts = { concurrency: 65_537, maxInFlight: 2 ** 32, dedupMax: 2 ** 32 };
+  for (const [name, tooBig] of Object.entries(counts)) {
+    for (const bad of [-1, 0, Number.NaN, 1.5, Infinity, tooBig, '4']) {
+      assert.throws(
+        () => node.pool(`bad-${name}-${String(bad)}`, { [name]: bad }),
+        (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+        `${name}: ${String(bad)}`,
+      );
+    }
+  }
+  for (const name of ['dedupTtlMs', 'processingTimeoutMs']) {
+    for (const bad of [-1, Number.NaN, Infinity, 2 ** 53, 'soon']) {
+      assert.throws(
+        () => node.pool(`bad-${name}-${String(bad)}`, { [name]: bad }),
+        (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+        `${name}: ${String(bad)}`,
+      );
+    }
+  }
+  // The refused pools were not created: the names are free.
+  node.pool('bad-concurrency--1', { concurrency: 2 }).handle((m) => m);
+  assert.equal(await node.ask('bad-concurrency--1', 1), 1);
+  for (const [name, bads] of Object.entries({
+    dlqCapacity: [-1, 1.5, Number.NaN, 2 ** 32],
+    reconcileCapacity: [-1, 1.5, Infinity, 2 ** 32],
+    defaultTimeoutMs: [-1, Number.NaN, Infinity, 2 ** 53],
+    processingTimeoutMs: [-1, Number.NaN, 2 ** 53],
+  })) {
+    for (const bad of bads) {
+      assert.throws(
+        () => new Node({ [name]: bad }),
+        (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+        `${name}: ${String(bad)}`,
+      );
+    }
+  }
+  for (const [name, bads] of Object.entries({
+    timeoutMs: [-1, Number.NaN, Infinity, 1e300, 'slow'],
+    maxAttempts: [-1, 0, 2.5, Number.NaN, 2 ** 32],
+  })) {
+    for (const bad of bads) {
+      for (const start of [
+        () => node.ask('ok', 1, { [name]: bad }),
+        () => node.askHandle('ok', 1, { [name]: bad }).result,
+        () => node.tell('ok', 1, { [name]: bad }),
+      ]) {
+        await assert.rejects(
+          start(),
+          (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+          `${name}: ${String(bad)}`,
+        );
+      }
+    }
+  }
+  const db = require('node:path').join(require('node:os').tmpdir(), `askpool-bad-${process.pid}.db`);
+  assert.throws(() => node.openPromises(db, { timeoutMs: -1 }), { code: 'INVALID_ARGUMENT' });
+  assert.equal(require('node:fs').existsSync(db), false, 'no store opened');
+  // Bounds themselves are fine.
+  node.pool('wide', { concurrency: 4, maxInFlight: 2 ** 32 - 1, dedupMax: 1 }).handle((m) => m);
+  assert.equal(await node.ask('wide', 2, { timeoutMs: 2 ** 53 - 1, maxAttempts: 1 }), 2);
+  assert.equal(node.stats().outstanding, 0);
+  await node.close();
+});
+

@@ -125,18 +125,45 @@ pub struct Core {
     pub(crate) fast_id: Option<u32>,
 }
 
-fn millis(ms: f64) -> Result<Duration> {
-    if ms.is_finite() && ms >= 0.0 {
+/// The longest duration accepted, in ms: `Number.MAX_SAFE_INTEGER`.
+const MAX_MILLIS: f64 = 9_007_199_254_740_991.0;
+
+/// A number as JS prints it (`NaN`, `Infinity`, `-1`, `1.5`).
+pub(crate) fn js_number(value: f64) -> String {
+    match value {
+        v if v.is_nan() => "NaN".to_owned(),
+        f64::INFINITY => "Infinity".to_owned(),
+        f64::NEG_INFINITY => "-Infinity".to_owned(),
+        v => v.to_string(),
+    }
+}
+
+fn millis(what: &str, ms: f64) -> Result<Duration> {
+    if (0.0..=MAX_MILLIS).contains(&ms) {
         Ok(Duration::from_secs_f64(ms / 1e3))
     } else {
         Err(errors::invalid(format!(
-            "a duration must be a finite number of milliseconds >= 0, got {ms}"
+            "{what} must be a number of milliseconds from 0 to 2^53 - 1, got {}",
+            js_number(ms)
         )))
     }
 }
 
-pub(crate) fn opt_millis(ms: Option<f64>) -> Result<Option<Duration>> {
-    ms.map(millis).transpose()
+/// A count from JS (a pool's concurrency, a capacity, ...): an integer in
+/// `min..=max`, checked before any conversion could wrap it around.
+pub(crate) fn whole(what: &str, value: f64, min: u32, max: u32) -> Result<u32> {
+    if value.fract() == 0.0 && (f64::from(min)..=f64::from(max)).contains(&value) {
+        Ok(value as u32)
+    } else {
+        Err(errors::invalid(format!(
+            "{what} must be an integer from {min} to {max}, got {}",
+            js_number(value)
+        )))
+    }
+}
+
+pub(crate) fn opt_millis(what: &str, ms: Option<f64>) -> Result<Option<Duration>> {
+    ms.map(|ms| millis(what, ms)).transpose()
 }
 
 struct Out<'a> {
@@ -169,11 +196,11 @@ impl Core {
             processing_timeout_ms: None,
         });
         let mut config = NodeConfig::default();
-        if let Some(t) = opt_millis(o.default_timeout_ms)? {
+        if let Some(t) = opt_millis("defaultTimeoutMs", o.default_timeout_ms)? {
             config.default_timeout = t;
         }
         if let Some(n) = o.dlq_capacity {
-            config.dlq_capacity = n as usize;
+            config.dlq_capacity = whole("dlqCapacity", n, 0, u32::MAX)? as usize;
         }
         if let Some(track) = o.track_stages {
             config.track_stages = track;
@@ -184,9 +211,9 @@ impl Core {
             config.breaker = Some(BreakerConfig::default());
         }
         if let Some(n) = o.reconcile_capacity {
-            config.reconcile_capacity = n as usize;
+            config.reconcile_capacity = whole("reconcileCapacity", n, 0, u32::MAX)? as usize;
         }
-        if let Some(t) = opt_millis(o.processing_timeout_ms)? {
+        if let Some(t) = opt_millis("processingTimeoutMs", o.processing_timeout_ms)? {
             config.timeouts.processing = Some(t);
         }
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -11,23 +11,24 @@ pub struct NodeOptions {
     /// Timeout of an ask that sets none (default 30 s).
     pub default_timeout_ms: Option<f64>,
     /// Most dead letters kept (default 1,000).
-    pub dlq_capacity: Option<u32>,
+    pub dlq_capacity: Option<f64>,
     /// Record each ask's ACK stages (default true).
     pub track_stages: Option<bool>,
     /// A circuit breaker per target pool (default true).
     pub breaker: Option<bool>,
     /// Timed-out asks remembered for late outcomes (default 10,000).
-    pub reconcile_capacity: Option<u32>,
+    pub reconcile_capacity: Option<f64>,
     /// Processing timeout of the node's pools (default 5 minutes).
     pub processing_timeout_ms: Option<f64>,
 }
 
 #[napi(object)]
 pub struct PoolOptions {
-    pub concurrency: Option<u32>,
-    pub max_in_flight: Option<u32>,
+    /// Workers, 1 to 65,536 (default 1).
+    pub concurrency: Option<f64>,
+    pub max_in_flight: Option<f64>,
     /// Reply-cache entries kept (default 100,000).
-    pub dedup_max: Option<u32>,
+    pub dedup_max: Option<f64>,
     /// How long a reply stays cached (default 120 s).
     pub dedup_ttl_ms: Option<f64>,
     pub processing_timeout_ms: Option<f64>,
@@ -42,7 +43,7 @@ pub struct AskOptions {
     /// 32 hex digits.
     pub correlation_id: Option<String>,
     /// Total sends, the first included (default 4).
-    pub max_attempts: Option<u32>,
+    pub max_attempts: Option<f64>,
 }
 
 #[napi(object)]
