@@ -126,7 +126,10 @@ export class Context {
   readonly cancelled: boolean;
   /** Aborts when the request is cancelled (caller cancel, timeout, pool close). */
   readonly signal: AbortSignal;
-  /** Reports progress to the caller (a PARTIAL stage). */
+  /**
+   * Reports progress to the caller (a PARTIAL stage): `fraction` from 0 to 1
+   * (else InvalidArgumentError).
+   */
   progress(fraction: number, note?: string): void;
 }
 

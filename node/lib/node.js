@@ -111,6 +111,11 @@ class Context {
   }
   /** Reports progress to the caller (a PARTIAL stage). */
   progress(fraction, note = '') {
+    if (typeof fraction !== 'number') {
+      throw new InvalidArgumentError(
+        `invalid argument: progress must be a fraction from 0 to 1, got ${typeof fraction}`,
+      );
+    }
     this.#node._request(this.#request, 'progress', fraction, String(note));
   }
   /** @internal */

@@ -180,3 +180,34 @@ test('INVALID_ARGUMENT: negative, NaN, fractional or huge numeric options', asyn
   await node.close();
 });
 
+test('ctx.progress refuses a fraction that is not a number from 0 to 1', async () => {
+  const node = new Node();
+  const refused = [];
+  node.pool('p').handle((m, ctx) => {
+    for (const bad of [Number.NaN, -0.1, 1.5, Infinity, -Infinity, '0.5', undefined]) {
+      try {
+        ctx.progress(bad, 'bad');
+        refused.push(`accepted ${String(bad)}`);
+      } catch (e) {
+        refused.push(e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT');
+      }
+    }
+    ctx.progress(0, 'start');
+    ctx.progress(1, 'end');
+    return m;
+  });
+  const h = node.askHandle('p', 1);
+  const stages = [];
+  for await (const s of h.stages()) stages.push(s);
+  assert.equal(await h.result, 1);
+  assert.deepEqual(refused, [true, true, true, true, true, true, true]);
+  const partial = stages.filter((s) => s.stage === 'PARTIAL');
+  assert.deepEqual(
+    partial.map((s) => [s.fraction, s.note]),
+    [
+      [0, 'start'],
+      [1, 'end'],
+    ],
+  );
+  await node.close();
+});

@@ -4,7 +4,7 @@ use askpool::{DedupConfig, PoolConfig};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use crate::core::{opt_millis, whole, Core, HostedPool, Task};
+use crate::core::{js_number, opt_millis, whole, Core, HostedPool, Task};
 
 /// Most workers a pool may have (the core's bound too).
 const MAX_CONCURRENCY: u32 = 65_536;
@@ -156,6 +156,12 @@ impl Core {
     /// Reports progress to the caller (its `PARTIAL` stage).
     #[napi(catch_unwind)]
     pub fn progress(&self, request: u32, fraction: f64, note: String) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(errors::invalid(format!(
+                "progress must be a fraction from 0 to 1, got {}",
+                js_number(fraction)
+            )));
+        }
         self.handling(request)?
             .context
             .progress(fraction as f32, note);
