@@ -123,12 +123,13 @@ export class Context {
   readonly pool: string;
   readonly attempt: number;
   readonly workerId: string;
+  /** True once the request is cancelled, and once the node closed. */
   readonly cancelled: boolean;
-  /** Aborts when the request is cancelled (caller cancel, timeout, pool close). */
+  /** Aborts when the request is cancelled (caller cancel, timeout, pool or node close). */
   readonly signal: AbortSignal;
   /**
    * Reports progress to the caller (a PARTIAL stage): `fraction` from 0 to 1
-   * (else InvalidArgumentError).
+   * (else InvalidArgumentError). Does nothing once the node closed.
    */
   progress(fraction: number, note?: string): void;
 }

@@ -48,6 +48,10 @@ function warn(what, e) {
   });
 }
 
+function closedReason() {
+  return new AskCancelledError('ask cancelled: the node closed');
+}
+
 function aborted(signal) {
   return new AskCancelledError('ask cancelled: the signal was aborted before the ask was sent', {
     cause: signal.reason,
@@ -70,6 +74,9 @@ class Context {
   #request;
   #info;
   #controller;
+  // Set when the node closed under the running handler: the request is gone
+  // from the addon, so the context answers from what it kept.
+  #closed = false;
   /** @internal */
   constructor(node, request) {
     this.#node = node;
@@ -96,14 +103,16 @@ class Context {
   }
   /** Whether the request was cancelled (by its caller, a timeout, the pool). */
   get cancelled() {
-    if (this.#controller?.signal.aborted) return true;
+    if (this.#closed || this.#controller?.signal.aborted) return true;
     return this.#node._request(this.#request, 'isCancelled') ?? false;
   }
   /** Aborts when the request is cancelled. */
   get signal() {
     if (!this.#controller) {
       this.#controller = new AbortController();
-      if (this.#node._watch(this.#request, this.#controller) === undefined) {
+      if (this.#closed) {
+        this.#controller.abort(closedReason());
+      } else if (this.#node._watch(this.#request, this.#controller) === undefined) {
         this.#controller.abort(new AskCancelledError('ask cancelled: the request already ended'));
       }
     }
@@ -116,11 +125,23 @@ class Context {
         `invalid argument: progress must be a fraction from 0 to 1, got ${typeof fraction}`,
       );
     }
+    if (this.#closed) return;
     this.#node._request(this.#request, 'progress', fraction, String(note));
   }
   /** @internal */
   _end() {
     this.#request = -1;
+  }
+  /** @internal The node is closing: keep the details, end as cancelled. */
+  _close() {
+    if (this.#request < 0) return;
+    try {
+      this.#details();
+    } catch {
+      // The details stay unknown; the request is ending anyway.
+    }
+    this.#closed = true;
+    this.#controller?.abort(closedReason());
   }
 }
 
@@ -419,6 +440,8 @@ class Node {
   async close() {
     if (this.#closed) return;
     this.#closed = true;
+    // Handlers still running see their request cancelled (not gone).
+    for (const r of this.#requests) r?.ctx._close();
     call(() => this.#core.close());
     this.#drainSafely();
     busy.delete(this);
