@@ -166,7 +166,13 @@ impl Core {
         self.node
             .dead_letters()
             .iter()
-            .map(DeadLetterInfo::from)
+            .map(|letter| {
+                let mut info = DeadLetterInfo::from(letter);
+                info.error = self
+                    .handler_messages
+                    .info(&letter.error, Some(letter.ids.request_id));
+                info
+            })
             .collect()
     }
 
