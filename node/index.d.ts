@@ -44,11 +44,25 @@ export interface AskOptions {
   requestId?: string;
   /** 32 hex digits, propagated unchanged to the handler. */
   correlationId?: string;
+  /** 32 hex digits: the request that caused this one (`ctx.causationId`). */
+  causationId?: string;
   /** Total sends, the first included (default 4). */
   maxAttempts?: number;
+  /**
+   * Guards a reused `requestId` against another payload: the pool refuses a
+   * request whose fingerprint differs from the one that first used the id
+   * (PayloadMismatchError). A string (hashed as UTF-8) or bytes. Byte
+   * payloads (Buffer, Uint8Array, other typed arrays, ArrayBuffer) are
+   * fingerprinted by themselves when this is absent; any other payload (an
+   * object, a string, a number) is checked only with an explicit fingerprint.
+   */
+  fingerprint?: string | ArrayBufferView | ArrayBuffer;
 }
 
-export type TellOptions = Omit<AskOptions, 'signal' | 'preferredWorker' | 'correlationId'>;
+export type TellOptions = Omit<
+  AskOptions,
+  'signal' | 'preferredWorker' | 'correlationId' | 'causationId'
+>;
 
 export type AckStage =
   | 'SENT'
@@ -120,6 +134,8 @@ export class Context {
   private constructor();
   readonly requestId: string;
   readonly correlationId: string;
+  /** The request that caused this one, if its caller named it. */
+  readonly causationId: string | undefined;
   readonly pool: string;
   readonly attempt: number;
   readonly workerId: string;

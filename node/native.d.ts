@@ -118,8 +118,15 @@ export interface AskOptions {
   requestId?: string
   /** 32 hex digits. */
   correlationId?: string
+  /** 32 hex digits: the request that caused this one. */
+  causationId?: string
   /** Total sends, the first included (default 4). */
   maxAttempts?: number
+  /**
+   * What guards a reused request id against another payload: the bytes
+   * (a string's UTF-8) are hashed into the core's payload fingerprint.
+   */
+  fingerprint?: string | Uint8Array
 }
 
 export interface DeadLetterInfo {
@@ -212,6 +219,8 @@ export interface PromiseInfo {
 export interface RequestInfo {
   requestId: string
   correlationId: string
+  /** The request that caused this one, if the caller named it. */
+  causationId?: string
   pool: string
   attempt: number
   worker: string

@@ -58,15 +58,34 @@ function aborted(signal) {
   });
 }
 
-function nativeAskOptions(o) {
+// What the addon hashes into a payload fingerprint: a string or bytes.
+function fingerprintOf(value) {
+  if (typeof value === 'string' || value instanceof Uint8Array) return value;
+  if (ArrayBuffer.isView(value)) return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
+  if (value instanceof ArrayBuffer) return new Uint8Array(value);
+  throw new InvalidArgumentError('invalid argument: fingerprint must be a string, a Uint8Array or other bytes');
+}
+
+// Byte payloads are fingerprinted by themselves: a reused request id with
+// other bytes is refused (PAYLOAD_MISMATCH). Other objects need `fingerprint`.
+function isBytes(msg) {
+  return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
+}
+
+function nativeAskOptions(o, msg) {
+  const given = o.fingerprint;
   return {
     timeoutMs: o.timeoutMs,
     preferredWorker: o.preferredWorker,
     requestId: o.requestId,
     correlationId: o.correlationId,
+    causationId: o.causationId,
     maxAttempts: o.maxAttempts,
+    fingerprint: given !== undefined ? fingerprintOf(given) : isBytes(msg) ? fingerprintOf(msg) : undefined,
   };
 }
+
+const NO_OPTIONS = Object.freeze({});
 
 /** What a handler gets besides the message. Valid while the handler runs. */
 class Context {
@@ -91,6 +110,10 @@ class Context {
   }
   get correlationId() {
     return this.#details().correlationId;
+  }
+  /** The request that caused this one, if its caller named it. */
+  get causationId() {
+    return this.#details().causationId ?? undefined;
   }
   get pool() {
     return this.#details().pool;
@@ -475,11 +498,12 @@ class Node {
       const ref = this.#ref(pool);
       const slot = this.#table.put(msg);
       if (kind === 2) {
-        task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options)));
-      } else if (options === undefined) {
+        task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options, msg)));
+      } else if (options === undefined && !isBytes(msg)) {
         task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
       } else {
-        task = call(() => this.#core.askWith(ref, slot, nativeAskOptions(options)));
+        const o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        task = call(() => this.#core.askWith(ref, slot, o));
       }
     } catch (e) {
       this.#schedule();

@@ -2,7 +2,7 @@
 
 use std::str::FromStr;
 
-use askpool::{CorrelationId, RequestId, RetryPolicy};
+use askpool::{CausationId, CorrelationId, PayloadFingerprint, RequestId, RetryPolicy};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
@@ -17,6 +17,14 @@ fn parse_id<T: FromStr>(what: &str, text: &str) -> Result<T> {
 
 fn opt_id<T: FromStr>(what: &str, text: Option<&str>) -> Result<Option<T>> {
     text.map(|t| parse_id(what, t)).transpose()
+}
+
+/// The core's fingerprint of the bytes (a string's UTF-8) the caller gave.
+fn fingerprint(given: &Either<String, Uint8Array>) -> PayloadFingerprint {
+    match given {
+        Either::A(text) => askpool_dedup::fingerprint(text.as_bytes()),
+        Either::B(bytes) => askpool_dedup::fingerprint(bytes),
+    }
 }
 
 fn retry(max_attempts: Option<f64>) -> Result<Option<RetryPolicy>> {
@@ -59,7 +67,10 @@ impl Core {
         let request_id: Option<RequestId> = opt_id("requestId", options.request_id.as_deref())?;
         let correlation_id: Option<CorrelationId> =
             opt_id("correlationId", options.correlation_id.as_deref())?;
+        let causation_id: Option<CausationId> =
+            opt_id("causationId", options.causation_id.as_deref())?;
         let retry = retry(options.max_attempts)?;
+        let fingerprint = options.fingerprint.as_ref().map(fingerprint);
         let handle = {
             let _enter = self.rt.enter();
             let mut ask = self.node.ask(pool, msg);
@@ -75,8 +86,14 @@ impl Core {
             if let Some(id) = correlation_id {
                 ask = ask.correlation_id(id);
             }
+            if let Some(id) = causation_id {
+                ask = ask.causation_id(id);
+            }
             if let Some(policy) = retry {
                 ask = ask.retry(policy);
+            }
+            if let Some(f) = fingerprint {
+                ask = ask.fingerprint(f);
             }
             ask.send()
         };
@@ -93,11 +110,14 @@ impl Core {
             preferred_worker: None,
             request_id: None,
             correlation_id: None,
+            causation_id: None,
             max_attempts: None,
+            fingerprint: None,
         });
         let timeout = opt_millis("timeoutMs", options.timeout_ms)?;
         let request_id: Option<RequestId> = opt_id("requestId", options.request_id.as_deref())?;
         let retry = retry(options.max_attempts)?;
+        let fingerprint = options.fingerprint.as_ref().map(fingerprint);
         let handle = {
             let _enter = self.rt.enter();
             let mut tell = self.node.tell(pool, msg);
@@ -109,6 +129,9 @@ impl Core {
             }
             if let Some(policy) = retry {
                 tell = tell.retry(policy);
+            }
+            if let Some(f) = fingerprint {
+                tell = tell.fingerprint(f);
             }
             tell.send()
         };

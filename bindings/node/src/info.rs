@@ -1,6 +1,7 @@
 //! Plain objects handed to the wrapper.
 
 use askpool::{AskIds, DeadLetter, DeadLetterReason, NodeStats, StageEvent};
+use napi::bindgen_prelude::{Either, Uint8Array};
 use napi_derive::napi;
 
 use crate::errors::ErrorInfo;
@@ -42,8 +43,13 @@ pub struct AskOptions {
     pub request_id: Option<String>,
     /// 32 hex digits.
     pub correlation_id: Option<String>,
+    /// 32 hex digits: the request that caused this one.
+    pub causation_id: Option<String>,
     /// Total sends, the first included (default 4).
     pub max_attempts: Option<f64>,
+    /// What guards a reused request id against another payload: the bytes
+    /// (a string's UTF-8) are hashed into the core's payload fingerprint.
+    pub fingerprint: Option<Either<String, Uint8Array>>,
 }
 
 #[napi(object)]
@@ -73,6 +79,8 @@ impl From<&StageEvent> for StageInfo {
 pub struct RequestInfo {
     pub request_id: String,
     pub correlation_id: String,
+    /// The request that caused this one, if the caller named it.
+    pub causation_id: Option<String>,
     pub pool: String,
     pub attempt: u32,
     pub worker: String,
@@ -184,6 +192,7 @@ pub fn request_info(ids: &AskIds, pool: &str, attempt: u32, worker: &str) -> Req
     RequestInfo {
         request_id: ids.request_id.to_string(),
         correlation_id: ids.correlation_id.to_string(),
+        causation_id: ids.causation_id.map(|c| c.to_string()),
         pool: pool.to_owned(),
         attempt,
         worker: worker.to_owned(),
