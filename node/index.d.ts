@@ -4,6 +4,9 @@
 // against the wrapper's runtime exports, and compiles test/types/usage.ts
 // with `tsc --strict`.
 
+// Numeric options are checked before use: a negative, NaN, fractional (for
+// counts) or out-of-range value throws (or rejects with) InvalidArgumentError.
+
 export interface NodeOptions {
   /** Timeout of an ask that sets none (default 30 000). */
   defaultTimeoutMs?: number;
@@ -20,7 +23,7 @@ export interface NodeOptions {
 }
 
 export interface PoolOptions {
-  /** Requests handled at once (default 1). */
+  /** Requests handled at once: an integer from 1 to 65 536 (default 1). */
   concurrency?: number;
   /** Admitted, unfinished requests before BUFFER_FULL (default 10 000). */
   maxInFlight?: number;
@@ -41,11 +44,25 @@ export interface AskOptions {
   requestId?: string;
   /** 32 hex digits, propagated unchanged to the handler. */
   correlationId?: string;
+  /** 32 hex digits: the request that caused this one (`ctx.causationId`). */
+  causationId?: string;
   /** Total sends, the first included (default 4). */
   maxAttempts?: number;
+  /**
+   * Guards a reused `requestId` against another payload: the pool refuses a
+   * request whose fingerprint differs from the one that first used the id
+   * (PayloadMismatchError). A string (hashed as UTF-8) or bytes. Byte
+   * payloads (Buffer, Uint8Array, other typed arrays, ArrayBuffer) are
+   * fingerprinted by themselves when this is absent; any other payload (an
+   * object, a string, a number) is checked only with an explicit fingerprint.
+   */
+  fingerprint?: string | ArrayBufferView | ArrayBuffer;
 }
 
-export type TellOptions = Omit<AskOptions, 'signal' | 'preferredWorker' | 'correlationId'>;
+export type TellOptions = Omit<
+  AskOptions,
+  'signal' | 'preferredWorker' | 'correlationId' | 'causationId'
+>;
 
 export type AckStage =
   | 'SENT'
@@ -117,13 +134,19 @@ export class Context {
   private constructor();
   readonly requestId: string;
   readonly correlationId: string;
+  /** The request that caused this one, if its caller named it. */
+  readonly causationId: string | undefined;
   readonly pool: string;
   readonly attempt: number;
   readonly workerId: string;
+  /** True once the request is cancelled, and once the node closed. */
   readonly cancelled: boolean;
-  /** Aborts when the request is cancelled (caller cancel, timeout, pool close). */
+  /** Aborts when the request is cancelled (caller cancel, timeout, pool or node close). */
   readonly signal: AbortSignal;
-  /** Reports progress to the caller (a PARTIAL stage). */
+  /**
+   * Reports progress to the caller (a PARTIAL stage): `fraction` from 0 to 1
+   * (else InvalidArgumentError). Does nothing once the node closed.
+   */
   progress(fraction: number, note?: string): void;
 }
 

@@ -118,8 +118,15 @@ export interface AskOptions {
   requestId?: string
   /** 32 hex digits. */
   correlationId?: string
+  /** 32 hex digits: the request that caused this one. */
+  causationId?: string
   /** Total sends, the first included (default 4). */
   maxAttempts?: number
+  /**
+   * What guards a reused request id against another payload: the bytes
+   * (a string's UTF-8) are hashed into the core's payload fingerprint.
+   */
+  fingerprint?: string | Uint8Array
 }
 
 export interface DeadLetterInfo {
@@ -133,6 +140,12 @@ export interface DeadLetterInfo {
   /** `RETRIES_EXHAUSTED` or `POISON`. */
   reason: string
 }
+
+/**
+ * Makes the next poll of an ask panic, so tests can show that a panic
+ * fails that ask alone (with `INTERNAL`) and the node carries on.
+ */
+export declare function debugPanicNextAsk(): void
 
 /** An `AskError` as the wrapper sees it. */
 export interface ErrorInfo {
@@ -169,6 +182,7 @@ export interface NodeOptions {
 }
 
 export interface PoolOptions {
+  /** Workers, 1 to 65,536 (default 1). */
   concurrency?: number
   maxInFlight?: number
   /** Reply-cache entries kept (default 100,000). */
@@ -205,6 +219,8 @@ export interface PromiseInfo {
 export interface RequestInfo {
   requestId: string
   correlationId: string
+  /** The request that caused this one, if the caller named it. */
+  causationId?: string
   pool: string
   attempt: number
   worker: string

@@ -63,7 +63,11 @@ const PREFIX = 'askpool:';
 function fromNative(error) {
   const text = error?.message;
   if (typeof text !== 'string' || !text.startsWith(PREFIX)) {
-    // A Rust panic caught at the boundary, or a failed argument conversion.
+    // An argument of the wrong type, refused by the addon's conversion.
+    if (typeof error?.code === 'string' && /^(InvalidArg|\w+Expected)$/.test(error.code)) {
+      return new InvalidArgumentError(`invalid argument: ${text}`, { cause: error });
+    }
+    // A Rust panic caught at the boundary.
     return new InternalError(String(text ?? error), { cause: error });
   }
   const rest = text.slice(PREFIX.length);

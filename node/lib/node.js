@@ -38,21 +38,54 @@ function call(fn) {
   }
 }
 
+// Reports a failure that has no caller to reject (a drain that failed on
+// the event loop) without throwing into the loop.
+function warn(what, e) {
+  const error = e instanceof errors.AskError ? e : fromNative(e);
+  process.emitWarning(`askpool: ${what}: ${error.name} (${error.code}): ${error.message}`, {
+    type: 'AskpoolWarning',
+    code: `ASKPOOL_${error.code}`,
+  });
+}
+
+function closedReason() {
+  return new AskCancelledError('ask cancelled: the node closed');
+}
+
 function aborted(signal) {
   return new AskCancelledError('ask cancelled: the signal was aborted before the ask was sent', {
     cause: signal.reason,
   });
 }
 
-function nativeAskOptions(o) {
+// What the addon hashes into a payload fingerprint: a string or bytes.
+function fingerprintOf(value) {
+  if (typeof value === 'string' || value instanceof Uint8Array) return value;
+  if (ArrayBuffer.isView(value)) return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
+  if (value instanceof ArrayBuffer) return new Uint8Array(value);
+  throw new InvalidArgumentError('invalid argument: fingerprint must be a string, a Uint8Array or other bytes');
+}
+
+// Byte payloads are fingerprinted by themselves: a reused request id with
+// other bytes is refused (PAYLOAD_MISMATCH). Other objects need `fingerprint`.
+function isBytes(msg) {
+  return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
+}
+
+function nativeAskOptions(o, msg) {
+  const given = o.fingerprint;
   return {
     timeoutMs: o.timeoutMs,
     preferredWorker: o.preferredWorker,
     requestId: o.requestId,
     correlationId: o.correlationId,
+    causationId: o.causationId,
     maxAttempts: o.maxAttempts,
+    fingerprint: given !== undefined ? fingerprintOf(given) : isBytes(msg) ? fingerprintOf(msg) : undefined,
   };
 }
+
+const NO_OPTIONS = Object.freeze({});
 
 /** What a handler gets besides the message. Valid while the handler runs. */
 class Context {
@@ -60,6 +93,9 @@ class Context {
   #request;
   #info;
   #controller;
+  // Set when the node closed under the running handler: the request is gone
+  // from the addon, so the context answers from what it kept.
+  #closed = false;
   /** @internal */
   constructor(node, request) {
     this.#node = node;
@@ -75,6 +111,10 @@ class Context {
   get correlationId() {
     return this.#details().correlationId;
   }
+  /** The request that caused this one, if its caller named it. */
+  get causationId() {
+    return this.#details().causationId ?? undefined;
+  }
   get pool() {
     return this.#details().pool;
   }
@@ -86,14 +126,16 @@ class Context {
   }
   /** Whether the request was cancelled (by its caller, a timeout, the pool). */
   get cancelled() {
-    if (this.#controller?.signal.aborted) return true;
+    if (this.#closed || this.#controller?.signal.aborted) return true;
     return this.#node._request(this.#request, 'isCancelled') ?? false;
   }
   /** Aborts when the request is cancelled. */
   get signal() {
     if (!this.#controller) {
       this.#controller = new AbortController();
-      if (this.#node._watch(this.#request, this.#controller) === undefined) {
+      if (this.#closed) {
+        this.#controller.abort(closedReason());
+      } else if (this.#node._watch(this.#request, this.#controller) === undefined) {
         this.#controller.abort(new AskCancelledError('ask cancelled: the request already ended'));
       }
     }
@@ -101,11 +143,28 @@ class Context {
   }
   /** Reports progress to the caller (a PARTIAL stage). */
   progress(fraction, note = '') {
+    if (typeof fraction !== 'number') {
+      throw new InvalidArgumentError(
+        `invalid argument: progress must be a fraction from 0 to 1, got ${typeof fraction}`,
+      );
+    }
+    if (this.#closed) return;
     this.#node._request(this.#request, 'progress', fraction, String(note));
   }
   /** @internal */
   _end() {
     this.#request = -1;
+  }
+  /** @internal The node is closing: keep the details, end as cancelled. */
+  _close() {
+    if (this.#request < 0) return;
+    try {
+      this.#details();
+    } catch {
+      // The details stay unknown; the request is ending anyway.
+    }
+    this.#closed = true;
+    this.#controller?.abort(closedReason());
   }
 }
 
@@ -257,7 +316,8 @@ class Node {
   #draining = false;
   #dirty = false;
   #drainQueued = false;
-  #drainNow = () => this.#drain();
+  #failedDrains = 0;
+  #drainNow = () => this.#drainSafely();
   #closed = false;
   #promises;
 
@@ -403,8 +463,10 @@ class Node {
   async close() {
     if (this.#closed) return;
     this.#closed = true;
+    // Handlers still running see their request cancelled (not gone).
+    for (const r of this.#requests) r?.ctx._close();
     call(() => this.#core.close());
-    this.#drain();
+    this.#drainSafely();
     busy.delete(this);
     if (this.#keepAlive) {
       clearInterval(this.#keepAlive);
@@ -436,11 +498,12 @@ class Node {
       const ref = this.#ref(pool);
       const slot = this.#table.put(msg);
       if (kind === 2) {
-        task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options)));
-      } else if (options === undefined) {
+        task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options, msg)));
+      } else if (options === undefined && !isBytes(msg)) {
         task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
       } else {
-        task = call(() => this.#core.askWith(ref, slot, nativeAskOptions(options)));
+        const o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        task = call(() => this.#core.askWith(ref, slot, o));
       }
     } catch (e) {
       this.#schedule();
@@ -490,7 +553,22 @@ class Node {
 
   /** @internal Called by the addon when a future woke on another thread. */
   _wake() {
-    this.#drain();
+    this.#drainSafely();
+  }
+
+  // A drain run from the event loop (a wake, a microtask, close): a failure
+  // there has nobody to throw to, so it becomes a process warning.
+  // What a failed drain did not report is still queued in the addon, so it
+  // is tried again soon (a few times in a row at most: a drain that keeps
+  // failing must not spin; the next wake or call tries again).
+  #drainSafely() {
+    try {
+      this.#drain();
+      this.#failedDrains = 0;
+    } catch (e) {
+      warn('a drain failed', e);
+      if (++this.#failedDrains <= 3) setImmediate(this.#drainNow);
+    }
   }
 
   // After a call into the addon that may have woken a future on this thread
@@ -508,7 +586,14 @@ class Node {
     this.#drainQueued = false;
     if (this.#draining) return;
     this.#draining = true;
-    this.#consume(native.fastDrain(this.#fast, this.#buf));
+    let n;
+    try {
+      n = native.fastDrain(this.#fast, this.#buf);
+    } catch (e) {
+      this.#draining = false;
+      throw e;
+    }
+    this.#consume(n);
   }
 
   // Dispatches `n` events already in the buffer, and drains again while the
@@ -521,7 +606,12 @@ class Node {
       for (;;) {
         this.#dirty = false;
         for (let i = 0; i < n * 4; i += 4) {
-          this.#dispatch(buf[i], buf[i + 1], buf[i + 2], buf[i + 3]);
+          try {
+            this.#dispatch(buf[i], buf[i + 1], buf[i + 2], buf[i + 3]);
+          } catch (e) {
+            // One event's failure must not drop the others of the batch.
+            warn('an event could not be dispatched', e);
+          }
         }
         if (n < EVENTS && !this.#dirty) break;
         n = native.fastDrain(fast, buf);
@@ -602,11 +692,22 @@ class Node {
     }
     if (reply !== null && typeof reply === 'object' && typeof reply.then === 'function') {
       reply.then(
-        (value) => this.#reply(request, value),
-        (e) => this.#fail(request, e),
+        (value) => this.#answer(request, value, false),
+        (e) => this.#answer(request, e, true),
       );
     } else {
       this.#reply(request, reply);
+    }
+  }
+
+  // The answer of an async handler, sent from a promise reaction: a failure
+  // here would be an unhandled rejection, so it becomes a warning.
+  #answer(request, value, failed) {
+    try {
+      if (failed) this.#fail(request, value);
+      else this.#reply(request, value);
+    } catch (e) {
+      warn("a handler's answer could not be sent", e);
     }
   }
 
@@ -648,6 +749,7 @@ class Node {
       n = native.fastReplyDrain(this.#fast, request, slot, this.#buf);
     } catch (e) {
       this.#draining = false;
+      this.#schedule();
       throw e;
     }
     this.#consume(n);

@@ -1,7 +1,7 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { Node } = require('..');
+const { Node, InternalError, PayloadMismatchError } = require('..');
 
 test('a reply comes back, and both objects pass by identity', async () => {
   const node = new Node();
@@ -163,4 +163,135 @@ test('a Rust panic becomes a JS error, and the process carries on', async () => 
   assert.equal(await node.ask('alive', 7), 7);
   await node.close();
   core.close();
+});
+
+test('a panic polling one ask fails that ask with INTERNAL; the next asks succeed', async () => {
+  const native = require('../lib/native');
+  const node = new Node();
+  node.pool('echo').handle((m) => m);
+  assert.equal(await node.ask('echo', 1), 1);
+  native.debugPanicNextAsk();
+  const err = await node.ask('echo', 2).catch((e) => e);
+  assert.ok(err instanceof InternalError, `${err?.name}: ${err?.message}`);
+  assert.equal(err.code, 'INTERNAL');
+  assert.match(err.message, /panic/);
+  assert.equal(await node.ask('echo', 3), 3);
+  // The other asks of a batch in which one panics are not lost.
+  const batch = Array.from({ length: 50 }, (_, i) => node.ask('echo', i).catch((e) => e.code));
+  native.debugPanicNextAsk();
+  batch.push(node.ask('echo', 'last').catch((e) => e.code));
+  const results = await Promise.all(batch);
+  assert.equal(results.filter((r) => r === 'INTERNAL').length, 1);
+  assert.equal(results.filter((r) => r !== 'INTERNAL').length, 50);
+  assert.equal(await node.ask('echo', 4), 4);
+  assert.equal(node.stats().outstanding, 0);
+  await node.close();
+});
+
+test('a drain that throws once is reported as a warning and jams nothing', async () => {
+  const native = require('../lib/native');
+  const node = new Node();
+  node.pool('echo').handle((m) => m);
+  assert.equal(await node.ask('echo', 1), 1);
+  const warnings = [];
+  const onWarning = (w) => warnings.push(w);
+  process.on('warning', onWarning);
+  const real = native.fastDrain;
+  let once = true;
+  native.fastDrain = (...args) => {
+    if (once) {
+      once = false;
+      throw new Error('simulated: a panic caught at the boundary');
+    }
+    return real(...args);
+  };
+  try {
+    assert.equal(await node.ask('echo', 2, { timeoutMs: 2_000 }), 2);
+    assert.equal(await node.ask('echo', 3), 3);
+  } finally {
+    native.fastDrain = real;
+  }
+  await new Promise((r) => setImmediate(r));
+  process.off('warning', onWarning);
+  assert.equal(warnings.length, 1);
+  assert.equal(warnings[0].name, 'AskpoolWarning');
+  assert.match(warnings[0].message, /simulated/);
+  await node.close();
+});
+
+test('a reused request id with another payload is refused (PAYLOAD_MISMATCH)', async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('once').handle((m) => {
+    runs++;
+    return { m };
+  });
+  const requestId = '000000000000000000000000000000f1';
+  const first = await node.ask('once', { a: 1 }, { requestId, fingerprint: 'payload-A' });
+  const err = await node.ask('once', { b: 2 }, { requestId, fingerprint: 'payload-B' }).catch((e) => e);
+  assert.ok(err instanceof PayloadMismatchError, `${err?.name}: ${err?.message}`);
+  assert.equal(err.code, 'PAYLOAD_MISMATCH');
+  assert.equal(runs, 1);
+  // The same fingerprint (as a string or as its bytes) is a true duplicate.
+  assert.equal(await node.ask('once', { a: 1 }, { requestId, fingerprint: 'payload-A' }), first);
+  assert.equal(
+    await node.ask('once', { a: 1 }, { requestId, fingerprint: Buffer.from('payload-A') }),
+    first,
+  );
+  assert.equal(runs, 1);
+  // askHandle and tell take a fingerprint too.
+  const h = node.askHandle('once', 'x', { requestId, fingerprint: new Uint8Array([1]) });
+  await assert.rejects(h.result, { code: 'PAYLOAD_MISMATCH' });
+  const tellId = '000000000000000000000000000000f2';
+  assert.equal(await node.tell('once', 't', { requestId: tellId, fingerprint: 'T' }), tellId);
+  await assert.rejects(node.tell('once', 'u', { requestId: tellId, fingerprint: 'U' }), {
+    code: 'PAYLOAD_MISMATCH',
+  });
+  await assert.rejects(node.ask('once', 1, { fingerprint: 42 }), {
+    code: 'INVALID_ARGUMENT',
+    name: 'InvalidArgumentError',
+  });
+  await node.close();
+});
+
+test('Buffer payloads are fingerprinted without a fingerprint option', async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('bytes').handle((m) => {
+    runs++;
+    return m;
+  });
+  const requestId = '000000000000000000000000000000f3';
+  const a = Buffer.from('payload-A');
+  assert.equal(await node.ask('bytes', a, { requestId }), a);
+  const err = await node.ask('bytes', Buffer.from('payload-B'), { requestId }).catch((e) => e);
+  assert.ok(err instanceof PayloadMismatchError, `${err?.name}: ${err?.message}`);
+  assert.equal(err.code, 'PAYLOAD_MISMATCH');
+  assert.equal(runs, 1);
+  // Equal bytes in another buffer are a duplicate: the cached reply.
+  assert.equal(await node.ask('bytes', Buffer.from('payload-A'), { requestId }), a);
+  await assert.rejects(node.ask('bytes', new Uint8Array([9]), { requestId }), {
+    code: 'PAYLOAD_MISMATCH',
+  });
+  assert.equal(runs, 1);
+  // An ask without options reuses no id: a Buffer still goes through.
+  assert.equal(await node.ask('bytes', a), a);
+  const h = node.askHandle('bytes', Buffer.from('other'), { requestId });
+  await assert.rejects(h.result, { code: 'PAYLOAD_MISMATCH' });
+  assert.equal(runs, 2);
+  await node.close();
+});
+
+test('causationId reaches the handler context', async () => {
+  const node = new Node();
+  node.pool('cause').handle((m, ctx) => ctx.causationId ?? null);
+  const causationId = '0000000000000000000000000000c0de';
+  assert.equal(await node.ask('cause', 1, { causationId }), causationId);
+  assert.equal(await node.askHandle('cause', 1, { causationId }).result, causationId);
+  assert.equal(await node.ask('cause', 1), null);
+  await assert.rejects(node.ask('cause', 1, { causationId: 'nope' }), {
+    code: 'INVALID_ARGUMENT',
+    name: 'InvalidArgumentError',
+  });
+  await node.close();
 });

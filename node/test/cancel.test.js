@@ -100,3 +100,61 @@ test('a processing timeout cancels the request from the runtime thread', async (
   assert.ok(node.stats().threadWakes > before, 'the wake crossed from the tokio thread');
   await node.close();
 });
+
+test('node.close() under a running handler: ctx reports cancelled, progress is a no-op', async () => {
+  const node = new Node();
+  let started;
+  const running = new Promise((r) => (started = r));
+  let saw;
+  const handlerDone = new Promise((done) => {
+    node.pool('poll').handle(async (m, ctx) => {
+      started();
+      try {
+        while (!ctx.cancelled) await new Promise((r) => setTimeout(r, 5));
+        ctx.progress(0.5, 'after close');
+        saw = {
+          cancelled: ctx.cancelled,
+          aborted: ctx.signal.aborted,
+          requestId: ctx.requestId,
+          pool: ctx.pool,
+        };
+      } catch (e) {
+        saw = e;
+      }
+      done();
+    });
+  });
+  const caller = node.ask('poll', 1).catch((e) => e.code);
+  await running;
+  await node.close();
+  assert.equal(await caller, 'UNAVAILABLE');
+  await handlerDone;
+  assert.ok(!(saw instanceof Error), `the handler got ${saw?.name}: ${saw?.message}`);
+  assert.equal(saw.cancelled, true);
+  assert.equal(saw.aborted, true);
+  assert.match(saw.requestId, /^[0-9a-f]{32}$/);
+  assert.equal(saw.pool, 'poll');
+});
+
+test('node.close() aborts the signal a running handler watches', async () => {
+  const node = new Node();
+  let started;
+  const running = new Promise((r) => (started = r));
+  let reason;
+  const handlerDone = new Promise((done) => {
+    node.pool('watch').handle((m, ctx) => {
+      ctx.signal.addEventListener('abort', () => {
+        reason = ctx.signal.reason;
+        done();
+      });
+      started();
+      return new Promise(() => {});
+    });
+  });
+  const caller = node.ask('watch', 1).catch((e) => e.code);
+  await running;
+  await node.close();
+  await handlerDone;
+  assert.ok(reason instanceof AskCancelledError);
+  assert.equal(await caller, 'UNAVAILABLE');
+});

@@ -2,7 +2,15 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const askpool = require('..');
-const { Node, AskError, HandlerFailedError, errorCodes } = askpool;
+const {
+  Node,
+  AskError,
+  HandlerFailedError,
+  AskTimeoutError,
+  NoRouteError,
+  InvalidArgumentError,
+  errorCodes,
+} = askpool;
 
 const classes = Object.values(askpool).filter(
   (v) => typeof v === 'function' && v.prototype instanceof AskError,
@@ -27,6 +35,7 @@ for (const cls of classes) {
     assert.ok(err instanceof AskError);
     assert.equal(err.code, cls.code);
     assert.equal(err.name, cls.name);
+    if (cls !== HandlerFailedError) assert.equal(err.message, 'it went wrong');
     await node.close();
   });
 }
@@ -111,4 +120,134 @@ test('UNAVAILABLE: asking a closed node', async () => {
   const node = new Node();
   await node.close();
   await assert.rejects(node.ask('any', 1), { code: 'UNAVAILABLE' });
+});
+
+test('a handler rethrowing an AskError: the caller gets its code and its own message', async () => {
+  const node = new Node({ breaker: false });
+  let inner;
+  node.pool('outer').handle(async (m) => {
+    try {
+      await node.ask('inner-missing', m, { maxAttempts: 1 });
+    } catch (e) {
+      inner = e;
+      throw e;
+    }
+  });
+  node.pool('t').handle(() => {
+    throw new AskTimeoutError('upstream took too long');
+  });
+  const outer = await node.ask('outer', 1, { maxAttempts: 1 }).catch((e) => e);
+  assert.ok(inner instanceof NoRouteError);
+  assert.ok(outer instanceof NoRouteError, `${outer?.name}: ${outer?.message}`);
+  assert.equal(outer.code, 'NO_ROUTE');
+  assert.equal(outer.message, inner.message);
+  assert.equal(outer.message, 'no route to pool "inner-missing"');
+  const t = await node.ask('t', 1, { maxAttempts: 1 }).catch((e) => e);
+  assert.ok(t instanceof AskTimeoutError, `${t?.name}: ${t?.message}`);
+  assert.equal(t.code, 'ASK_TIMEOUT');
+  assert.equal(t.message, 'upstream took too long');
+  // The dead letter keeps the handler's message too.
+  const letter = node.deadLetters().find((l) => l.pool === 't');
+  assert.equal(letter.error.code, 'ASK_TIMEOUT');
+  assert.equal(letter.error.message, 'upstream took too long');
+  await node.close();
+});
+
+test('INVALID_ARGUMENT: negative, NaN, fractional or huge numeric options', async () => {
+  const node = new Node();
+  node.pool('ok').handle((m) => m);
+  const counts = { concurrency: 65_537, maxInFlight: 2 ** 32, dedupMax: 2 ** 32 };
+  for (const [name, tooBig] of Object.entries(counts)) {
+    for (const bad of [-1, 0, Number.NaN, 1.5, Infinity, tooBig, '4']) {
+      assert.throws(
+        () => node.pool(`bad-${name}-${String(bad)}`, { [name]: bad }),
+        (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+        `${name}: ${String(bad)}`,
+      );
+    }
+  }
+  for (const name of ['dedupTtlMs', 'processingTimeoutMs']) {
+    for (const bad of [-1, Number.NaN, Infinity, 2 ** 53, 'soon']) {
+      assert.throws(
+        () => node.pool(`bad-${name}-${String(bad)}`, { [name]: bad }),
+        (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+        `${name}: ${String(bad)}`,
+      );
+    }
+  }
+  // The refused pools were not created: the names are free.
+  node.pool('bad-concurrency--1', { concurrency: 2 }).handle((m) => m);
+  assert.equal(await node.ask('bad-concurrency--1', 1), 1);
+  for (const [name, bads] of Object.entries({
+    dlqCapacity: [-1, 1.5, Number.NaN, 2 ** 32],
+    reconcileCapacity: [-1, 1.5, Infinity, 2 ** 32],
+    defaultTimeoutMs: [-1, Number.NaN, Infinity, 2 ** 53],
+    processingTimeoutMs: [-1, Number.NaN, 2 ** 53],
+  })) {
+    for (const bad of bads) {
+      assert.throws(
+        () => new Node({ [name]: bad }),
+        (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+        `${name}: ${String(bad)}`,
+      );
+    }
+  }
+  for (const [name, bads] of Object.entries({
+    timeoutMs: [-1, Number.NaN, Infinity, 1e300, 'slow'],
+    maxAttempts: [-1, 0, 2.5, Number.NaN, 2 ** 32],
+  })) {
+    for (const bad of bads) {
+      for (const start of [
+        () => node.ask('ok', 1, { [name]: bad }),
+        () => node.askHandle('ok', 1, { [name]: bad }).result,
+        () => node.tell('ok', 1, { [name]: bad }),
+      ]) {
+        await assert.rejects(
+          start(),
+          (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+          `${name}: ${String(bad)}`,
+        );
+      }
+    }
+  }
+  const db = require('node:path').join(require('node:os').tmpdir(), `askpool-bad-${process.pid}.db`);
+  assert.throws(() => node.openPromises(db, { timeoutMs: -1 }), { code: 'INVALID_ARGUMENT' });
+  assert.equal(require('node:fs').existsSync(db), false, 'no store opened');
+  // Bounds themselves are fine.
+  node.pool('wide', { concurrency: 4, maxInFlight: 2 ** 32 - 1, dedupMax: 1 }).handle((m) => m);
+  assert.equal(await node.ask('wide', 2, { timeoutMs: 2 ** 53 - 1, maxAttempts: 1 }), 2);
+  assert.equal(node.stats().outstanding, 0);
+  await node.close();
+});
+
+test('ctx.progress refuses a fraction that is not a number from 0 to 1', async () => {
+  const node = new Node();
+  const refused = [];
+  node.pool('p').handle((m, ctx) => {
+    for (const bad of [Number.NaN, -0.1, 1.5, Infinity, -Infinity, '0.5', undefined]) {
+      try {
+        ctx.progress(bad, 'bad');
+        refused.push(`accepted ${String(bad)}`);
+      } catch (e) {
+        refused.push(e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT');
+      }
+    }
+    ctx.progress(0, 'start');
+    ctx.progress(1, 'end');
+    return m;
+  });
+  const h = node.askHandle('p', 1);
+  const stages = [];
+  for await (const s of h.stages()) stages.push(s);
+  assert.equal(await h.result, 1);
+  assert.deepEqual(refused, [true, true, true, true, true, true, true]);
+  const partial = stages.filter((s) => s.stage === 'PARTIAL');
+  assert.deepEqual(
+    partial.map((s) => [s.fraction, s.note]),
+    [
+      [0, 'start'],
+      [1, 'end'],
+    ],
+  );
+  await node.close();
 });

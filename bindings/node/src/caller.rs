@@ -2,17 +2,40 @@
 
 use std::str::FromStr;
 
-use askpool::{CorrelationId, RequestId, RetryPolicy};
+use askpool::{CausationId, CorrelationId, PayloadFingerprint, RequestId, RetryPolicy};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use crate::core::{opt_millis, Core, Task};
+use crate::core::{opt_millis, whole, Core, Task};
 use crate::errors;
 use crate::info::{AskOptions, DeadLetterInfo};
 
 fn parse_id<T: FromStr>(what: &str, text: &str) -> Result<T> {
     text.parse()
         .map_err(|_| errors::invalid(format!("{what} must be 32 hex digits, got {text:?}")))
+}
+
+fn opt_id<T: FromStr>(what: &str, text: Option<&str>) -> Result<Option<T>> {
+    text.map(|t| parse_id(what, t)).transpose()
+}
+
+/// The core's fingerprint of the bytes (a string's UTF-8) the caller gave.
+fn fingerprint(given: &Either<String, Uint8Array>) -> PayloadFingerprint {
+    match given {
+        Either::A(text) => askpool_dedup::fingerprint(text.as_bytes()),
+        Either::B(bytes) => askpool_dedup::fingerprint(bytes),
+    }
+}
+
+fn retry(max_attempts: Option<f64>) -> Result<Option<RetryPolicy>> {
+    max_attempts
+        .map(|n| {
+            Ok(RetryPolicy {
+                max_attempts: whole("maxAttempts", n, 1, u32::MAX)?,
+                ..RetryPolicy::default()
+            })
+        })
+        .transpose()
 }
 
 #[napi]
@@ -23,7 +46,7 @@ impl Core {
     pub fn ask(&mut self, pool: u32, msg: u32, timeout_ms: f64) -> Result<u32> {
         let msg = self.tok(msg);
         let pool = self.pool_name(pool)?;
-        let timeout = opt_millis(Some(timeout_ms).filter(|&t| t != 0.0))?;
+        let timeout = opt_millis("timeoutMs", Some(timeout_ms).filter(|&t| t != 0.0))?;
         let handle = {
             let _enter = self.rt.enter();
             let mut ask = self.node.ask(pool, msg);
@@ -40,17 +63,14 @@ impl Core {
     pub fn ask_with(&mut self, pool: u32, msg: u32, options: AskOptions) -> Result<u32> {
         let msg = self.tok(msg);
         let pool = self.pool_name(pool)?;
-        let timeout = opt_millis(options.timeout_ms)?;
-        let request_id: Option<RequestId> = options
-            .request_id
-            .as_deref()
-            .map(|t| parse_id("requestId", t))
-            .transpose()?;
-        let correlation_id: Option<CorrelationId> = options
-            .correlation_id
-            .as_deref()
-            .map(|t| parse_id("correlationId", t))
-            .transpose()?;
+        let timeout = opt_millis("timeoutMs", options.timeout_ms)?;
+        let request_id: Option<RequestId> = opt_id("requestId", options.request_id.as_deref())?;
+        let correlation_id: Option<CorrelationId> =
+            opt_id("correlationId", options.correlation_id.as_deref())?;
+        let causation_id: Option<CausationId> =
+            opt_id("causationId", options.causation_id.as_deref())?;
+        let retry = retry(options.max_attempts)?;
+        let fingerprint = options.fingerprint.as_ref().map(fingerprint);
         let handle = {
             let _enter = self.rt.enter();
             let mut ask = self.node.ask(pool, msg);
@@ -66,11 +86,14 @@ impl Core {
             if let Some(id) = correlation_id {
                 ask = ask.correlation_id(id);
             }
-            if let Some(n) = options.max_attempts {
-                ask = ask.retry(RetryPolicy {
-                    max_attempts: n,
-                    ..RetryPolicy::default()
-                });
+            if let Some(id) = causation_id {
+                ask = ask.causation_id(id);
+            }
+            if let Some(policy) = retry {
+                ask = ask.retry(policy);
+            }
+            if let Some(f) = fingerprint {
+                ask = ask.fingerprint(f);
             }
             ask.send()
         };
@@ -87,14 +110,14 @@ impl Core {
             preferred_worker: None,
             request_id: None,
             correlation_id: None,
+            causation_id: None,
             max_attempts: None,
+            fingerprint: None,
         });
-        let timeout = opt_millis(options.timeout_ms)?;
-        let request_id: Option<RequestId> = options
-            .request_id
-            .as_deref()
-            .map(|t| parse_id("requestId", t))
-            .transpose()?;
+        let timeout = opt_millis("timeoutMs", options.timeout_ms)?;
+        let request_id: Option<RequestId> = opt_id("requestId", options.request_id.as_deref())?;
+        let retry = retry(options.max_attempts)?;
+        let fingerprint = options.fingerprint.as_ref().map(fingerprint);
         let handle = {
             let _enter = self.rt.enter();
             let mut tell = self.node.tell(pool, msg);
@@ -104,11 +127,11 @@ impl Core {
             if let Some(id) = request_id {
                 tell = tell.request_id(id);
             }
-            if let Some(n) = options.max_attempts {
-                tell = tell.retry(RetryPolicy {
-                    max_attempts: n,
-                    ..RetryPolicy::default()
-                });
+            if let Some(policy) = retry {
+                tell = tell.retry(policy);
+            }
+            if let Some(f) = fingerprint {
+                tell = tell.fingerprint(f);
             }
             tell.send()
         };
@@ -166,7 +189,13 @@ impl Core {
         self.node
             .dead_letters()
             .iter()
-            .map(DeadLetterInfo::from)
+            .map(|letter| {
+                let mut info = DeadLetterInfo::from(letter);
+                info.error = self
+                    .handler_messages
+                    .info(&letter.error, Some(letter.ids.request_id));
+                info
+            })
             .collect()
     }
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, BreakerConfig, Node, NodeConfig, PoolName, Request, RequestContext,
-    Responder, StageEvent, StageStream, TellHandle, Worker, WorkerPool,
+    RequestId, Responder, StageEvent, StageStream, TellHandle, Worker, WorkerPool,
 };
 use futures::Stream;
 use napi::bindgen_prelude::*;
@@ -20,7 +21,7 @@ use tokio::runtime::Runtime;
 
 use askpool_promises::{DurableHandle, DurablePromises};
 
-use crate::errors::{self, ErrorInfo};
+use crate::errors::{self, ErrorInfo, HandlerMessages};
 use crate::info::{self, NodeOptions, StageInfo, StatsInfo};
 use crate::slots::Slots;
 use crate::tok::{FreeList, Tok};
@@ -113,7 +114,10 @@ pub struct Core {
     pool_refs: HashMap<String, u32>,
     /// Objects referenced by the last drain's events, kept until the next.
     held: Vec<Tok>,
-    errors: Vec<AskError>,
+    /// The errors of the last drain's `ASK_ERR` events, with their request ids.
+    errors: Vec<(AskError, Option<RequestId>)>,
+    /// What JS handlers' `AskError`s said (see [`HandlerMessages`]).
+    pub(crate) handler_messages: HandlerMessages,
     stages: Vec<StageEvent>,
     bytes: Vec<Vec<u8>>,
     /// The store of durable asks and promises, once opened.
@@ -124,18 +128,45 @@ pub struct Core {
     pub(crate) fast_id: Option<u32>,
 }
 
-fn millis(ms: f64) -> Result<Duration> {
-    if ms.is_finite() && ms >= 0.0 {
+/// The longest duration accepted, in ms: `Number.MAX_SAFE_INTEGER`.
+const MAX_MILLIS: f64 = 9_007_199_254_740_991.0;
+
+/// A number as JS prints it (`NaN`, `Infinity`, `-1`, `1.5`).
+pub(crate) fn js_number(value: f64) -> String {
+    match value {
+        v if v.is_nan() => "NaN".to_owned(),
+        f64::INFINITY => "Infinity".to_owned(),
+        f64::NEG_INFINITY => "-Infinity".to_owned(),
+        v => v.to_string(),
+    }
+}
+
+fn millis(what: &str, ms: f64) -> Result<Duration> {
+    if (0.0..=MAX_MILLIS).contains(&ms) {
         Ok(Duration::from_secs_f64(ms / 1e3))
     } else {
         Err(errors::invalid(format!(
-            "a duration must be a finite number of milliseconds >= 0, got {ms}"
+            "{what} must be a number of milliseconds from 0 to 2^53 - 1, got {}",
+            js_number(ms)
         )))
     }
 }
 
-pub(crate) fn opt_millis(ms: Option<f64>) -> Result<Option<Duration>> {
-    ms.map(millis).transpose()
+/// A count from JS (a pool's concurrency, a capacity, ...): an integer in
+/// `min..=max`, checked before any conversion could wrap it around.
+pub(crate) fn whole(what: &str, value: f64, min: u32, max: u32) -> Result<u32> {
+    if value.fract() == 0.0 && (f64::from(min)..=f64::from(max)).contains(&value) {
+        Ok(value as u32)
+    } else {
+        Err(errors::invalid(format!(
+            "{what} must be an integer from {min} to {max}, got {}",
+            js_number(value)
+        )))
+    }
+}
+
+pub(crate) fn opt_millis(what: &str, ms: Option<f64>) -> Result<Option<Duration>> {
+    ms.map(|ms| millis(what, ms)).transpose()
 }
 
 struct Out<'a> {
@@ -168,11 +199,11 @@ impl Core {
             processing_timeout_ms: None,
         });
         let mut config = NodeConfig::default();
-        if let Some(t) = opt_millis(o.default_timeout_ms)? {
+        if let Some(t) = opt_millis("defaultTimeoutMs", o.default_timeout_ms)? {
             config.default_timeout = t;
         }
         if let Some(n) = o.dlq_capacity {
-            config.dlq_capacity = n as usize;
+            config.dlq_capacity = whole("dlqCapacity", n, 0, u32::MAX)? as usize;
         }
         if let Some(track) = o.track_stages {
             config.track_stages = track;
@@ -183,9 +214,9 @@ impl Core {
             config.breaker = Some(BreakerConfig::default());
         }
         if let Some(n) = o.reconcile_capacity {
-            config.reconcile_capacity = n as usize;
+            config.reconcile_capacity = whole("reconcileCapacity", n, 0, u32::MAX)? as usize;
         }
-        if let Some(t) = opt_millis(o.processing_timeout_ms)? {
+        if let Some(t) = opt_millis("processingTimeoutMs", o.processing_timeout_ms)? {
             config.timeouts.processing = Some(t);
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -212,6 +243,7 @@ impl Core {
             pool_refs: HashMap::new(),
             held: Vec::new(),
             errors: Vec::new(),
+            handler_messages: HandlerMessages::default(),
             stages: Vec::new(),
             bytes: Vec::new(),
             promises: None,
@@ -248,7 +280,7 @@ impl Core {
     pub fn error(&self, index: u32) -> Result<ErrorInfo> {
         self.errors
             .get(index as usize)
-            .map(ErrorInfo::from)
+            .map(|(error, request)| self.handler_messages.info(error, *request))
             .ok_or_else(|| errors::invalid("no such error in the last drain"))
     }
 
@@ -314,6 +346,26 @@ impl Core {
     }
 }
 
+/// Test hook: the next ask task polled (by any core) panics.
+static PANIC_NEXT_ASK: AtomicBool = AtomicBool::new(false);
+
+/// Makes the next poll of an ask panic, so tests can show that a panic
+/// fails that ask alone (with `INTERNAL`) and the node carries on.
+#[napi(catch_unwind)]
+pub fn debug_panic_next_ask() {
+    PANIC_NEXT_ASK.store(true, Ordering::Relaxed);
+}
+
+/// A panic caught while polling a task, as the taxonomy's `Internal`.
+fn panic_error(panic: &(dyn std::any::Any + Send)) -> AskError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    AskError::internal(format!("panic in askpool: {message}"))
+}
+
 impl Core {
     pub(crate) fn drain_into(&mut self, buf: &mut [u32]) -> u32 {
         let _enter = self.rt.enter();
@@ -339,7 +391,7 @@ impl Core {
                 if out.full() {
                     break;
                 }
-                self.poll_task(id, &mut out);
+                self.poll_guarded(id, &mut out);
                 polled += 1;
             }
             if polled < batch.len() {
@@ -413,10 +465,16 @@ impl Core {
         let Poll::Ready(result) = polled else {
             return;
         };
-        self.tasks.remove(task);
+        let slot = self.tasks.remove(task);
         match result {
             Ok(reply) => self.push_reply(out, task, reply),
-            Err(error) => self.push_error(out, task, error),
+            Err(error) => {
+                let request = match slot.map(|s| s.task) {
+                    Some(Task::Ask(h)) => Some(h.request_id()),
+                    _ => None,
+                };
+                self.push_error(out, task, error, request);
+            }
         }
     }
 
@@ -433,9 +491,51 @@ impl Core {
         self.held.push(reply);
     }
 
-    fn push_error(&mut self, out: &mut Out<'_>, task: u32, error: AskError) {
+    fn push_error(
+        &mut self,
+        out: &mut Out<'_>,
+        task: u32,
+        error: AskError,
+        request: Option<RequestId>,
+    ) {
         out.push(event::ASK_ERR, task, self.errors.len() as u32, 0);
-        self.errors.push(error);
+        self.errors.push((error, request));
+    }
+
+    /// Polls one task; a panic ends that task alone: an ask (or tell) fails
+    /// with `INTERNAL`, a stage stream ends, and the rest of the drain (the
+    /// events already written, the other woken tasks) goes on.
+    fn poll_guarded(&mut self, id: u32, out: &mut Out<'_>) {
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| self.poll_task(id, out)));
+        let Err(panic) = polled else {
+            return;
+        };
+        // A task still in its slot wrote no event (each writes its one event
+        // after leaving its slot), so `out` has room for this one.
+        let Some(slot) = self.tasks.remove(id) else {
+            return;
+        };
+        let error = panic_error(panic.as_ref());
+        let task = slot.task;
+        match &task {
+            Task::Ask(_) | Task::Tell(_) | Task::Durable(_) => {
+                self.push_error(out, id, error, None);
+            }
+            Task::Stage { stream } => {
+                self.streams.remove(*stream);
+                out.push(event::STAGE_END, *stream, 0, 0);
+            }
+            Task::CancelWatch { request, .. } => {
+                if let Some(h) = self.requests.get_mut(*request) {
+                    h.watch = None;
+                }
+            }
+            // The worker was inside the future: it leaves, and its pool goes
+            // on with the others.
+            Task::Pull { .. } => {}
+        }
+        // Dropping a future that panicked may panic again: keep that here too.
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(task)));
     }
 
     fn poll_task(&mut self, id: u32, out: &mut Out<'_>) {
@@ -446,6 +546,11 @@ impl Core {
         let mut cx = Context::from_waker(&slot.waker);
         match &mut slot.task {
             Task::Ask(handle) => {
+                if PANIC_NEXT_ASK.load(Ordering::Relaxed)
+                    && PANIC_NEXT_ASK.swap(false, Ordering::Relaxed)
+                {
+                    panic!("debug_panic_next_ask: a test of the per-task panic boundary");
+                }
                 let polled = Pin::new(handle).poll(&mut cx);
                 self.ask_polled(out, id, polled);
             }
@@ -460,7 +565,7 @@ impl Core {
                 self.tasks.remove(id);
                 match result {
                     Ok(_) => out.push(event::TELL_OK, id, 0, 0),
-                    Err(error) => self.push_error(out, id, error),
+                    Err(error) => self.push_error(out, id, error, None),
                 }
             }
             Task::Pull { pool, fut } => {

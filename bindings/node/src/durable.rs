@@ -61,9 +61,10 @@ impl Core {
     /// Opens (or creates) the SQLite promise store at `path`.
     #[napi(catch_unwind)]
     pub fn open_promises(&mut self, path: String, timeout_ms: Option<f64>) -> Result<()> {
+        let timeout = crate::core::opt_millis("timeoutMs", timeout_ms)?;
         let store = SqliteStore::open(&path).map_err(promise_error)?;
         let mut promises = DurablePromises::new(store);
-        if let Some(t) = crate::core::opt_millis(timeout_ms)? {
+        if let Some(t) = timeout {
             promises.timeout = t;
         }
         self.promises = Some(promises);
@@ -120,7 +121,7 @@ impl Core {
         key: Option<String>,
     ) -> Result<PromiseInfo> {
         let now = now_millis();
-        let timeout = crate::core::opt_millis(Some(timeout_ms))?.unwrap_or_default();
+        let timeout = crate::core::opt_millis("timeoutMs", Some(timeout_ms))?.unwrap_or_default();
         let mut req = CreateRequest::new(id, now.saturating_add(timeout.as_millis() as u64))
             .param(param.to_vec());
         if let Some(key) = key {

@@ -1,6 +1,7 @@
 //! Plain objects handed to the wrapper.
 
 use askpool::{AskIds, DeadLetter, DeadLetterReason, NodeStats, StageEvent};
+use napi::bindgen_prelude::{Either, Uint8Array};
 use napi_derive::napi;
 
 use crate::errors::ErrorInfo;
@@ -11,23 +12,24 @@ pub struct NodeOptions {
     /// Timeout of an ask that sets none (default 30 s).
     pub default_timeout_ms: Option<f64>,
     /// Most dead letters kept (default 1,000).
-    pub dlq_capacity: Option<u32>,
+    pub dlq_capacity: Option<f64>,
     /// Record each ask's ACK stages (default true).
     pub track_stages: Option<bool>,
     /// A circuit breaker per target pool (default true).
     pub breaker: Option<bool>,
     /// Timed-out asks remembered for late outcomes (default 10,000).
-    pub reconcile_capacity: Option<u32>,
+    pub reconcile_capacity: Option<f64>,
     /// Processing timeout of the node's pools (default 5 minutes).
     pub processing_timeout_ms: Option<f64>,
 }
 
 #[napi(object)]
 pub struct PoolOptions {
-    pub concurrency: Option<u32>,
-    pub max_in_flight: Option<u32>,
+    /// Workers, 1 to 65,536 (default 1).
+    pub concurrency: Option<f64>,
+    pub max_in_flight: Option<f64>,
     /// Reply-cache entries kept (default 100,000).
-    pub dedup_max: Option<u32>,
+    pub dedup_max: Option<f64>,
     /// How long a reply stays cached (default 120 s).
     pub dedup_ttl_ms: Option<f64>,
     pub processing_timeout_ms: Option<f64>,
@@ -41,8 +43,13 @@ pub struct AskOptions {
     pub request_id: Option<String>,
     /// 32 hex digits.
     pub correlation_id: Option<String>,
+    /// 32 hex digits: the request that caused this one.
+    pub causation_id: Option<String>,
     /// Total sends, the first included (default 4).
-    pub max_attempts: Option<u32>,
+    pub max_attempts: Option<f64>,
+    /// What guards a reused request id against another payload: the bytes
+    /// (a string's UTF-8) are hashed into the core's payload fingerprint.
+    pub fingerprint: Option<Either<String, Uint8Array>>,
 }
 
 #[napi(object)]
@@ -72,6 +79,8 @@ impl From<&StageEvent> for StageInfo {
 pub struct RequestInfo {
     pub request_id: String,
     pub correlation_id: String,
+    /// The request that caused this one, if the caller named it.
+    pub causation_id: Option<String>,
     pub pool: String,
     pub attempt: u32,
     pub worker: String,
@@ -183,6 +192,7 @@ pub fn request_info(ids: &AskIds, pool: &str, attempt: u32, worker: &str) -> Req
     RequestInfo {
         request_id: ids.request_id.to_string(),
         correlation_id: ids.correlation_id.to_string(),
+        causation_id: ids.causation_id.map(|c| c.to_string()),
         pool: pool.to_owned(),
         attempt,
         worker: worker.to_owned(),

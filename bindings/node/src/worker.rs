@@ -1,10 +1,13 @@
 //! The worker's side: pools whose handler is a JS function.
 
-use askpool::{DedupConfig, PoolConfig};
+use askpool::{AskError, DedupConfig, PoolConfig};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use crate::core::{opt_millis, Core, HostedPool, Task};
+use crate::core::{js_number, opt_millis, whole, Core, HostedPool, Task};
+
+/// Most workers a pool may have (the core's bound too).
+const MAX_CONCURRENCY: u32 = 65_536;
 use crate::errors;
 use crate::info::{self, PoolOptions, RequestInfo};
 
@@ -18,18 +21,18 @@ impl Core {
         let mut dedup = DedupConfig::default();
         if let Some(o) = options {
             if let Some(n) = o.concurrency {
-                config.concurrency = n as usize;
+                config.concurrency = whole("concurrency", n, 1, MAX_CONCURRENCY)? as usize;
             }
             if let Some(n) = o.max_in_flight {
-                config.max_in_flight = n as usize;
+                config.max_in_flight = whole("maxInFlight", n, 1, u32::MAX)? as usize;
             }
             if let Some(n) = o.dedup_max {
-                dedup.max_terminal = n as usize;
+                dedup.max_terminal = whole("dedupMax", n, 1, u32::MAX)? as usize;
             }
-            if let Some(t) = opt_millis(o.dedup_ttl_ms)? {
+            if let Some(t) = opt_millis("dedupTtlMs", o.dedup_ttl_ms)? {
                 dedup.terminal_ttl = t;
             }
-            config.processing_timeout = opt_millis(o.processing_timeout_ms)?;
+            config.processing_timeout = opt_millis("processingTimeoutMs", o.processing_timeout_ms)?;
         }
         config.dedup = dedup;
         let concurrency = u32::try_from(config.concurrency).unwrap_or(u32::MAX);
@@ -126,8 +129,13 @@ impl Core {
         message: String,
     ) -> Result<()> {
         let h = self.finish(request)?;
-        h.responder
-            .fail(errors::from_handler(code.as_deref(), name, message));
+        let error = errors::from_handler(code.as_deref(), name, message.clone());
+        if !matches!(error, AskError::HandlerFailed { .. }) {
+            let request_id = h.context.ids().request_id;
+            self.handler_messages
+                .record(request_id, error.code(), message);
+        }
+        h.responder.fail(error);
         self.pull(h.pool, h.worker);
         Ok(())
     }
@@ -153,6 +161,12 @@ impl Core {
     /// Reports progress to the caller (its `PARTIAL` stage).
     #[napi(catch_unwind)]
     pub fn progress(&self, request: u32, fraction: f64, note: String) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(errors::invalid(format!(
+                "progress must be a fraction from 0 to 1, got {}",
+                js_number(fraction)
+            )));
+        }
         self.handling(request)?
             .context
             .progress(fraction as f32, note);

@@ -31,6 +31,8 @@ export async function usage(): Promise<void> {
     if (ctx.signal.aborted || ctx.cancelled) throw new AskTimeoutError('gave up');
     const worker: string = ctx.workerId;
     void worker;
+    const cause: string | undefined = ctx.causationId;
+    void cause;
     return { orderId: order.id, total: order.items.length };
   });
   const controller = new AbortController();
@@ -40,7 +42,10 @@ export async function usage(): Promise<void> {
     preferredWorker: 'w0',
     requestId: '0123456789abcdef0123456789abcdef',
     correlationId: 'fedcba9876543210fedcba9876543210',
+    causationId: '00000000000000000000000000000001',
+    fingerprint: 'order-1',
   });
+  await node.ask('orders', new Uint8Array([7]), { fingerprint: new Uint8Array([1, 2]) });
   const total: number = receipt.total;
   void total;
 
@@ -63,7 +68,7 @@ export async function usage(): Promise<void> {
       void code;
     }
   }
-  const requestId: string = await node.tell('orders', { id: 3, items: [] });
+  const requestId: string = await node.tell('orders', { id: 3, items: [] }, { fingerprint: 'order-3' });
   void requestId;
   const letters: DeadLetter<Order>[] = node.deadLetters<Order>();
   for (const l of letters) void l.payload.items;
