@@ -189,13 +189,7 @@ impl Core {
         self.node
             .dead_letters()
             .iter()
-            .map(|letter| {
-                let mut info = DeadLetterInfo::from(letter);
-                info.error = self
-                    .handler_messages
-                    .info(&letter.error, Some(letter.ids.request_id));
-                info
-            })
+            .map(DeadLetterInfo::from)
             .collect()
     }
 

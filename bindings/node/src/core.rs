@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, BreakerConfig, Node, NodeConfig, PoolName, Request, RequestContext,
-    RequestId, Responder, StageEvent, StageStream, TellHandle, Worker, WorkerPool,
+    Responder, StageEvent, StageStream, TellHandle, Worker, WorkerPool,
 };
 use futures::Stream;
 use napi::bindgen_prelude::*;
@@ -21,7 +21,7 @@ use tokio::runtime::Runtime;
 
 use askpool_promises::{DurableHandle, DurablePromises};
 
-use crate::errors::{self, ErrorInfo, HandlerMessages};
+use crate::errors::{self, ErrorInfo};
 use crate::info::{self, NodeOptions, StageInfo, StatsInfo};
 use crate::slots::Slots;
 use crate::tok::{FreeList, Tok};
@@ -114,10 +114,7 @@ pub struct Core {
     pool_refs: HashMap<String, u32>,
     /// Objects referenced by the last drain's events, kept until the next.
     held: Vec<Tok>,
-    /// The errors of the last drain's `ASK_ERR` events, with their request ids.
-    errors: Vec<(AskError, Option<RequestId>)>,
-    /// What JS handlers' `AskError`s said (see [`HandlerMessages`]).
-    pub(crate) handler_messages: HandlerMessages,
+    errors: Vec<AskError>,
     stages: Vec<StageEvent>,
     bytes: Vec<Vec<u8>>,
     /// The store of durable asks and promises, once opened.
@@ -243,7 +240,6 @@ impl Core {
             pool_refs: HashMap::new(),
             held: Vec::new(),
             errors: Vec::new(),
-            handler_messages: HandlerMessages::default(),
             stages: Vec::new(),
             bytes: Vec::new(),
             promises: None,
@@ -280,7 +276,7 @@ impl Core {
     pub fn error(&self, index: u32) -> Result<ErrorInfo> {
         self.errors
             .get(index as usize)
-            .map(|(error, request)| self.handler_messages.info(error, *request))
+            .map(ErrorInfo::from)
             .ok_or_else(|| errors::invalid("no such error in the last drain"))
     }
 
@@ -465,16 +461,10 @@ impl Core {
         let Poll::Ready(result) = polled else {
             return;
         };
-        let slot = self.tasks.remove(task);
+        self.tasks.remove(task);
         match result {
             Ok(reply) => self.push_reply(out, task, reply),
-            Err(error) => {
-                let request = match slot.map(|s| s.task) {
-                    Some(Task::Ask(h)) => Some(h.request_id()),
-                    _ => None,
-                };
-                self.push_error(out, task, error, request);
-            }
+            Err(error) => self.push_error(out, task, error),
         }
     }
 
@@ -491,15 +481,9 @@ impl Core {
         self.held.push(reply);
     }
 
-    fn push_error(
-        &mut self,
-        out: &mut Out<'_>,
-        task: u32,
-        error: AskError,
-        request: Option<RequestId>,
-    ) {
+    fn push_error(&mut self, out: &mut Out<'_>, task: u32, error: AskError) {
         out.push(event::ASK_ERR, task, self.errors.len() as u32, 0);
-        self.errors.push((error, request));
+        self.errors.push(error);
     }
 
     /// Polls one task; a panic ends that task alone: an ask (or tell) fails
@@ -519,7 +503,7 @@ impl Core {
         let task = slot.task;
         match &task {
             Task::Ask(_) | Task::Tell(_) | Task::Durable(_) => {
-                self.push_error(out, id, error, None);
+                self.push_error(out, id, error);
             }
             Task::Stage { stream } => {
                 self.streams.remove(*stream);
@@ -565,7 +549,7 @@ impl Core {
                 self.tasks.remove(id);
                 match result {
                     Ok(_) => out.push(event::TELL_OK, id, 0, 0),
-                    Err(error) => self.push_error(out, id, error, None),
+                    Err(error) => self.push_error(out, id, error),
                 }
             }
             Task::Pull { pool, fut } => {

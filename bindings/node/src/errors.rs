@@ -3,58 +3,10 @@
 //! the matching `AskError` subclass. Errors that end an ask travel as
 //! [`ErrorInfo`] objects.
 
-use std::collections::{HashMap, VecDeque};
-
-use askpool::{AskError, CancelReason, ErrorCode, RequestId};
+use askpool::{AskError, CancelReason, ErrorCode};
 use napi_derive::napi;
 
 const PREFIX: &str = "askpool:";
-
-/// How many handler messages [`HandlerMessages`] keeps.
-const HANDLER_MESSAGES: usize = 4096;
-
-/// The messages of the `AskError`s JS handlers threw, by request id. Most
-/// codes' errors have no room for a message of the handler's own (`NO_ROUTE`
-/// names a pool, `ASK_TIMEOUT` an elapsed time), so the core carries the code
-/// and this table the text; the caller's error (and its dead letter) shows
-/// the handler's message as it was thrown. Bounded: the oldest go first, and
-/// an error whose message went falls back to the core's own wording.
-#[derive(Default)]
-pub struct HandlerMessages {
-    by_request: HashMap<RequestId, (ErrorCode, String)>,
-    order: VecDeque<RequestId>,
-}
-
-impl HandlerMessages {
-    pub fn record(&mut self, request: RequestId, code: ErrorCode, message: String) {
-        if self.by_request.insert(request, (code, message)).is_none() {
-            self.order.push_back(request);
-        }
-        while self.order.len() > HANDLER_MESSAGES {
-            if let Some(old) = self.order.pop_front() {
-                self.by_request.remove(&old);
-            }
-        }
-    }
-
-    /// The handler's message for an error with `code` that ended `request`.
-    pub fn get(&self, request: RequestId, code: ErrorCode) -> Option<&str> {
-        match self.by_request.get(&request) {
-            Some((c, message)) if *c == code => Some(message),
-            _ => None,
-        }
-    }
-
-    /// `error` as the wrapper sees it, with the handler's message if a
-    /// handler threw it.
-    pub fn info(&self, error: &AskError, request: Option<RequestId>) -> ErrorInfo {
-        let mut info = ErrorInfo::from(error);
-        if let Some(message) = request.and_then(|r| self.get(r, error.code())) {
-            message.clone_into(&mut info.message);
-        }
-        info
-    }
-}
 
 /// An `AskError` as the wrapper sees it.
 #[napi(object)]

@@ -1,6 +1,6 @@
 //! The worker's side: pools whose handler is a JS function.
 
-use askpool::{AskError, DedupConfig, PoolConfig};
+use askpool::{DedupConfig, PoolConfig};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
@@ -129,13 +129,8 @@ impl Core {
         message: String,
     ) -> Result<()> {
         let h = self.finish(request)?;
-        let error = errors::from_handler(code.as_deref(), name, message.clone());
-        if !matches!(error, AskError::HandlerFailed { .. }) {
-            let request_id = h.context.ids().request_id;
-            self.handler_messages
-                .record(request_id, error.code(), message);
-        }
-        h.responder.fail(error);
+        h.responder
+            .fail(errors::from_handler(code.as_deref(), name, message));
         self.pull(h.pool, h.worker);
         Ok(())
     }
