@@ -3,7 +3,7 @@
 //! the matching `AskError` subclass. Errors that end an ask travel as
 //! [`ErrorInfo`] objects.
 
-use askpool::{AskError, CancelReason, ErrorCode};
+use askpool::{AskError, ErrorCode};
 use napi_derive::napi;
 
 const PREFIX: &str = "askpool:";
@@ -48,43 +48,8 @@ pub fn invalid(message: impl Into<String>) -> napi::Error {
     })
 }
 
-fn code_named(name: &str) -> Option<ErrorCode> {
-    ErrorCode::ALL.into_iter().find(|c| c.as_str() == name)
-}
-
-/// The error a JS handler's throw stands for: one of the taxonomy's codes if
-/// it threw an `AskError` (its own message kept), else `HandlerFailed` with
-/// the thrown value's name and message.
+/// The error a JS handler's throw stands for (see `AskError::from_handler`:
+/// the same mapping in every binding).
 pub fn from_handler(code: Option<&str>, name: String, message: String) -> AskError {
-    let Some(code) = code.and_then(code_named) else {
-        return AskError::HandlerFailed {
-            type_name: name,
-            message,
-        };
-    };
-    match code {
-        ErrorCode::Unavailable => AskError::Unavailable { reason: message },
-        ErrorCode::DeadlineExceeded => AskError::DeadlineExceeded,
-        ErrorCode::AskTimeout => AskError::AskTimeout { elapsed_ms: 0 },
-        ErrorCode::BufferFull => AskError::BufferFull {
-            pool: message,
-            limit: 0,
-        },
-        ErrorCode::NoRoute => AskError::NoRoute { pool: message },
-        ErrorCode::InvalidArgument => AskError::InvalidArgument { message },
-        ErrorCode::ValidationError => AskError::ValidationError { message },
-        ErrorCode::PayloadMismatch => AskError::PayloadMismatch,
-        ErrorCode::PermissionDenied => AskError::PermissionDenied { message },
-        ErrorCode::OversizePayload => AskError::OversizePayload { size: 0, limit: 0 },
-        ErrorCode::FailedPrecondition => AskError::FailedPrecondition { message },
-        ErrorCode::DecodeFailure => AskError::DecodeFailure { message },
-        ErrorCode::Internal => AskError::Internal { message },
-        ErrorCode::AskCancelled => AskError::AskCancelled {
-            reason: CancelReason::Worker,
-        },
-        ErrorCode::HandlerFailed => AskError::HandlerFailed {
-            type_name: name,
-            message,
-        },
-    }
+    AskError::from_handler(code.and_then(ErrorCode::from_name), name, message)
 }

@@ -1,6 +1,6 @@
 //! Plain objects handed to the wrapper.
 
-use askpool::{AskIds, DeadLetter, DeadLetterReason, NodeStats, StageEvent};
+use askpool::{AskIds, DeadLetter, NodeStats, StageEvent};
 use napi::bindgen_prelude::{Either, Uint8Array};
 use napi_derive::napi;
 
@@ -108,11 +108,7 @@ impl From<&DeadLetter<Tok>> for DeadLetterInfo {
             payload: letter.payload.id(),
             error: ErrorInfo::from(&letter.error),
             attempts: letter.attempts,
-            reason: match letter.reason {
-                DeadLetterReason::RetriesExhausted => "RETRIES_EXHAUSTED",
-                DeadLetterReason::Poison => "POISON",
-            }
-            .to_owned(),
+            reason: letter.reason.as_str().to_owned(),
         }
     }
 }
