@@ -78,64 +78,19 @@ async fn a_tell_ends_when_its_later_ack_arrives() {
 
 mod racing {
     use super::*;
-    use askpool::{CallerEndpoint, InProcessTransport, PoolEndpoint, Request, WorkerTransport};
-    use askpool_proto::{CallerId, PoolName, ToCaller, ToWorker};
+    use askpool_tests::{Fate, FrameKind, Tap};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
-    /// The worker's reply crosses the caller's timeout: it is sent while the
-    /// caller's timeout Cancel goes out (the same instant on two threads).
-    pub struct Racing {
-        pub inner: InProcessTransport<u64, u64>,
-        pub stash: Mutex<Option<Request<u64, u64>>>,
-        pub drop_cancels: bool,
-    }
-    impl WorkerTransport<u64, u64> for Racing {
-        fn register_pool(
-            &self,
-            p: PoolName,
-            e: Arc<dyn PoolEndpoint<u64>>,
-        ) -> Result<(), AskError> {
-            self.inner.register_pool(p, e)
-        }
-        fn deregister_pool(&self, p: &PoolName) {
-            self.inner.deregister_pool(p)
-        }
-        fn register_caller(&self, c: CallerId, e: Arc<dyn CallerEndpoint<u64>>) {
-            self.inner.register_caller(c, e)
-        }
-        fn deregister_caller(&self, c: CallerId) {
-            self.inner.deregister_caller(c)
-        }
-        fn send_to_pool(&self, frame: ToWorker<u64>) -> Result<(), AskError> {
-            if matches!(frame, ToWorker::Cancel { .. }) {
-                if self.drop_cancels {
-                    return Ok(());
-                }
-                let stashed = self.stash.lock().unwrap().take();
-                if let Some(r) = stashed {
-                    r.reply(7);
-                }
-            }
-            self.inner.send_to_pool(frame)
-        }
-        fn send_to_caller(&self, frame: ToCaller<u64>) -> Result<(), AskError> {
-            self.inner.send_to_caller(frame)
-        }
-    }
-
     /// A reply that arrives between the handle deciding AskTimeout and
     /// removing its pending entry is a late outcome (before, it was stored
-    /// in the finished handle's slot and lost).
+    /// in the finished handle's slot and lost). The worker replies while the
+    /// caller's timeout Cancel goes out: the same instant on two threads.
     #[tokio::test(start_paused = true)]
     async fn a_reply_crossing_the_timeout_is_a_late_outcome() {
-        let racing = Arc::new(Racing {
-            inner: InProcessTransport::new(),
-            stash: Mutex::new(None),
-            drop_cancels: false,
-        });
+        let tap = Tap::in_process();
         let node: Node<u64, u64> =
-            Node::with_transport(racing.clone(), askpool::NodeConfig::default());
+            Node::with_transport(tap.clone(), askpool::NodeConfig::default());
         let late = Arc::new(AtomicUsize::new(0));
         let seen = late.clone();
         node.on_late_outcome(move |_| {
@@ -143,11 +98,19 @@ mod racing {
         });
         let pool = node.pool("p").build().unwrap();
         let ask = tokio::spawn(node.ask("p", 1).timeout(Duration::from_millis(100)).send());
-        let req = pool.next_request().await.unwrap();
-        *racing.stash.lock().unwrap() = Some(req);
+        let stash = Arc::new(Mutex::new(pool.next_request().await));
+        let replier = Arc::clone(&stash);
+        tap.set_rule(move |frame| {
+            if frame.kind == FrameKind::Cancel {
+                if let Some(request) = replier.lock().unwrap().take() {
+                    request.reply(7);
+                }
+            }
+            Fate::Deliver
+        });
         let err = ask.await.unwrap().unwrap_err();
         assert!(matches!(err, AskError::AskTimeout { .. }), "{err:?}");
-        assert!(racing.stash.lock().unwrap().is_none(), "the worker replied");
+        assert!(stash.lock().unwrap().is_none(), "the worker replied");
         assert_eq!(
             late.load(Ordering::SeqCst),
             1,
@@ -157,24 +120,24 @@ mod racing {
 }
 
 mod stage_deadline {
-    use super::racing::Racing;
     use super::*;
+    use askpool_tests::{Fate, FrameKind, Tap};
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     /// An ask that failed DeadlineExceeded (recorded TIMED_OUT), whose
     /// cancel was lost and whose worker then replies: the reply reconciles
     /// and its dead letter goes (before, only AskTimeout was reconciled).
     #[tokio::test(start_paused = true)]
     async fn a_late_reply_after_a_stage_deadline_is_reconciled() {
-        let racing = Arc::new(Racing {
-            inner: askpool::InProcessTransport::new(),
-            stash: Mutex::new(None),
-            drop_cancels: true,
+        let tap = Tap::in_process();
+        tap.set_rule(|frame| match frame.kind {
+            FrameKind::Cancel => Fate::Drop,
+            _ => Fate::Deliver,
         });
         let mut config = askpool::NodeConfig::default();
         config.timeouts.read = Some(Duration::from_millis(50));
-        let node: Node<u64, u64> = Node::with_transport(racing.clone(), config);
+        let node: Node<u64, u64> = Node::with_transport(tap.clone(), config);
         let late = Arc::new(AtomicUsize::new(0));
         let seen = late.clone();
         node.on_late_outcome(move |_| {
@@ -234,56 +197,27 @@ fn batched_acks_go_on_after_a_flush_task_is_dropped() {
 
 mod close_race {
     use super::*;
-    use askpool::{CallerEndpoint, InProcessTransport, PoolEndpoint, WorkerPool, WorkerTransport};
-    use askpool_proto::{CallerId, PoolName, ToCaller, ToWorker};
+    use askpool_tests::{Fate, FrameKind, Tap};
     use std::sync::{Arc, Mutex};
 
     /// Closes the pool while it sends its Ack, i.e. between admission and
-    /// enqueue (another thread closing at that instant).
-    pub struct CloseOnAck {
-        inner: InProcessTransport<u64, u64>,
-        pool: Mutex<Option<Arc<WorkerPool<u64, u64>>>>,
-    }
-    impl WorkerTransport<u64, u64> for CloseOnAck {
-        fn register_pool(
-            &self,
-            p: PoolName,
-            e: Arc<dyn PoolEndpoint<u64>>,
-        ) -> Result<(), AskError> {
-            self.inner.register_pool(p, e)
-        }
-        fn deregister_pool(&self, p: &PoolName) {
-            self.inner.deregister_pool(p)
-        }
-        fn register_caller(&self, c: CallerId, e: Arc<dyn CallerEndpoint<u64>>) {
-            self.inner.register_caller(c, e)
-        }
-        fn deregister_caller(&self, c: CallerId) {
-            self.inner.deregister_caller(c)
-        }
-        fn send_to_pool(&self, frame: ToWorker<u64>) -> Result<(), AskError> {
-            self.inner.send_to_pool(frame)
-        }
-        fn send_to_caller(&self, frame: ToCaller<u64>) -> Result<(), AskError> {
-            if matches!(frame, ToCaller::Ack { .. }) {
-                let pool = self.pool.lock().unwrap().take();
-                if let Some(pool) = pool {
+    /// enqueue (another thread closing at that instant), with a pull worker
+    /// kept alive (as a binding's handle may be) that never pulls.
+    async fn run(preferred: bool) -> (Result<u64, AskError>, usize) {
+        let tap = Tap::in_process();
+        let node: Node<u64, u64> =
+            Node::with_transport(tap.clone(), askpool::NodeConfig::default());
+        let pool = Arc::new(node.pool("p").build().unwrap());
+        let _w = pool.worker("w").unwrap();
+        let to_close = Mutex::new(Some(Arc::clone(&pool)));
+        tap.set_rule(move |frame| {
+            if frame.kind == FrameKind::Ack {
+                if let Some(pool) = to_close.lock().unwrap().take() {
                     pool.close();
                 }
             }
-            self.inner.send_to_caller(frame)
-        }
-    }
-
-    async fn run(preferred: bool) -> (Result<u64, AskError>, usize) {
-        let t = Arc::new(CloseOnAck {
-            inner: InProcessTransport::new(),
-            pool: Mutex::new(None),
+            Fate::Deliver
         });
-        let node: Node<u64, u64> = Node::with_transport(t.clone(), askpool::NodeConfig::default());
-        let pool = Arc::new(node.pool("p").build().unwrap());
-        let _w = pool.worker("w").unwrap(); // a pull worker, kept alive (e.g. held by a binding)
-        *t.pool.lock().unwrap() = Some(Arc::clone(&pool));
         let b = node.ask("p", 1).timeout(Duration::from_secs(2));
         let b = if preferred {
             b.preferred_worker("w")
