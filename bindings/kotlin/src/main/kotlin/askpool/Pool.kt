@@ -128,8 +128,11 @@ class Pool internal constructor(
     /** Requests this pool's handler is running. */
     fun running(): Int = running.size()
 
-    /** Stops the pool: new asks get `NoRoute`, queued ones are cancelled. */
-    fun close() = node.native.closePool(name)
+    /**
+     * Stops the pool: new asks get `NoRoute`, queued ones are cancelled.
+     * @throws AskException.Unavailable if the node is closed.
+     */
+    fun close() = node.closePool(name)
 
     internal val id = ids.getAndIncrement()
 
