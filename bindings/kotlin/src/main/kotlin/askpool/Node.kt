@@ -119,16 +119,41 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             // thread): then `cont` is resumed before this block returns and
             // the caller does not suspend at all.
             val here = cont.context[ContinuationInterceptor]
-            val pendingReleases = Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token, here)
-            if (pendingReleases == -1L) {
-                completions.failNow(token, closedError())
-            } else if (pendingReleases >= DRAIN_BATCH) {
-                HandleTable.drain()
+            val pendingReleases = try {
+                Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token, here)
+            } catch (e: Throwable) {
+                // The ask may have started: its waiter fails here, once
+                // (whichever of this and a reply takes it first wins), and
+                // the cancel makes the runtime forget it.
+                completions.failNow(token, e as? AskException ?: AskException.Internal(e.toString()))
+                cancelAsk(token)
+                return@suspendCancellableCoroutine
+            }
+            when {
+                pendingReleases == Hot.CLOSED -> {
+                    completions.failNow(token, closedError())
+                    return@suspendCancellableCoroutine
+                }
+                pendingReleases == Hot.PANICKED -> {
+                    completions.failNow(token, AskException.Internal("panic in askpool (ask); see stderr"))
+                    cancelAsk(token)
+                    return@suspendCancellableCoroutine
+                }
+                pendingReleases >= DRAIN_BATCH -> drainQuietly()
             }
             // Also when `cont` was cancelled meanwhile: a caller cancelled
             // while its handler ran above gets the handler called at once. A
             // caller whose reply came within the call has nothing to cancel.
             if (!cont.isCompleted || cont.isCancelled) cont.invokeOnCancellation { cancelAsk(token) }
+        }
+    }
+
+    /** A drain on an ask's way: a failure there is not the ask's (the next drain retries). */
+    private fun drainQuietly() {
+        try {
+            HandleTable.drain()
+        } catch (e: AskException) {
+            e.printStackTrace()
         }
     }
 
@@ -227,7 +252,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         }
         pools.clear()
         native.close()
-        HandleTable.drain()
+        drainQuietly()
     }
 
     internal companion object {
