@@ -182,6 +182,24 @@ class Pool internal constructor(
     }
 
     /**
+     * What a [CancellationException] out of a handler means. A cancel of
+     * the request itself (its caller, a timeout, shutdown: the handler's
+     * job was cancelled) or a plain `CancellationException` the handler
+     * threw to give up is a worker-side cancel. Any other one is a failure
+     * of the handler: a `withTimeout` that expired inside it
+     * (`TimeoutCancellationException`), a cancelled scope or job it waited
+     * on: [AskException.HandlerFailed] with its class name and message.
+     */
+    private fun cancelFault(e: CancellationException, context: RequestContext, job: Job?): Fault =
+        if (job?.isCancelled == true || context.cancelPending || context.isCancelled ||
+            e.javaClass == CancellationException::class.java
+        ) {
+            Fault.AskCancelled(CancelCause.WORKER)
+        } else {
+            Fault.HandlerFailed(e.javaClass.name, e.message ?: "")
+        }
+
+    /**
      * Runs the handler on the pool's dispatcher. A thread already running on
      * that dispatcher ([here]) starts it at once, without a dispatch: it got
      * the request from a hot call, so its own work waits on this reply.
@@ -206,7 +224,7 @@ class Pool internal constructor(
                     else -> Hot.reply(request, HandleTable.put(reply), coroutineContext[ContinuationInterceptor])
                 }
             } catch (e: CancellationException) {
-                requestFail(request, Fault.AskCancelled(CancelCause.WORKER))
+                requestFail(request, cancelFault(e, context, coroutineContext[Job]))
             } catch (e: Throwable) {
                 requestFail(request, AskException.fromHandler(e))
             } finally {
