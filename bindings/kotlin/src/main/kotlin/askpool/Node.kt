@@ -178,15 +178,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         val handle = AskHandle(this)
         val token = completions.register(handle)
         handle.token = token
-        val args = askpool.ffi.AskArgs(
-            timeoutMs = options.timeout?.inWholeMilliseconds?.toULong(),
-            preferredWorker = null,
-            requestId = options.requestId,
-            correlationId = null,
-            maxAttempts = options.maxAttempts?.toUInt(),
-            stages = false,
-            oneWay = true,
-        )
+        val args = options.toArgs()
         val id = startOrForget(token) { native.askWith(pool, payloadOf(msg), args, token) }
         handle.requestId = id
         handle.await()

@@ -59,6 +59,9 @@ class RequestContext internal constructor(private val request: Long) {
 
     val requestId: String get() = info()?.requestId ?: ""
     val correlationId: String get() = info()?.correlationId ?: ""
+
+    /** The causation id the ask carried ([AskOptions.causationId]); empty if none. */
+    val causationId: String get() = info()?.causationId ?: ""
     val attempt: Int get() = info()?.attempt?.toInt() ?: 0
 
     /** Whether the request was cancelled (by its caller, a timeout, shutdown). */
