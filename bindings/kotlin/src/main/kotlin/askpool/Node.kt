@@ -26,7 +26,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     internal val completions = Completions()
     internal val native = NativeNode(
         askpool.ffi.NodeOptions(
-            defaultTimeoutMs = options.defaultTimeout.inWholeMilliseconds.toULong(),
+            defaultTimeoutMs = millis(options.defaultTimeout).toULong(),
             maxAttempts = options.maxAttempts.toUInt(),
             trackStages = options.trackStages,
             dlqCapacity = options.dlqCapacity.toULong(),
@@ -112,7 +112,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
         checkOpen()
         val poolId = poolIds[pool] ?: call { native.poolId(pool) }.also { poolIds[pool] = it }
-        val timeoutMs = options.timeout?.inWholeMilliseconds?.coerceAtLeast(1) ?: 0
+        val timeoutMs = options.timeout?.let { millis(it) } ?: 0
         return suspendCancellableCoroutine { cont ->
             val token = completions.register(cont)
             // The reply may arrive within this call (the handler ran on this

@@ -125,7 +125,7 @@ class Pool internal constructor(
         maxInFlight = options.maxInFlight.toULong(),
         dedupCapacity = options.dedupCapacity.toULong(),
         dedupTtlMs = options.dedupTtl.inWholeMilliseconds.toULong(),
-        processingTimeoutMs = options.processingTimeout?.inWholeMilliseconds?.toULong(),
+        processingTimeoutMs = options.processingTimeout?.let { millis(it).toULong() },
     )
 
     /** Requests this pool's handler is running. */
