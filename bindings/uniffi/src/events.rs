@@ -6,6 +6,7 @@
 //! batches of plain integers. Everything rarer still uses the foreign traits.
 
 use std::cell::RefCell;
+use std::panic::catch_unwind;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -112,19 +113,32 @@ pub unsafe fn hand_over(events: Vec<Event>, buf: *mut i64, skip: usize, cap: usi
 }
 
 /// The JVM has looked up the objects of this thread's last hot call.
+/// Returns 0, or -2 if it panicked (a panic must not cross into the JVM).
 #[no_mangle]
-pub extern "C" fn askpool_hot_release() {
-    HELD.with(|h| h.borrow_mut().clear());
+pub extern "C" fn askpool_hot_release() -> i32 {
+    catch_unwind(|| HELD.with(|h| h.borrow_mut().clear()))
+        .map(|()| 0)
+        .unwrap_or(-2)
 }
 
 /// Waits up to `timeout_ms` for events and writes up to `cap` of them to
-/// `buf` as 4 words each: kind, a, b, handle. Returns how many. One caller
-/// at a time: each call releases the previous batch.
+/// `buf` as 4 words each: kind, a, b, handle. Returns how many, or -2 if
+/// it panicked. One caller at a time: each call releases the previous
+/// batch.
 ///
 /// # Safety
 /// `buf` must point to `4 * cap` writable `i64`s.
 #[no_mangle]
 pub unsafe extern "C" fn askpool_hot_wait(buf: *mut i64, cap: i32, timeout_ms: i32) -> i32 {
+    // SAFETY: the caller's guarantee, passed on.
+    catch_unwind(|| unsafe { wait(buf, cap, timeout_ms) }).unwrap_or(-2)
+}
+
+/// [`askpool_hot_wait`] without the panic guard.
+///
+/// # Safety
+/// `buf` must point to `4 * cap` writable `i64`s.
+unsafe fn wait(buf: *mut i64, cap: i32, timeout_ms: i32) -> i32 {
     let cap = usize::try_from(cap).unwrap_or(0);
     if buf.is_null() || cap == 0 {
         return 0;

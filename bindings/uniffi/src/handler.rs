@@ -108,6 +108,8 @@ pub fn request_progress(request: i64, fraction: f32, note: String) {
 pub struct RequestInfo {
     pub request_id: String,
     pub correlation_id: String,
+    /// Empty when the ask carried none.
+    pub causation_id: String,
     pub pool: String,
     pub attempt: u32,
     pub cancelled: bool,
@@ -120,6 +122,11 @@ pub fn request_info(request: i64) -> Option<RequestInfo> {
         RequestInfo {
             request_id: c.request_id().to_string(),
             correlation_id: c.correlation_id().to_string(),
+            causation_id: c
+                .ids()
+                .causation_id
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
             pool: c.pool().to_string(),
             attempt: c.attempt(),
             cancelled: c.is_cancelled(),

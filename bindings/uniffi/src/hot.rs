@@ -13,6 +13,7 @@
 //! running request instead).
 
 use std::panic::catch_unwind;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::events::hand_over;
 use crate::exec;
@@ -22,7 +23,9 @@ const HEADER: usize = 1;
 
 /// [`crate::node_ask`] for the hot path. Returns how many events it wrote,
 /// -1 if the node is shut down, -2 if it panicked. `buf[0]` is the count of
-/// released handles waiting in `take_released`.
+/// released handles waiting in `take_released`. After -2 the ask may have
+/// started: the caller fails its waiter, then cancels the ask under `token`
+/// (`NativeNode::cancel`), so the ask's own outcome finds no waiter.
 ///
 /// # Safety
 /// `buf` must point to `1 + 4 * cap` writable `i64`s.
@@ -38,13 +41,15 @@ pub unsafe extern "C" fn askpool_hot_ask(
 ) -> i64 {
     catch_unwind(|| {
         let (released, events) = exec::hot(|| {
-            crate::node::ask_in_runtime(
+            let released = crate::node::ask_in_runtime(
                 node,
                 pool,
                 handle,
                 u64::try_from(timeout_ms).unwrap_or(0),
                 token,
-            )
+            );
+            test_panic_point();
+            released
         });
         if released == u64::MAX {
             return -1;
@@ -83,7 +88,27 @@ pub unsafe extern "C" fn askpool_hot_reply(
 }
 
 /// Returns its argument: the cost of one hot-path crossing (bench floor).
+/// Guarded like every export (nothing here can panic: the guard is free).
 #[no_mangle]
 pub extern "C" fn askpool_hot_probe(x: i64) -> i64 {
-    x
+    catch_unwind(|| x).unwrap_or(i64::MIN)
+}
+
+/// Set by [`panic_in_next_hot_ask_for_test`]: the next `askpool_hot_ask`
+/// panics once its ask has started.
+static PANIC_NEXT_ASK: AtomicBool = AtomicBool::new(false);
+
+/// Test only: makes the next `askpool_hot_ask` (any thread) panic after it
+/// started its ask, so the host's tests can check that the panic becomes
+/// one `Internal` error and that nothing of the ask stays behind.
+#[uniffi::export]
+pub fn panic_in_next_hot_ask_for_test() {
+    PANIC_NEXT_ASK.store(true, Ordering::Relaxed);
+}
+
+/// Panics if a test asked for it (one relaxed load otherwise).
+pub(crate) fn test_panic_point() {
+    if PANIC_NEXT_ASK.load(Ordering::Relaxed) && PANIC_NEXT_ASK.swap(false, Ordering::Relaxed) {
+        panic!("deliberate panic in askpool_hot_ask (test)");
+    }
 }

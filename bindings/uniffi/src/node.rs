@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use askpool::{
-    AskError, AskHandle, DedupConfig, Node, NodeConfig, PoolConfig, PoolName, RequestId,
-    RetryPolicy, WorkerPool,
+    AskError, AskHandle, CausationId, DedupConfig, Node, NodeConfig, PoolConfig, PoolName,
+    RequestId, RetryPolicy, WorkerPool,
 };
 use futures::{FutureExt, StreamExt};
 use parking_lot::{Mutex, MutexGuard};
@@ -50,6 +50,13 @@ pub struct AskArgs {
     pub preferred_worker: Option<String>,
     pub request_id: Option<String>,
     pub correlation_id: Option<String>,
+    /// Asks only (the runtime's tells carry none).
+    pub causation_id: Option<String>,
+    /// Bytes that stand for the payload, hashed into the ask's
+    /// `PayloadFingerprint`: a reused request id with another fingerprint
+    /// fails with `PayloadMismatch`. Without it, a `Bytes` payload under a
+    /// given request id is fingerprinted by its own bytes.
+    pub fingerprint: Option<Vec<u8>>,
     pub max_attempts: Option<u32>,
     /// Stream the ask's stages to `AskListener::on_stage`.
     pub stages: bool,
@@ -232,6 +239,14 @@ impl NativeNode {
         args: AskArgs,
         token: i64,
     ) -> Result<String, NativeError> {
+        // Only a given request id can be reused: a generated one needs no digest.
+        let fingerprint = match (&args.fingerprint, &payload) {
+            (Some(bytes), _) => Some(askpool_dedup::fingerprint(bytes)),
+            (None, Payload::Bytes { data }) if args.request_id.is_some() => {
+                Some(askpool_dedup::fingerprint(data))
+            }
+            _ => None,
+        };
         // Adopted first: the handle is released even if the options are bad.
         let msg = Msg::from(payload);
         let request_id: Option<RequestId> = match &args.request_id {
@@ -242,6 +257,16 @@ impl NativeNode {
             Some(text) => Some(parse_id("correlation id", text)?),
             None => None,
         };
+        let causation_id: Option<CausationId> = match &args.causation_id {
+            Some(text) => Some(parse_id("causation id", text)?),
+            None => None,
+        };
+        if args.one_way && causation_id.is_some() {
+            return Err(AskError::InvalidArgument {
+                message: "a tell carries no causation id".to_owned(),
+            }
+            .into());
+        }
         let retry = args.max_attempts.map(|n| RetryPolicy {
             max_attempts: n.max(1),
             ..RetryPolicy::default()
@@ -258,6 +283,9 @@ impl NativeNode {
             if let Some(retry) = retry {
                 tell = tell.retry(retry);
             }
+            if let Some(f) = fingerprint {
+                tell = tell.fingerprint(f);
+            }
             Started::Tell(tell.send())
         } else {
             let mut ask = self.node.ask(pool.as_str(), msg);
@@ -273,8 +301,14 @@ impl NativeNode {
             if let Some(id) = correlation_id {
                 ask = ask.correlation_id(id);
             }
+            if let Some(id) = causation_id {
+                ask = ask.causation_id(id);
+            }
             if let Some(retry) = retry {
                 ask = ask.retry(retry);
+            }
+            if let Some(f) = fingerprint {
+                ask = ask.fingerprint(f);
             }
             Started::Ask(ask.send())
         };

@@ -106,12 +106,21 @@ pub fn take_released() -> Vec<i64> {
 
 /// [`take_released`] for the hot path: moves up to `cap` released handles
 /// to `buf` and returns how many (fewer than `cap`: none are left), from
-/// the calling thread's queue first.
+/// the calling thread's queue first; -2 if it panicked.
 ///
 /// # Safety
 /// `buf` must point to `cap` writable `i64`s.
 #[no_mangle]
 pub unsafe extern "C" fn askpool_hot_take_released(buf: *mut i64, cap: i32) -> i32 {
+    // SAFETY: the caller's guarantee, passed on.
+    std::panic::catch_unwind(|| unsafe { take_released_into(buf, cap) }).unwrap_or(-2)
+}
+
+/// [`askpool_hot_take_released`] without the panic guard.
+///
+/// # Safety
+/// `buf` must point to `cap` writable `i64`s.
+unsafe fn take_released_into(buf: *mut i64, cap: i32) -> i32 {
     let cap = usize::try_from(cap).unwrap_or(0);
     if buf.is_null() {
         return 0;

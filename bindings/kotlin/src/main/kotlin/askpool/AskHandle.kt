@@ -41,8 +41,11 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         throw e
     }
 
-    /** Cancels the ask: [await] throws [AskException.AskCancelled] unless it already ended. */
-    fun cancel() = node.native.cancel(token)
+    /**
+     * Cancels the ask: [await] throws [AskException.AskCancelled] unless it
+     * already ended. Does nothing once the node is closed (the ask failed).
+     */
+    fun cancel() = node.cancelAsk(token)
 
     val isCompleted: Boolean get() = result.isCompleted
 

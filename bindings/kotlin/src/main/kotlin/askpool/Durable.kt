@@ -76,14 +76,13 @@ suspend fun <R> Node.awaitDurable(promises: Promises, id: String, replyCodec: Du
 suspend fun Node.awaitDurable(promises: Promises, id: String): ByteArray =
     awaitDurable(promises, id, DurableCodec.BYTES)
 
-private fun Node.durableHandle(): AskHandle = AskHandle(this).also { it.token = completions.register(it) }
-
-private inline fun <T> Node.startDurable(handle: AskHandle, start: (Long) -> T): T = try {
-    AskException.native { start(handle.token) }
-} catch (e: AskException) {
-    completions.failNow(handle.token, e)
-    throw e
+private fun Node.durableHandle(): AskHandle {
+    checkOpen()
+    return AskHandle(this).also { it.token = completions.register(it) }
 }
+
+private inline fun <T> Node.startDurable(handle: AskHandle, start: (Long) -> T): T =
+    startOrForget(handle.token) { start(handle.token) }
 
 private fun <R> decode(reply: Any?, codec: DurableCodec<R>): R {
     val bytes = reply as? ByteArray

@@ -30,10 +30,16 @@ internal object Hot {
         node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long, buf: Pointer, cap: Int,
     ): Long
     @JvmStatic external fun askpool_hot_reply(request: Long, handle: Long, buf: Pointer, cap: Int): Int
-    @JvmStatic external fun askpool_hot_release()
+    @JvmStatic external fun askpool_hot_release(): Int
     @JvmStatic external fun askpool_hot_probe(x: Long): Long
     @JvmStatic external fun askpool_hot_wait(buf: Pointer, cap: Int, timeoutMs: Int): Int
     @JvmStatic external fun askpool_hot_take_released(buf: Pointer, cap: Int): Int
+
+    /** [ask]'s result when the node is closed (nothing will be reported). */
+    const val CLOSED = -1L
+
+    /** What a hot call returns when it panicked (the panic was caught). */
+    const val PANICKED = -2L
 
     private const val KIND_REPLY = 1L
     private const val KIND_HANDLE = 2L
@@ -89,8 +95,10 @@ internal object Hot {
 
     /**
      * Starts an ask; returns how many released handles wait to be drained,
-     * or -1 if the node is closed. [here] is the caller's dispatcher: a
-     * request for a pool on that same dispatcher starts on this thread.
+     * [CLOSED] if the node is closed, or [PANICKED] (the ask may have
+     * started: the caller fails its waiter, then cancels it). [here] is the
+     * caller's dispatcher: a request for a pool on that same dispatcher
+     * starts on this thread.
      */
     fun ask(node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long, here: ContinuationInterceptor?): Long {
         val inbox = inboxes.get()
@@ -101,7 +109,6 @@ internal object Hot {
         } finally {
             inbox.inCall = false
         }
-        if (n == -2L) throw AskException.Internal("panic in askpool (ask); see stderr")
         if (n < 0) return n
         val released = inbox.longs.get(0)
         take(inbox, n.toInt(), here)
@@ -150,7 +157,9 @@ internal object Hot {
             // Requests come unheld (Rust keeps a running request's message
             // until it ends): a call that returned only requests needs no
             // release call.
-            if (held) askpool_hot_release()
+            if (held && askpool_hot_release() == PANICKED.toInt()) {
+                System.err.println("askpool: panic in askpool_hot_release (caught); see above")
+            }
             for (i in 0 until n) {
                 val a = words[4 * i + 1]
                 val obj = objects[i]
@@ -194,6 +203,7 @@ internal object Hot {
         val handles = LongArray(RELEASE_CAP)
         while (true) {
             val n = askpool_hot_take_released(buf, RELEASE_CAP)
+            if (n < 0) throw AskException.Internal("panic in askpool (take_released); see stderr")
             inbox.longs.get(0, handles, 0, n)
             for (i in 0 until n) free(handles[i])
             if (n < RELEASE_CAP) return
@@ -222,6 +232,12 @@ internal object Hot {
         val words = LongArray(CAP * 4)
         while (true) {
             val n = askpool_hot_wait(buf, CAP, 1_000)
+            if (n == PANICKED.toInt()) {
+                // Caught on the Rust side; the queue is intact, so wait again.
+                System.err.println("askpool: panic in askpool_hot_wait (caught); see above")
+                Thread.sleep(10)
+                continue
+            }
             if (n <= 0) continue
             buf.read(0, words, 0, n * 4)
             for (i in 0 until n) {

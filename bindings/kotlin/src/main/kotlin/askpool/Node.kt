@@ -17,12 +17,16 @@ import kotlin.coroutines.ContinuationInterceptor
  * ```
  * Objects pass by reference (`===` on the other side); a `ByteArray`
  * crosses as bytes.
+ *
+ * Once [close]d, every call throws [AskException.Unavailable] (as an ask of
+ * a closed node fails), except [close] itself, [stats] (nothing is in
+ * flight any more) and [AskHandle.cancel] (nothing left to cancel).
  */
 class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     internal val completions = Completions()
     internal val native = NativeNode(
         askpool.ffi.NodeOptions(
-            defaultTimeoutMs = options.defaultTimeout.inWholeMilliseconds.toULong(),
+            defaultTimeoutMs = millis(options.defaultTimeout).toULong(),
             maxAttempts = options.maxAttempts.toUInt(),
             trackStages = options.trackStages,
             dlqCapacity = options.dlqCapacity.toULong(),
@@ -38,18 +42,65 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     private val poolIds = ConcurrentHashMap<String, Long>()
     private val pools = ConcurrentHashMap<String, Pool>()
 
+    @Volatile internal var closed = false
+        private set
+
+    /** Throws what an ask of a closed node throws. */
+    internal fun checkOpen() {
+        if (closed) throw closedError()
+    }
+
+    internal fun closedError() = AskException.Unavailable("node closed")
+
+    /**
+     * Runs a call of the native node: its errors and panics mapped, and a
+     * node closed meanwhile (the generated object then throws an untyped
+     * `IllegalStateException`) reported as [AskException.Unavailable].
+     */
+    internal inline fun <T> call(body: () -> T): T {
+        checkOpen()
+        return try {
+            AskException.native(body)
+        } catch (e: IllegalStateException) {
+            if (closed) throw closedError()
+            throw e
+        }
+    }
+
     /** Hosts a pool whose requests run [handler] (see [Handler]). */
     fun pool(name: String, options: PoolOptions = PoolOptions(), handler: Handler): Pool {
+        checkOpen()
         val pool = Pool(this, name, options, handler)
         Pool.register(pool)
         try {
-            AskException.native { native.createPool(name, pool.nativeOptions(), pool, pool.id) }
-        } catch (e: AskException) {
+            call { native.createPool(name, pool.nativeOptions(), pool, pool.id) }
+        } catch (e: Throwable) {
             Pool.forget(pool)
             throw e
         }
         pools[name] = pool
+        // A close that ran meanwhile did not see this pool.
+        if (closed && pools.remove(name, pool)) {
+            Pool.forget(pool)
+            pool.cancelAll()
+            throw closedError()
+        }
         return pool
+    }
+
+    /** Closes the pool [name] (see [Pool.close]). */
+    internal fun closePool(name: String) = call { native.closePool(name) }
+
+    /** Cancels the ask under [token]; nothing to do once the node is closed. Never throws. */
+    internal fun cancelAsk(token: Long) {
+        if (closed) return
+        try {
+            AskException.native { native.cancel(token) }
+        } catch (e: Throwable) {
+            // Closed meanwhile: every ask already failed. Anything else is
+            // reported, not thrown: this runs in cancellation handlers.
+            if (!closed) e.printStackTrace()
+        }
     }
 
     /**
@@ -59,29 +110,56 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      */
     suspend fun ask(pool: String, msg: Any?, options: AskOptions = AskOptions()): Any? {
         if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
-        val poolId = poolIds.getOrPut(pool) { native.poolId(pool) }
-        val timeoutMs = options.timeout?.inWholeMilliseconds?.coerceAtLeast(1) ?: 0
+        checkOpen()
+        val poolId = poolIds[pool] ?: call { native.poolId(pool) }.also { poolIds[pool] = it }
+        val timeoutMs = options.timeout?.let { millis(it) } ?: 0
         return suspendCancellableCoroutine { cont ->
             val token = completions.register(cont)
             // The reply may arrive within this call (the handler ran on this
             // thread): then `cont` is resumed before this block returns and
             // the caller does not suspend at all.
             val here = cont.context[ContinuationInterceptor]
-            val pendingReleases = Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token, here)
-            if (pendingReleases == -1L) {
-                completions.failNow(token, AskException.Unavailable("node closed"))
-            } else if (pendingReleases >= DRAIN_BATCH) {
-                HandleTable.drain()
+            val pendingReleases = try {
+                Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token, here)
+            } catch (e: Throwable) {
+                // The ask may have started: its waiter fails here, once
+                // (whichever of this and a reply takes it first wins), and
+                // the cancel makes the runtime forget it.
+                completions.failNow(token, e as? AskException ?: AskException.Internal(e.toString()))
+                cancelAsk(token)
+                return@suspendCancellableCoroutine
+            }
+            when {
+                pendingReleases == Hot.CLOSED -> {
+                    completions.failNow(token, closedError())
+                    return@suspendCancellableCoroutine
+                }
+                pendingReleases == Hot.PANICKED -> {
+                    completions.failNow(token, AskException.Internal("panic in askpool (ask); see stderr"))
+                    cancelAsk(token)
+                    return@suspendCancellableCoroutine
+                }
+                pendingReleases >= DRAIN_BATCH -> drainQuietly()
             }
             // Also when `cont` was cancelled meanwhile: a caller cancelled
             // while its handler ran above gets the handler called at once. A
             // caller whose reply came within the call has nothing to cancel.
-            if (!cont.isCompleted || cont.isCancelled) cont.invokeOnCancellation { native.cancel(token) }
+            if (!cont.isCompleted || cont.isCancelled) cont.invokeOnCancellation { cancelAsk(token) }
+        }
+    }
+
+    /** A drain on an ask's way: a failure there is not the ask's (the next drain retries). */
+    private fun drainQuietly() {
+        try {
+            HandleTable.drain()
+        } catch (e: AskException) {
+            e.printStackTrace()
         }
     }
 
     /** Asks and returns at once with the ask's [AskHandle]. */
     fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
+        checkOpen()
         val handle = AskHandle(this)
         val token = completions.register(handle, stages = true)
         handle.token = token
@@ -96,18 +174,11 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      * request id. A duplicate (same request id) is not run again.
      */
     suspend fun tell(pool: String, msg: Any?, options: TellOptions = TellOptions()): String {
+        checkOpen()
         val handle = AskHandle(this)
         val token = completions.register(handle)
         handle.token = token
-        val args = askpool.ffi.AskArgs(
-            timeoutMs = options.timeout?.inWholeMilliseconds?.toULong(),
-            preferredWorker = null,
-            requestId = options.requestId,
-            correlationId = null,
-            maxAttempts = options.maxAttempts?.toUInt(),
-            stages = false,
-            oneWay = true,
-        )
+        val args = options.toArgs()
         val id = startOrForget(token) { native.askWith(pool, payloadOf(msg), args, token) }
         handle.requestId = id
         handle.await()
@@ -115,10 +186,11 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     }
 
     /** The dead-letter queue, oldest first. */
-    fun deadLetters(): List<DeadLetter> = native.deadLetters().map { DeadLetter.of(it) }
+    fun deadLetters(): List<DeadLetter> = call { native.deadLetters() }.map { DeadLetter.of(it) }
 
     /** Takes a dead letter out and asks it again with its request id. */
     suspend fun replayDeadLetter(requestId: String): Any? {
+        checkOpen()
         val handle = AskHandle(this)
         val token = completions.register(handle)
         handle.token = token
@@ -127,18 +199,28 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         return handle.await()
     }
 
-    /** A refused start reports nothing: its waiter must not stay behind. */
-    private inline fun <T> startOrForget(token: Long, start: () -> T): T = try {
-        AskException.native(start)
-    } catch (e: AskException) {
-        completions.failNow(token, e)
-        throw e
+    /**
+     * A refused start reports nothing: its waiter must not stay behind,
+     * whatever the start threw.
+     */
+    internal inline fun <T> startOrForget(token: Long, start: () -> T): T = try {
+        call(start)
+    } catch (e: Throwable) {
+        val error = e as? AskException ?: AskException.Internal(e.toString())
+        completions.failNow(token, error)
+        throw error
     }
 
-    fun purgeDeadLetters(): Int = native.purgeDeadLetters().toInt()
+    fun purgeDeadLetters(): Int = call { native.purgeDeadLetters() }.toInt()
 
+    /** Once the node is closed: its native counts are 0 (nothing is in flight). */
     fun stats(): NodeStats {
-        val s = native.stats()
+        val s = try {
+            call { native.stats() }
+        } catch (e: AskException.Unavailable) {
+            if (!closed) throw e
+            return NodeStats(0, 0, 0, completions.size().toLong(), 0, 0)
+        }
         return NodeStats(
             pending = s.pending.toLong(),
             armedTimers = s.armedTimers.toLong(),
@@ -151,6 +233,10 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
 
     /** Fails pending asks (`Unavailable`), stops the pools, frees the node. */
     override fun close() {
+        synchronized(this) {
+            if (closed) return
+            closed = true
+        }
         native.shutdown()
         pools.values.forEach {
             Pool.forget(it)
@@ -158,7 +244,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         }
         pools.clear()
         native.close()
-        HandleTable.drain()
+        drainQuietly()
     }
 
     internal companion object {

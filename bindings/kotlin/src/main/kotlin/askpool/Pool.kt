@@ -59,6 +59,9 @@ class RequestContext internal constructor(private val request: Long) {
 
     val requestId: String get() = info()?.requestId ?: ""
     val correlationId: String get() = info()?.correlationId ?: ""
+
+    /** The causation id the ask carried ([AskOptions.causationId]); empty if none. */
+    val causationId: String get() = info()?.causationId ?: ""
     val attempt: Int get() = info()?.attempt?.toInt() ?: 0
 
     /** Whether the request was cancelled (by its caller, a timeout, shutdown). */
@@ -122,14 +125,17 @@ class Pool internal constructor(
         maxInFlight = options.maxInFlight.toULong(),
         dedupCapacity = options.dedupCapacity.toULong(),
         dedupTtlMs = options.dedupTtl.inWholeMilliseconds.toULong(),
-        processingTimeoutMs = options.processingTimeout?.inWholeMilliseconds?.toULong(),
+        processingTimeoutMs = options.processingTimeout?.let { millis(it).toULong() },
     )
 
     /** Requests this pool's handler is running. */
     fun running(): Int = running.size()
 
-    /** Stops the pool: new asks get `NoRoute`, queued ones are cancelled. */
-    fun close() = node.native.closePool(name)
+    /**
+     * Stops the pool: new asks get `NoRoute`, queued ones are cancelled.
+     * @throws AskException.Unavailable if the node is closed.
+     */
+    fun close() = node.closePool(name)
 
     internal val id = ids.getAndIncrement()
 
@@ -179,6 +185,24 @@ class Pool internal constructor(
     }
 
     /**
+     * What a [CancellationException] out of a handler means. A cancel of
+     * the request itself (its caller, a timeout, shutdown: the handler's
+     * job was cancelled) or a plain `CancellationException` the handler
+     * threw to give up is a worker-side cancel. Any other one is a failure
+     * of the handler: a `withTimeout` that expired inside it
+     * (`TimeoutCancellationException`), a cancelled scope or job it waited
+     * on: [AskException.HandlerFailed] with its class name and message.
+     */
+    private fun cancelFault(e: CancellationException, context: RequestContext, job: Job?): Fault =
+        if (job?.isCancelled == true || context.cancelPending || context.isCancelled ||
+            e.javaClass == CancellationException::class.java
+        ) {
+            Fault.AskCancelled(CancelCause.WORKER)
+        } else {
+            Fault.HandlerFailed(e.javaClass.name, e.message ?: "")
+        }
+
+    /**
      * Runs the handler on the pool's dispatcher. A thread already running on
      * that dispatcher ([here]) starts it at once, without a dispatch: it got
      * the request from a hot call, so its own work waits on this reply.
@@ -203,7 +227,7 @@ class Pool internal constructor(
                     else -> Hot.reply(request, HandleTable.put(reply), coroutineContext[ContinuationInterceptor])
                 }
             } catch (e: CancellationException) {
-                requestFail(request, Fault.AskCancelled(CancelCause.WORKER))
+                requestFail(request, cancelFault(e, context, coroutineContext[Job]))
             } catch (e: Throwable) {
                 requestFail(request, AskException.fromHandler(e))
             } finally {

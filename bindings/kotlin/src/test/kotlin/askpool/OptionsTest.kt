@@ -1,0 +1,66 @@
+package askpool
+
+import kotlinx.coroutines.awaitCancellation
+import kotlinx.coroutines.runBlocking
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.Test
+import java.util.concurrent.atomic.AtomicInteger
+import kotlin.time.Duration
+import kotlin.time.Duration.Companion.milliseconds
+import kotlin.time.Duration.Companion.seconds
+
+/** Numeric options out of range are rejected on every path. */
+class OptionsTest {
+    @Test
+    fun `out-of-range numeric options are InvalidArgument`() {
+        invalid("node defaultTimeout < 0") { NodeOptions(defaultTimeout = (-1).seconds) }
+        invalid("node defaultTimeout 0") { NodeOptions(defaultTimeout = Duration.ZERO) }
+        invalid("node maxAttempts 0") { NodeOptions(maxAttempts = 0) }
+        invalid("node maxAttempts < 0") { NodeOptions(maxAttempts = -1) }
+        invalid("node dlqCapacity < 0") { NodeOptions(dlqCapacity = -1) }
+        invalid("concurrency 0") { PoolOptions(concurrency = 0) }
+        invalid("concurrency < 0") { PoolOptions(concurrency = -1) }
+        invalid("concurrency too big") { PoolOptions(concurrency = PoolOptions.MAX_CONCURRENCY + 1) }
+        invalid("maxInFlight 0") { PoolOptions(maxInFlight = 0) }
+        invalid("maxInFlight < 0") { PoolOptions(maxInFlight = -5) }
+        invalid("dedupCapacity 0") { PoolOptions(dedupCapacity = 0) }
+        invalid("dedupCapacity < 0") { PoolOptions(dedupCapacity = -1) }
+        invalid("dedupTtl < 0") { PoolOptions(dedupTtl = (-1).milliseconds) }
+        invalid("processingTimeout < 0") { PoolOptions(processingTimeout = (-1).milliseconds) }
+        invalid("processingTimeout 0") { PoolOptions(processingTimeout = Duration.ZERO) }
+        invalid("ask timeout < 0") { AskOptions(timeout = (-1).milliseconds) }
+        invalid("ask timeout 0") { AskOptions(timeout = Duration.ZERO) }
+        invalid("ask maxAttempts 0") { AskOptions(maxAttempts = 0) }
+        invalid("ask maxAttempts < 0") { AskOptions(maxAttempts = -1) }
+        invalid("tell timeout < 0") { TellOptions(timeout = (-1).seconds) }
+        invalid("tell maxAttempts < 0") { TellOptions(maxAttempts = -3) }
+        // The bounds themselves are fine.
+        PoolOptions(concurrency = 1)
+        PoolOptions(dedupTtl = Duration.ZERO)
+        NodeOptions(dlqCapacity = 0)
+        AskOptions(timeout = Duration.INFINITE, maxAttempts = 1)
+    }
+
+    @Test
+    fun `every path rejects a negative timeout before anything starts`() = runBlocking {
+        Node().use { node ->
+            val runs = AtomicInteger()
+            node.pool("echo") { msg, _ -> runs.incrementAndGet(); msg }
+            // The fast path (plain object), the full path (bytes, options), send, tell.
+            invalid("fast ask") { runBlocking { node.ask("echo", "x", AskOptions(timeout = (-1).milliseconds)) } }
+            invalid("bytes ask") { runBlocking { node.ask("echo", byteArrayOf(1), AskOptions(timeout = (-1).milliseconds)) } }
+            invalid("send") { node.send("echo", "x", AskOptions(timeout = (-1).milliseconds, correlationId = null)) }
+            invalid("tell") { runBlocking { node.tell("echo", "x", TellOptions(timeout = (-1).milliseconds)) } }
+            invalid("pool") { node.pool("p", PoolOptions(concurrency = -1)) { m, _ -> m } }
+            assertEquals(0, runs.get())
+            assertEquals(0L, node.stats().awaitedOutcomes)
+            // A sub-millisecond timeout is 1 ms on both paths, not "none" or 0.
+            node.pool("stuck") { _, _ -> awaitCancellation() }
+            val fast = failure { node.ask("stuck", "x", AskOptions(timeout = 1.milliseconds / 2)) }
+            assertTrue(fast is AskException.AskTimeout, fast.toString())
+            val full = failure { node.send("stuck", "x", AskOptions(timeout = 1.milliseconds / 2, maxAttempts = 1)).await() }
+            assertTrue(full is AskException.AskTimeout, full.toString())
+        }
+    }
+}
