@@ -96,6 +96,20 @@ pub fn request_fail(request: i64, fault: Fault) {
     complete(request, Err(AskError::from(fault)));
 }
 
+/// What a handler's `AskException` (class `type_name`, saying `message`)
+/// becomes for its caller: the mapping every binding shares
+/// (`AskError::from_handler`). An error that is just a message keeps its
+/// code and fields; any other is `HandlerFailed` with the class and message.
+#[uniffi::export]
+pub fn handler_fault(fault: Fault, type_name: String, message: String) -> Fault {
+    let error = AskError::from(fault.clone());
+    if error.code().kept_from_handler() {
+        fault
+    } else {
+        Fault::HandlerFailed { type_name, message }
+    }
+}
+
 #[uniffi::export]
 pub fn request_progress(request: i64, fraction: f32, note: String) {
     // Reported outside the shard's lock.

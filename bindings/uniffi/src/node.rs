@@ -338,11 +338,7 @@ impl NativeNode {
                 payload: Payload::from(&d.payload),
                 failure: Failure::from(&d.error),
                 attempts: d.attempts,
-                reason: match d.reason {
-                    askpool::DeadLetterReason::RetriesExhausted => "RETRIES_EXHAUSTED",
-                    askpool::DeadLetterReason::Poison => "POISON",
-                }
-                .to_owned(),
+                reason: d.reason.as_str().to_owned(),
             })
             .collect()
     }

@@ -57,6 +57,23 @@ impl ErrorCode {
         ErrorCode::HandlerFailed,
     ];
 
+    /// Whether a handler failing with an error of this code passes the
+    /// code on to its caller (see [`AskError::from_handler`]): the codes
+    /// whose error is just a message.
+    pub const fn kept_from_handler(self) -> bool {
+        use ErrorCode::*;
+        matches!(
+            self,
+            Unavailable
+                | InvalidArgument
+                | ValidationError
+                | PermissionDenied
+                | FailedPrecondition
+                | DecodeFailure
+                | Internal
+        )
+    }
+
     /// The code spelled `name` as [`as_str`](Self::as_str) spells it.
     pub fn from_name(name: &str) -> Option<ErrorCode> {
         Self::ALL.into_iter().find(|code| code.as_str() == name)
@@ -271,7 +288,7 @@ impl AskError {
         message: impl Into<String>,
     ) -> Self {
         let message = message.into();
-        match code {
+        match code.filter(|code| code.kept_from_handler()) {
             Some(ErrorCode::Unavailable) => AskError::Unavailable { reason: message },
             Some(ErrorCode::InvalidArgument) => AskError::InvalidArgument { message },
             Some(ErrorCode::ValidationError) => AskError::ValidationError { message },
@@ -307,17 +324,7 @@ mod tests {
         for code in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_name(code.as_str()), Some(code));
             let e = AskError::from_handler(Some(code), "MyError", "upstream said no");
-            let kept = matches!(
-                code,
-                ErrorCode::Unavailable
-                    | ErrorCode::InvalidArgument
-                    | ErrorCode::ValidationError
-                    | ErrorCode::PermissionDenied
-                    | ErrorCode::FailedPrecondition
-                    | ErrorCode::DecodeFailure
-                    | ErrorCode::Internal
-            );
-            if kept {
+            if code.kept_from_handler() {
                 assert_eq!(e.code(), code);
             } else {
                 assert_eq!(e, AskError::handler_failed("MyError", "upstream said no"));

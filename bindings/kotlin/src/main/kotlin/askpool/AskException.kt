@@ -87,7 +87,9 @@ sealed class AskException(message: String, val code: String, val errorClass: Err
 
         /** What a handler's exception becomes for its caller. */
         fun fromHandler(e: Throwable): Fault = when (e) {
-            is AskException -> e.toFault()
+            // The mapping every binding shares: a message-only code is kept,
+            // one describing an ask (timeout, route, ...) becomes HandlerFailed.
+            is AskException -> askpool.ffi.handlerFault(e.toFault(), e.javaClass.name, e.message ?: "")
             else -> Fault.HandlerFailed(e.javaClass.name, e.message ?: "")
         }
 
