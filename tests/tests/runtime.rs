@@ -761,3 +761,50 @@ async fn a_refused_ask_ends_its_stage_stream() {
     assert_eq!(stages, vec![AckStage::Sent, AckStage::Rejected]);
     assert_eq!(first.await.unwrap(), "echo 1");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_oversize_payload_fails_at_once_and_sends_nothing() {
+    let tap = Tap::in_process();
+    let node: TestNode = Node::with_transport(
+        tap.clone(),
+        NodeConfig {
+            max_payload_bytes: Some(1_000),
+            ..NodeConfig::default()
+        },
+    );
+    let pool = node
+        .pool("p")
+        .handler(|m: u64, _ctx| async move { Ok(m.to_string()) })
+        .unwrap();
+    let err = node.ask("p", 1).payload_size(1_001).await.unwrap_err();
+    assert_eq!(
+        err,
+        AskError::OversizePayload {
+            size: 1_001,
+            limit: 1_000
+        }
+    );
+    assert_eq!(err.code(), ErrorCode::OversizePayload);
+    let tell = node.tell("p", 2).payload_size(5_000).await.unwrap_err();
+    assert!(matches!(
+        tell,
+        AskError::OversizePayload { size: 5_000, .. }
+    ));
+    assert!(tap.sent(FrameKind::Request).is_empty(), "nothing was sent");
+    assert_eq!(pool.stats().admitted, 0);
+    assert_eq!(node.stats().pending, 0);
+    // At the limit, and without a known size, asks go through.
+    assert_eq!(node.ask("p", 3).payload_size(1_000).await.unwrap(), "3");
+    assert_eq!(node.ask("p", 4).await.unwrap(), "4");
+    // No bound at all.
+    let unbounded: TestNode = Node::with_config(NodeConfig {
+        max_payload_bytes: None,
+        ..NodeConfig::default()
+    });
+    let _pool = unbounded
+        .pool("p")
+        .handler(|m: u64, _ctx| async move { Ok(m.to_string()) })
+        .unwrap();
+    let big = unbounded.ask("p", 5).payload_size(usize::MAX).await;
+    assert_eq!(big.unwrap(), "5");
+}

@@ -45,6 +45,8 @@ pub struct AskBuilder<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> 
     causation_id: Option<CausationId>,
     retry: Option<RetryPolicy>,
     fingerprint: Option<PayloadFingerprint>,
+    /// The payload's size in bytes, where the caller knows it.
+    payload_size: Option<usize>,
     /// A tell: done at the Ack, no reply wanted.
     one_way: bool,
 }
@@ -62,6 +64,7 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
             causation_id: None,
             retry: None,
             fingerprint: None,
+            payload_size: None,
             one_way: false,
         }
     }
@@ -98,6 +101,15 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
     /// Guards the request id against reuse with another payload.
     pub fn fingerprint(mut self, fingerprint: PayloadFingerprint) -> Self {
         self.fingerprint = Some(fingerprint);
+        self
+    }
+    /// The payload's size in bytes, where the caller knows it (a byte
+    /// payload, an encoded one): over the node's
+    /// [`max_payload_bytes`](crate::NodeConfig::max_payload_bytes) the ask
+    /// fails at once with `OversizePayload` and nothing is sent. An
+    /// in-process object has no size and is not checked.
+    pub fn payload_size(mut self, bytes: usize) -> Self {
+        self.payload_size = Some(bytes);
         self
     }
 
@@ -201,7 +213,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             finished: false,
             node,
         };
-        if let Err(e) = handle.admit(policy, now) {
+        if let Err(e) = handle.admit(policy, b.payload_size, now) {
             // A refused ask never reached the wire; its stage stream ends.
             handle.slot.record_terminal(AckStage::Rejected, now);
             handle.early = Some(Err(e));
@@ -260,10 +272,20 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
     }
 
-    /// Checks that the ask may start (valid policy, open node, closed
-    /// breaker) and enters it in the pending map.
-    fn admit(&mut self, policy: RetryPolicy, now: Timestamp) -> Result<(), AskError> {
+    /// Checks that the ask may start (valid policy, payload within bounds,
+    /// open node, closed breaker) and enters it in the pending map.
+    fn admit(
+        &mut self,
+        policy: RetryPolicy,
+        payload_size: Option<usize>,
+        now: Timestamp,
+    ) -> Result<(), AskError> {
         policy.validate()?;
+        if let (Some(size), Some(limit)) = (payload_size, self.node.config.max_payload_bytes) {
+            if size > limit {
+                return Err(AskError::OversizePayload { size, limit });
+            }
+        }
         if self.node.is_closed() {
             return Err(AskError::node_closed());
         }
@@ -628,6 +650,19 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> TellBuilder<'a, M
     }
     pub fn fingerprint(mut self, fingerprint: PayloadFingerprint) -> Self {
         self.inner = self.inner.fingerprint(fingerprint);
+        self
+    }
+    pub fn correlation_id(mut self, id: CorrelationId) -> Self {
+        self.inner = self.inner.correlation_id(id);
+        self
+    }
+    pub fn causation_id(mut self, id: CausationId) -> Self {
+        self.inner = self.inner.causation_id(id);
+        self
+    }
+    /// See [`AskBuilder::payload_size`].
+    pub fn payload_size(mut self, bytes: usize) -> Self {
+        self.inner = self.inner.payload_size(bytes);
         self
     }
     /// Sends the tell now; the handle resolves when the pool accepts it.

@@ -59,7 +59,15 @@ pub struct NodeConfig {
     pub track_stages: bool,
     /// A circuit breaker per target pool; `None` turns breakers off.
     pub breaker: Option<BreakerConfig>,
+    /// The largest payload an ask may carry, in bytes, where its size is
+    /// known ([`AskBuilder::payload_size`](crate::AskBuilder::payload_size):
+    /// byte payloads in the bindings); a larger one fails at once with
+    /// `OversizePayload`. Default 16 MiB; `None` lifts the bound.
+    pub max_payload_bytes: Option<usize>,
 }
+
+/// The default of [`NodeConfig::max_payload_bytes`]: 16 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 
 impl Default for NodeConfig {
     fn default() -> Self {
@@ -74,6 +82,7 @@ impl Default for NodeConfig {
             reconcile_window: Duration::from_secs(300),
             track_stages: true,
             breaker: Some(BreakerConfig::default()),
+            max_payload_bytes: Some(DEFAULT_MAX_PAYLOAD_BYTES),
         }
     }
 }

@@ -47,7 +47,9 @@ mod worker;
 
 pub use ask::{AskBuilder, AskHandle, TellBuilder, TellHandle};
 pub use breakers::BreakerStats;
-pub use config::{NodeConfig, PoolConfig, TimeoutConfig, MAX_CONCURRENCY};
+pub use config::{
+    NodeConfig, PoolConfig, TimeoutConfig, DEFAULT_MAX_PAYLOAD_BYTES, MAX_CONCURRENCY,
+};
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
 pub use pending::{LateOutcome, LateResult, StageSource, StageStream};
