@@ -4,6 +4,7 @@ import asyncio
 from typing import Any, Callable, Optional, final
 
 __all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "Context",
     "LoopDriver",
     "NativeAsk",
@@ -17,6 +18,8 @@ __all__ = [
     "_panic_in_next_dispatch",
     "_send_through_method",
 ]
+
+DEFAULT_MAX_PAYLOAD_BYTES: int
 
 def register_error_factory(
     factory: Callable[[str, str, Optional[str], Optional[str]], BaseException],
@@ -83,6 +86,7 @@ class NativeNode:
         dlq_capacity: Optional[int] = None,
         track_stages: bool = True,
         circuit_breaker: bool = True,
+        max_payload_bytes: Optional[int] = ...,
     ) -> NativeNode: ...
     @property
     def caller_id(self) -> str: ...
@@ -116,6 +120,8 @@ class NativeNode:
         msg: Any,
         timeout: Optional[float] = None,
         request_id: Optional[str] = None,
+        correlation_id: Optional[str] = None,
+        causation_id: Optional[str] = None,
     ) -> None: ...
     def pool(
         self,

@@ -234,7 +234,11 @@ class Node:
     ``dlq_capacity``: dead letters kept (1,000). ``track_stages``: record
     each ask's ACK lifecycle for ``AskHandle.stages()``. ``circuit_breaker``:
     a breaker per target pool that fails asks fast (``UnavailableError``)
-    after repeated failures. ``promises``: the store of durable asks."""
+    after repeated failures. ``promises``: the store of durable asks.
+    ``max_payload_bytes``: the largest ``bytes``, ``bytearray`` or
+    ``memoryview`` payload an ask or tell may carry (16 MiB; ``None``: no
+    bound); a larger one raises ``OversizePayloadError`` and nothing is sent.
+    Other objects pass by reference and are not sized."""
 
     def __init__(
         self,
@@ -244,9 +248,16 @@ class Node:
         track_stages: bool = True,
         circuit_breaker: bool = True,
         promises: Optional[Promises] = None,
+        max_payload_bytes: Optional[int] = _native.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
+        if max_payload_bytes is not None and max_payload_bytes < 0:
+            from ._errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"max_payload_bytes must be a number of bytes >= 0 or None, not {max_payload_bytes}"
+            )
         self._native = _native.NativeNode(
-            default_timeout, dlq_capacity, track_stages, circuit_breaker
+            default_timeout, dlq_capacity, track_stages, circuit_breaker, max_payload_bytes
         )
         self.promises = promises
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -408,12 +419,16 @@ class Node:
         *,
         timeout: Optional[float] = None,
         request_id: Optional[str] = None,
+        correlation_id: Optional[str] = None,
+        causation_id: Optional[str] = None,
     ) -> asyncio.Future[str]:
         """A one-way message: the future gives its request id once the pool
         accepted it; nothing comes back after that."""
         loop, driver = self._here("Node.tell")
         target: asyncio.Future[str] = loop.create_future()
-        self._native.tell(driver, target, pool, msg, timeout, request_id)
+        self._native.tell(
+            driver, target, pool, msg, timeout, request_id, correlation_id, causation_id
+        )
         return target
 
     def stats(self) -> NodeStats:

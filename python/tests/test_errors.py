@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -266,6 +266,42 @@ async def test_a_panic_in_a_pool_worker_fails_that_request_and_the_pool_goes_on(
         assert await asyncio.gather(*(node.ask("p", i, timeout=5) for i in range(10))) == list(range(10))
     assert [r["message"] for r in reports if "boom" in r["message"]], reports
     assert "recovered" in reports[0]["message"]
+
+
+async def test_an_oversize_byte_payload_is_refused_before_anything_is_sent() -> None:
+    runs = 0
+    causations: list[Optional[str]] = []
+
+    async def count(msg: Any, ctx: Context) -> Any:
+        nonlocal runs
+        runs += 1
+        causations.append(ctx.causation_id)
+        return len(msg)
+
+    async with Node(max_payload_bytes=8) as node:
+        node.pool("p").handler(count)
+        for big in (b"123456789", bytearray(9), memoryview(b"x" * 9)):
+            with pytest.raises(askpool.OversizePayloadError, match="9 bytes"):
+                await node.ask("p", big, timeout=5)
+            with pytest.raises(askpool.OversizePayloadError):
+                await node.tell("p", big)
+        assert runs == 0
+        assert node.stats()["pending"] == 0
+        assert await node.ask("p", b"12345678", timeout=5) == 8
+        # Objects pass by reference and are not sized.
+        assert await node.ask("p", "a long string, not bytes", timeout=5) == 24
+        cid = "0" * 31 + "7"
+        await node.tell("p", b"1", causation_id=cid)
+        for _ in range(100):
+            if len(causations) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert causations[-1] == cid
+    async with Node(max_payload_bytes=None) as node:
+        node.pool("p").handler(count)
+        assert await node.ask("p", bytes(20 * 1024 * 1024), timeout=5) == 20 * 1024 * 1024
+    with pytest.raises(askpool.InvalidArgumentError):
+        Node(max_payload_bytes=-1)
 
 
 def test_a_pool_leaves_the_node_when_its_event_loop_ends() -> None:

@@ -47,6 +47,10 @@ fn _panic_in_next_dispatch(message: String) {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add(
+        "DEFAULT_MAX_PAYLOAD_BYTES",
+        askpool::DEFAULT_MAX_PAYLOAD_BYTES,
+    )?;
     m.add_class::<driver::LoopDriver>()?;
     m.add_class::<node::NativeNode>()?;
     m.add_class::<node::NativeAsk>()?;

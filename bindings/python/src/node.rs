@@ -9,8 +9,9 @@ use askpool::{
 };
 use futures::StreamExt;
 use parking_lot::Mutex;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyString, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyMemoryView, PyString, PyTuple};
 
 use crate::driver::LoopDriver;
 use crate::errors::{self, to_py};
@@ -78,7 +79,11 @@ impl NativeNode {
         timeout: Option<f64>,
         options: Option<AskOptions>,
     ) -> PyResult<Handle> {
+        let size = payload_size(pool.py(), &msg);
         let mut ask = self.node.ask(self.pool_name(pool)?, Obj::new(msg));
+        if let Some(size) = size {
+            ask = ask.payload_size(size);
+        }
         if let Some(t) = timeout {
             ask = ask.timeout(to_py(seconds("timeout", t))?);
         }
@@ -104,6 +109,23 @@ impl NativeNode {
         }
         Ok(ask.send())
     }
+}
+
+/// The size in bytes of a byte payload (`bytes`, `bytearray`,
+/// `memoryview`): the payloads the node's `max_payload_bytes` applies to.
+/// Other objects pass by reference and have no size.
+fn payload_size(py: Python<'_>, msg: &Py<PyAny>) -> Option<usize> {
+    let msg = msg.bind(py);
+    if let Ok(bytes) = msg.cast::<PyBytes>() {
+        return Some(bytes.as_bytes().len());
+    }
+    if let Ok(array) = msg.cast::<PyByteArray>() {
+        return Some(array.len());
+    }
+    if msg.is_instance_of::<PyMemoryView>() {
+        return msg.getattr(intern!(py, "nbytes")).ok()?.extract().ok();
+    }
+    None
 }
 
 fn request_id_str(
@@ -138,15 +160,17 @@ fn spawn_ask(driver: &LoopDriver, handle: Handle, target: Py<PyAny>) -> NativeAs
 impl NativeNode {
     #[new]
     #[pyo3(signature = (default_timeout=None, dlq_capacity=None, track_stages=true,
-        circuit_breaker=true))]
+        circuit_breaker=true, max_payload_bytes=Some(askpool::DEFAULT_MAX_PAYLOAD_BYTES)))]
     fn new(
         default_timeout: Option<f64>,
         dlq_capacity: Option<usize>,
         track_stages: bool,
         circuit_breaker: bool,
+        max_payload_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let mut config = NodeConfig {
             track_stages,
+            max_payload_bytes,
             ..NodeConfig::default()
         };
         if !circuit_breaker {
@@ -223,7 +247,8 @@ impl NativeNode {
 
     /// A one-way message; `target` gets its request id once the pool
     /// accepted it.
-    #[pyo3(signature = (driver, target, pool, msg, timeout=None, request_id=None))]
+    #[pyo3(signature = (driver, target, pool, msg, timeout=None, request_id=None,
+        correlation_id=None, causation_id=None))]
     #[allow(clippy::too_many_arguments)]
     fn tell(
         &self,
@@ -234,13 +259,25 @@ impl NativeNode {
         msg: Py<PyAny>,
         timeout: Option<f64>,
         request_id: Option<&str>,
+        correlation_id: Option<&str>,
+        causation_id: Option<&str>,
     ) -> PyResult<()> {
+        let size = payload_size(py, &msg);
         let mut tell = self.node.tell(pool, Obj::new(msg));
+        if let Some(size) = size {
+            tell = tell.payload_size(size);
+        }
         if let Some(t) = timeout {
             tell = tell.timeout(to_py(seconds("timeout", t))?);
         }
         if let Some(id) = request_id {
             tell = tell.request_id(to_py(parse::<RequestId>("request_id", id))?);
+        }
+        if let Some(id) = correlation_id {
+            tell = tell.correlation_id(to_py(parse::<CorrelationId>("correlation_id", id))?);
+        }
+        if let Some(id) = causation_id {
+            tell = tell.causation_id(to_py(parse::<CausationId>("causation_id", id))?);
         }
         driver.eager(py, || {
             FutureTask::spawn(&driver.shared, tell.send(), target, request_id_str);
