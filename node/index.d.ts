@@ -20,6 +20,16 @@ export interface NodeOptions {
   reconcileCapacity?: number;
   /** Processing timeout of this node's pools (default 300 000). */
   processingTimeoutMs?: number;
+  /**
+   * Largest byte payload an ask, askHandle or tell may carry: an integer
+   * number of bytes (default 16 777 216, 16 MiB); `null` lifts the bound.
+   * Byte payloads (Buffer, Uint8Array and other typed arrays, DataView,
+   * ArrayBuffer) are sized by their `byteLength`: over the bound the call
+   * rejects with OversizePayloadError (OVERSIZE_PAYLOAD) and nothing is sent.
+   * Other payloads (objects, strings, numbers) pass by reference and are not
+   * sized, so this bound does not apply to them.
+   */
+  maxPayloadBytes?: number | null;
 }
 
 export interface PoolOptions {
@@ -59,10 +69,8 @@ export interface AskOptions {
   fingerprint?: string | ArrayBufferView | ArrayBuffer;
 }
 
-export type TellOptions = Omit<
-  AskOptions,
-  'signal' | 'preferredWorker' | 'correlationId' | 'causationId'
->;
+/** `correlationId` and `causationId` reach the handler as on an ask. */
+export type TellOptions = Omit<AskOptions, 'signal' | 'preferredWorker'>;
 
 export type AckStage =
   | 'SENT'

@@ -127,6 +127,11 @@ export interface AskOptions {
    * (a string's UTF-8) are hashed into the core's payload fingerprint.
    */
   fingerprint?: string | Uint8Array
+  /**
+   * The payload's size in bytes, when the wrapper knows it (byte
+   * payloads): over the node's `maxPayloadBytes` the ask fails at once.
+   */
+  payloadSize?: number
 }
 
 export interface DeadLetterInfo {
@@ -179,6 +184,11 @@ export interface NodeOptions {
   reconcileCapacity?: number
   /** Processing timeout of the node's pools (default 5 minutes). */
   processingTimeoutMs?: number
+  /**
+   * Largest payload of a known size (bytes) an ask or tell may carry
+   * (default 16 MiB); `null` lifts the bound.
+   */
+  maxPayloadBytes?: number | null
 }
 
 export interface PoolOptions {

@@ -68,12 +68,15 @@ function fingerprintOf(value) {
 
 // Byte payloads are fingerprinted by themselves: a reused request id with
 // other bytes is refused (PAYLOAD_MISMATCH). Other objects need `fingerprint`.
+// They are also sized (their byteLength): over the node's maxPayloadBytes an
+// ask or tell fails at once (OVERSIZE_PAYLOAD). Other payloads are not sized.
 function isBytes(msg) {
   return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
 }
 
 function nativeAskOptions(o, msg) {
   const given = o.fingerprint;
+  const bytes = isBytes(msg);
   return {
     timeoutMs: o.timeoutMs,
     preferredWorker: o.preferredWorker,
@@ -81,7 +84,8 @@ function nativeAskOptions(o, msg) {
     correlationId: o.correlationId,
     causationId: o.causationId,
     maxAttempts: o.maxAttempts,
-    fingerprint: given !== undefined ? fingerprintOf(given) : isBytes(msg) ? fingerprintOf(msg) : undefined,
+    fingerprint: given !== undefined ? fingerprintOf(given) : bytes ? fingerprintOf(msg) : undefined,
+    payloadSize: bytes ? msg.byteLength : undefined,
   };
 }
 
@@ -323,7 +327,7 @@ class Node {
 
   /**
    * @param {object} [options] defaultTimeoutMs, dlqCapacity, trackStages,
-   *   breaker, reconcileCapacity, processingTimeoutMs
+   *   breaker, reconcileCapacity, processingTimeoutMs, maxPayloadBytes
    */
   constructor(options = {}) {
     // The addon holds its wake callback strongly: through a WeakRef it does

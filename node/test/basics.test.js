@@ -1,7 +1,7 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { Node, InternalError, PayloadMismatchError } = require('..');
+const { Node, InternalError, PayloadMismatchError, OversizePayloadError } = require('..');
 
 test('a reply comes back, and both objects pass by identity', async () => {
   const node = new Node();
@@ -293,5 +293,89 @@ test('causationId reaches the handler context', async () => {
     code: 'INVALID_ARGUMENT',
     name: 'InvalidArgumentError',
   });
+  await node.close();
+});
+
+test('a tell carries causationId and correlationId to the handler context', async () => {
+  const node = new Node();
+  let got;
+  let ran;
+  const done = new Promise((r) => (ran = r));
+  node.pool('caused').handle((m, ctx) => {
+    got = { causationId: ctx.causationId, correlationId: ctx.correlationId };
+    ran();
+  });
+  const causationId = '0000000000000000000000000000c0de';
+  const correlationId = '00000000000000000000000000000c01';
+  await node.tell('caused', 1, { causationId, correlationId });
+  await done;
+  assert.deepEqual(got, { causationId, correlationId });
+  await assert.rejects(node.tell('caused', 1, { causationId: 'nope' }), {
+    code: 'INVALID_ARGUMENT',
+    name: 'InvalidArgumentError',
+  });
+  await node.close();
+});
+
+test('an oversize byte payload rejects with OVERSIZE_PAYLOAD and nothing is sent', async () => {
+  const node = new Node({ maxPayloadBytes: 1_000 });
+  let runs = 0;
+  node.pool('small').handle((m) => {
+    runs++;
+    return m.byteLength;
+  });
+  const big = Buffer.alloc(1_001);
+  // The error carries the payload's size and the limit.
+  const oversize = (size) => (e) => {
+    assert.ok(e instanceof OversizePayloadError, `${e?.name}: ${e?.message}`);
+    assert.equal(e.code, 'OVERSIZE_PAYLOAD');
+    assert.match(e.message, new RegExp(`\\b${size}\\b`));
+    assert.match(e.message, /\b1000\b/);
+    return true;
+  };
+  await assert.rejects(node.ask('small', big), oversize(1_001));
+  await assert.rejects(node.ask('small', big, { timeoutMs: 1_000 }), oversize(1_001));
+  await assert.rejects(node.askHandle('small', big).result, oversize(1_001));
+  await assert.rejects(node.tell('small', big), oversize(1_001));
+  // Every kind of byte payload is sized by its byteLength.
+  for (const bytes of [
+    new Uint8Array(1_001),
+    new Float64Array(126),
+    new ArrayBuffer(1_001),
+    new DataView(new ArrayBuffer(2_000), 500),
+  ]) {
+    await assert.rejects(node.ask('small', bytes), oversize(bytes.byteLength), bytes.constructor.name);
+    await assert.rejects(node.tell('small', bytes), oversize(bytes.byteLength), bytes.constructor.name);
+  }
+  assert.equal(runs, 0, 'the handler never ran');
+  const stats = node.stats();
+  assert.equal(stats.pending, 0);
+  assert.equal(stats.outstanding, 0);
+  assert.equal(stats.pools[0].admitted, 0);
+  // Exactly at the limit goes through, as do payloads that are not bytes.
+  assert.equal(await node.ask('small', Buffer.alloc(1_000)), 1_000);
+  assert.equal(await node.askHandle('small', new Float64Array(125)).result, 1_000);
+  assert.equal(await node.ask('small', { byteLength: 5_000 }), 5_000);
+  assert.equal(await node.ask('small', 'x'.repeat(5_000)), undefined);
+  assert.equal(runs, 4);
+  await node.close();
+});
+
+test('maxPayloadBytes: null lifts the bound; the default is 16 MiB', async () => {
+  const unbounded = new Node({ maxPayloadBytes: null });
+  unbounded.pool('any').handle((m) => m.byteLength);
+  const huge = Buffer.alloc(16 * 1024 * 1024 + 1);
+  assert.equal(await unbounded.ask('any', huge), huge.byteLength);
+  assert.match(await unbounded.tell('any', huge), /^[0-9a-f]{32}$/);
+  await unbounded.close();
+  const node = new Node();
+  node.pool('any').handle((m) => m.byteLength);
+  await assert.rejects(node.ask('any', huge), { code: 'OVERSIZE_PAYLOAD' });
+  assert.equal(await node.ask('any', huge.subarray(1)), huge.byteLength - 1);
+  const zero = new Node({ maxPayloadBytes: 0 });
+  zero.pool('any').handle((m) => m.byteLength);
+  assert.equal(await zero.ask('any', Buffer.alloc(0)), 0);
+  await assert.rejects(zero.ask('any', Buffer.alloc(1)), { code: 'OVERSIZE_PAYLOAD' });
+  await zero.close();
   await node.close();
 });

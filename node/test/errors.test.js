@@ -179,6 +179,7 @@ test('INVALID_ARGUMENT: negative, NaN, fractional or huge numeric options', asyn
     reconcileCapacity: [-1, 1.5, Infinity, 2 ** 32],
     defaultTimeoutMs: [-1, Number.NaN, Infinity, 2 ** 53],
     processingTimeoutMs: [-1, Number.NaN, 2 ** 53],
+    maxPayloadBytes: [-1, Number.NaN, 1.5, Infinity, 2 ** 53, '16'],
   })) {
     for (const bad of bads) {
       assert.throws(
@@ -187,6 +188,14 @@ test('INVALID_ARGUMENT: negative, NaN, fractional or huge numeric options', asyn
         `${name}: ${String(bad)}`,
       );
     }
+  }
+  // The refusal names the option.
+  assert.throws(() => new Node({ maxPayloadBytes: -1 }), (e) => /maxPayloadBytes/.test(e.message));
+  assert.throws(() => new Node({ maxPayloadBytes: 1.5 }), (e) => /maxPayloadBytes/.test(e.message));
+  // Its bounds themselves are fine.
+  for (const ok of [0, 2 ** 53 - 1, null, undefined]) {
+    const n = new Node({ maxPayloadBytes: ok });
+    await n.close();
   }
   for (const [name, bads] of Object.entries({
     timeoutMs: [-1, Number.NaN, Infinity, 1e300, 'slow'],

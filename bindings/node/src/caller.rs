@@ -6,7 +6,7 @@ use askpool::{CausationId, CorrelationId, PayloadFingerprint, RequestId, RetryPo
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use crate::core::{opt_millis, whole, Core, Task};
+use crate::core::{byte_count, opt_millis, whole, Core, Task};
 use crate::errors;
 use crate::info::{AskOptions, DeadLetterInfo};
 
@@ -25,6 +25,11 @@ fn fingerprint(given: &Either<String, Uint8Array>) -> PayloadFingerprint {
         Either::A(text) => askpool_dedup::fingerprint(text.as_bytes()),
         Either::B(bytes) => askpool_dedup::fingerprint(bytes),
     }
+}
+
+/// The byte length of a byte payload, as the wrapper measured it.
+fn payload_size(size: Option<f64>) -> Result<Option<usize>> {
+    size.map(|n| byte_count("payloadSize", n)).transpose()
 }
 
 fn retry(max_attempts: Option<f64>) -> Result<Option<RetryPolicy>> {
@@ -71,6 +76,7 @@ impl Core {
             opt_id("causationId", options.causation_id.as_deref())?;
         let retry = retry(options.max_attempts)?;
         let fingerprint = options.fingerprint.as_ref().map(fingerprint);
+        let payload_size = payload_size(options.payload_size)?;
         let handle = {
             let _enter = self.rt.enter();
             let mut ask = self.node.ask(pool, msg);
@@ -95,6 +101,9 @@ impl Core {
             if let Some(f) = fingerprint {
                 ask = ask.fingerprint(f);
             }
+            if let Some(size) = payload_size {
+                ask = ask.payload_size(size);
+            }
             ask.send()
         };
         Ok(self.spawn(Task::Ask(handle)))
@@ -113,11 +122,17 @@ impl Core {
             causation_id: None,
             max_attempts: None,
             fingerprint: None,
+            payload_size: None,
         });
         let timeout = opt_millis("timeoutMs", options.timeout_ms)?;
         let request_id: Option<RequestId> = opt_id("requestId", options.request_id.as_deref())?;
+        let correlation_id: Option<CorrelationId> =
+            opt_id("correlationId", options.correlation_id.as_deref())?;
+        let causation_id: Option<CausationId> =
+            opt_id("causationId", options.causation_id.as_deref())?;
         let retry = retry(options.max_attempts)?;
         let fingerprint = options.fingerprint.as_ref().map(fingerprint);
+        let payload_size = payload_size(options.payload_size)?;
         let handle = {
             let _enter = self.rt.enter();
             let mut tell = self.node.tell(pool, msg);
@@ -127,11 +142,20 @@ impl Core {
             if let Some(id) = request_id {
                 tell = tell.request_id(id);
             }
+            if let Some(id) = correlation_id {
+                tell = tell.correlation_id(id);
+            }
+            if let Some(id) = causation_id {
+                tell = tell.causation_id(id);
+            }
             if let Some(policy) = retry {
                 tell = tell.retry(policy);
             }
             if let Some(f) = fingerprint {
                 tell = tell.fingerprint(f);
+            }
+            if let Some(size) = payload_size {
+                tell = tell.payload_size(size);
             }
             tell.send()
         };

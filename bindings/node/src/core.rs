@@ -162,6 +162,25 @@ pub(crate) fn whole(what: &str, value: f64, min: u32, max: u32) -> Result<u32> {
     }
 }
 
+/// A number of bytes from JS: an integer from 0 to 2^53 - 1 (the largest
+/// whole number a JS number holds exactly), checked before any conversion.
+pub(crate) fn byte_count(what: &str, value: f64) -> Result<usize> {
+    if value.fract() == 0.0 && (0.0..=MAX_MILLIS).contains(&value) {
+        usize::try_from(value as u64).map_err(|_| {
+            errors::invalid(format!(
+                "{what} must be at most {} bytes on this platform, got {}",
+                usize::MAX,
+                js_number(value)
+            ))
+        })
+    } else {
+        Err(errors::invalid(format!(
+            "{what} must be an integer number of bytes from 0 to 2^53 - 1, got {}",
+            js_number(value)
+        )))
+    }
+}
+
 pub(crate) fn opt_millis(what: &str, ms: Option<f64>) -> Result<Option<Duration>> {
     ms.map(|ms| millis(what, ms)).transpose()
 }
@@ -194,6 +213,7 @@ impl Core {
             breaker: None,
             reconcile_capacity: None,
             processing_timeout_ms: None,
+            max_payload_bytes: None,
         });
         let mut config = NodeConfig::default();
         if let Some(t) = opt_millis("defaultTimeoutMs", o.default_timeout_ms)? {
@@ -215,6 +235,13 @@ impl Core {
         }
         if let Some(t) = opt_millis("processingTimeoutMs", o.processing_timeout_ms)? {
             config.timeouts.processing = Some(t);
+        }
+        match o.max_payload_bytes {
+            None => {}
+            Some(Either::A(n)) => {
+                config.max_payload_bytes = Some(byte_count("maxPayloadBytes", n)?)
+            }
+            Some(Either::B(Null)) => config.max_payload_bytes = None,
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

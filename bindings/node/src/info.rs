@@ -1,7 +1,7 @@
 //! Plain objects handed to the wrapper.
 
 use askpool::{AskIds, DeadLetter, NodeStats, StageEvent};
-use napi::bindgen_prelude::{Either, Uint8Array};
+use napi::bindgen_prelude::{Either, Null, Uint8Array};
 use napi_derive::napi;
 
 use crate::errors::ErrorInfo;
@@ -21,6 +21,9 @@ pub struct NodeOptions {
     pub reconcile_capacity: Option<f64>,
     /// Processing timeout of the node's pools (default 5 minutes).
     pub processing_timeout_ms: Option<f64>,
+    /// Largest payload of a known size (bytes) an ask or tell may carry
+    /// (default 16 MiB); `null` lifts the bound.
+    pub max_payload_bytes: Option<Either<f64, Null>>,
 }
 
 #[napi(object)]
@@ -50,6 +53,9 @@ pub struct AskOptions {
     /// What guards a reused request id against another payload: the bytes
     /// (a string's UTF-8) are hashed into the core's payload fingerprint.
     pub fingerprint: Option<Either<String, Uint8Array>>,
+    /// The payload's size in bytes, when the wrapper knows it (byte
+    /// payloads): over the node's `maxPayloadBytes` the ask fails at once.
+    pub payload_size: Option<f64>,
 }
 
 #[napi(object)]

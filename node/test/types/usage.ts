@@ -70,6 +70,14 @@ export async function usage(): Promise<void> {
   }
   const requestId: string = await node.tell('orders', { id: 3, items: [] }, { fingerprint: 'order-3' });
   void requestId;
+  const caused: string = await node.tell('orders', new Uint8Array([1]), {
+    causationId: requestId,
+    correlationId: requestId,
+  });
+  void caused;
+  const unbounded = new Node({ maxPayloadBytes: null });
+  const bounded = new Node({ maxPayloadBytes: 1 << 20 });
+  await Promise.all([unbounded.close(), bounded.close()]);
   const letters: DeadLetter<Order>[] = node.deadLetters<Order>();
   for (const l of letters) void l.payload.items;
   const stats: NodeStats = node.stats();
