@@ -21,7 +21,8 @@ pub use error::{CancelCause, Failure, Fault, NativeError};
 pub use handler::RequestInfo;
 pub use host::{AskListener, HostHandler, Stage};
 pub use node::{
-    node_ask, AskArgs, DeadLetterInfo, NativeNode, NativeStats, NodeOptions, PoolOptions,
+    default_max_payload_bytes, node_ask, AskArgs, DeadLetterInfo, NativeNode, NativeStats,
+    NodeOptions, PoolOptions,
 };
 pub use payload::{live_host_refs, take_released, Payload};
 pub use promises::{NativePromises, PromiseFault, PromiseRecord};

@@ -33,6 +33,9 @@ pub struct NodeOptions {
     pub dlq_capacity: u64,
     /// A circuit breaker per target pool (the runtime's default settings).
     pub circuit_breaker: bool,
+    /// The largest byte payload an ask or tell may carry
+    /// (`NodeConfig::max_payload_bytes`); `None` lifts the bound.
+    pub max_payload_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, uniffi::Record)]
@@ -50,7 +53,6 @@ pub struct AskArgs {
     pub preferred_worker: Option<String>,
     pub request_id: Option<String>,
     pub correlation_id: Option<String>,
-    /// Asks only (the runtime's tells carry none).
     pub causation_id: Option<String>,
     /// Bytes that stand for the payload, hashed into the ask's
     /// `PayloadFingerprint`: a reused request id with another fingerprint
@@ -158,6 +160,9 @@ impl NativeNode {
             breaker: options
                 .circuit_breaker
                 .then(askpool::BreakerConfig::default),
+            max_payload_bytes: options
+                .max_payload_bytes
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             ..NodeConfig::default()
         };
         let _rt = runtime().enter();
@@ -247,6 +252,12 @@ impl NativeNode {
             }
             _ => None,
         };
+        // Bytes have a size the runtime checks against the node's bound; a
+        // host object has none (it passes by reference).
+        let payload_size = match &payload {
+            Payload::Bytes { data } => Some(data.len()),
+            Payload::Host { .. } => None,
+        };
         // Adopted first: the handle is released even if the options are bad.
         let msg = Msg::from(payload);
         let request_id: Option<RequestId> = match &args.request_id {
@@ -261,12 +272,6 @@ impl NativeNode {
             Some(text) => Some(parse_id("causation id", text)?),
             None => None,
         };
-        if args.one_way && causation_id.is_some() {
-            return Err(AskError::InvalidArgument {
-                message: "a tell carries no causation id".to_owned(),
-            }
-            .into());
-        }
         let retry = args.max_attempts.map(|n| RetryPolicy {
             max_attempts: n.max(1),
             ..RetryPolicy::default()
@@ -280,11 +285,20 @@ impl NativeNode {
             if let Some(id) = request_id {
                 tell = tell.request_id(id);
             }
+            if let Some(id) = correlation_id {
+                tell = tell.correlation_id(id);
+            }
+            if let Some(id) = causation_id {
+                tell = tell.causation_id(id);
+            }
             if let Some(retry) = retry {
                 tell = tell.retry(retry);
             }
             if let Some(f) = fingerprint {
                 tell = tell.fingerprint(f);
+            }
+            if let Some(size) = payload_size {
+                tell = tell.payload_size(size);
             }
             Started::Tell(tell.send())
         } else {
@@ -309,6 +323,9 @@ impl NativeNode {
             }
             if let Some(f) = fingerprint {
                 ask = ask.fingerprint(f);
+            }
+            if let Some(size) = payload_size {
+                ask = ask.payload_size(size);
             }
             Started::Ask(ask.send())
         };
@@ -393,8 +410,17 @@ impl NativeNode {
 static NODES: LazyLock<ArcSwap<FxHashMap<i64, Arc<NativeNode>>>> = LazyLock::new(ArcSwap::default);
 static NEXT_NODE: AtomicI64 = AtomicI64::new(1);
 
+/// The runtime's default of [`NodeOptions::max_payload_bytes`] (16 MiB), so
+/// that the Kotlin default is the runtime's.
+#[uniffi::export]
+pub fn default_max_payload_bytes() -> u64 {
+    askpool::DEFAULT_MAX_PAYLOAD_BYTES as u64
+}
+
 /// The hot path: an ask of a host object with a timeout (0: the node's
-/// default), all primitives. The outcome goes to the node's listener under
+/// default), all primitives. A host object has no size: bytes never take
+/// this path (they cross as `Payload::Bytes` through `ask_with`, which
+/// gives the runtime their size). The outcome goes to the node's listener under
 /// `token`. Returns how many released handles wait in `take_released`, or
 /// `u64::MAX` if the node is shut down (nothing will be reported).
 #[uniffi::export]

@@ -16,7 +16,8 @@ import kotlin.coroutines.ContinuationInterceptor
  * }
  * ```
  * Objects pass by reference (`===` on the other side); a `ByteArray`
- * crosses as bytes.
+ * crosses as bytes, at most [NodeOptions.maxPayloadBytes] of them (only a
+ * `ByteArray` is sized).
  *
  * Once [close]d, every call throws [AskException.Unavailable] (as an ask of
  * a closed node fails), except [close] itself, [stats] (nothing is in
@@ -31,6 +32,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             trackStages = options.trackStages,
             dlqCapacity = options.dlqCapacity.toULong(),
             circuitBreaker = options.circuitBreaker,
+            maxPayloadBytes = options.maxPayloadBytes?.toULong(),
         ),
         completions,
     )
@@ -109,6 +111,8 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      * @throws AskException how the ask failed.
      */
     suspend fun ask(pool: String, msg: Any?, options: AskOptions = AskOptions()): Any? {
+        // Bytes never take the fast path (it carries a handle only): they
+        // cross as bytes, sized against [NodeOptions.maxPayloadBytes].
         if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
         checkOpen()
         val poolId = poolIds[pool] ?: call { native.poolId(pool) }.also { poolIds[pool] = it }

@@ -22,11 +22,27 @@ data class NodeOptions(
     val dlqCapacity: Int = 1_000,
     /** A circuit breaker per target pool: failures open it, asks then fail fast (`Unavailable`). */
     val circuitBreaker: Boolean = true,
+    /**
+     * The largest `ByteArray` message an ask or tell may carry, in bytes; at
+     * least 0, null lifts the bound. A larger one fails at once with
+     * [AskException.OversizePayload] and is not sent (its handler never
+     * runs). Only a `ByteArray` has a size: any other JVM object passes by
+     * reference and is not checked, nor is a durable ask ([askDurable]).
+     * Default [DEFAULT_MAX_PAYLOAD_BYTES], the runtime's.
+     */
+    val maxPayloadBytes: Long? = DEFAULT_MAX_PAYLOAD_BYTES,
 ) {
     init {
         requirePositive("defaultTimeout", defaultTimeout)
         requireAtLeast("maxAttempts", maxAttempts.toLong(), 1)
         requireAtLeast("dlqCapacity", dlqCapacity.toLong(), 0)
+        maxPayloadBytes?.let { requireAtLeast("maxPayloadBytes", it, 0) }
+    }
+
+    companion object {
+        /** The default [maxPayloadBytes]: the runtime's, 16 MiB. */
+        @JvmField
+        val DEFAULT_MAX_PAYLOAD_BYTES: Long = askpool.ffi.defaultMaxPayloadBytes().toLong()
     }
 }
 
@@ -121,6 +137,10 @@ data class TellOptions(
     /** Positive; null: the node's default. */
     val timeout: Duration? = null,
     val requestId: String? = null,
+    /** 32 hex digits; the handler reads it as [RequestContext.correlationId]. */
+    val correlationId: String? = null,
+    /** The request id (32 hex digits) of the message that caused this tell ([RequestContext.causationId]). */
+    val causationId: String? = null,
     /** Bytes identifying the payload, hashed into its fingerprint. */
     val fingerprint: ByteArray? = null,
     /** Total sends, at least 1; null: the node's. */
@@ -135,8 +155,8 @@ data class TellOptions(
         timeoutMs = timeout?.let { millis(it).toULong() },
         preferredWorker = null,
         requestId = requestId,
-        correlationId = null,
-        causationId = null,
+        correlationId = correlationId,
+        causationId = causationId,
         fingerprint = fingerprint,
         maxAttempts = maxAttempts?.toUInt(),
         stages = false,

@@ -60,7 +60,7 @@ class RequestContext internal constructor(private val request: Long) {
     val requestId: String get() = info()?.requestId ?: ""
     val correlationId: String get() = info()?.correlationId ?: ""
 
-    /** The causation id the ask carried ([AskOptions.causationId]); empty if none. */
+    /** The causation id the ask or tell carried ([AskOptions.causationId], [TellOptions.causationId]); empty if none. */
     val causationId: String get() = info()?.causationId ?: ""
     val attempt: Int get() = info()?.attempt?.toInt() ?: 0
 

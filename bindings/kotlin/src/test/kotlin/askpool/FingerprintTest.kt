@@ -1,5 +1,6 @@
 package askpool
 
+import kotlinx.coroutines.CompletableDeferred
 import kotlinx.coroutines.delay
 import kotlinx.coroutines.runBlocking
 import kotlinx.coroutines.withTimeout
@@ -60,6 +61,23 @@ class FingerprintTest {
             assertEquals("", node.ask("echo", "x"))
             val e = failure { node.ask("echo", "x", AskOptions(causationId = "nope")) }
             assertTrue(e is AskException.InvalidArgument, e.toString())
+            assertEquals(0L, node.stats().awaitedOutcomes)
+        }
+    }
+
+    @Test
+    fun `a tell's causation and correlation ids reach the handler`() = runBlocking {
+        Node().use { node ->
+            val seen = CompletableDeferred<Pair<String, String>>()
+            node.pool("sink") { _, ctx -> seen.complete(ctx.causationId to ctx.correlationId); null }
+            val cause = "00000000000000000000000000000c02"
+            val corr = "00000000000000000000000000000c03"
+            node.tell("sink", "x", TellOptions(causationId = cause, correlationId = corr))
+            assertEquals(cause to corr, withTimeout(5.seconds) { seen.await() })
+            val e = failure { node.tell("sink", "x", TellOptions(causationId = "nope")) }
+            assertTrue(e is AskException.InvalidArgument, e.toString())
+            val c = failure { node.tell("sink", "x", TellOptions(correlationId = "nope")) }
+            assertTrue(c is AskException.InvalidArgument, c.toString())
             assertEquals(0L, node.stats().awaitedOutcomes)
         }
     }
