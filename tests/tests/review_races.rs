@@ -3,7 +3,7 @@
 //! whose Ack comes later, a reply crossing the caller's timeout, a late
 //! reply after a stage deadline, acks batched by a task that never ran, a
 //! pool closed between admitting a request and queueing it for a preferred
-//! worker.
+//! worker, and `max_in_flight` under concurrent admits.
 
 use std::future::Future;
 use std::pin::pin;
@@ -248,4 +248,32 @@ mod close_race {
         );
         assert_eq!(in_flight, 0);
     }
+}
+
+/// `max_in_flight` holds when several threads admit different keys at once
+/// (before, each admit checked the count inside its own key's lock, so all
+/// of them could pass it).
+#[test]
+fn max_in_flight_holds_under_concurrent_admits() {
+    let mut worst = 0;
+    for _ in 0..200 {
+        let node: Node<u64, u64> = Node::new();
+        let pool = node.pool("p").max_in_flight(1).build().unwrap();
+        let barrier = std::sync::Barrier::new(4);
+        let handles: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|i| {
+                    let (node, barrier) = (&node, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        node.ask("p", i).send()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        worst = worst.max(pool.stats().in_flight);
+        drop(handles);
+    }
+    assert!(worst <= 1, "in flight reached {worst} with max_in_flight 1");
 }

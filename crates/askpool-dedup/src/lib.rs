@@ -13,7 +13,10 @@
 //!   takes that one's stamp, so under clock skew an entry can outlive its TTL
 //!   by the skew, and memory stays bounded whatever clocks callers pass.
 //! - In-progress entries are never evicted: the runtime bounds them with the
-//!   pool's max in-flight and reads [`DedupStats::in_progress`].
+//!   pool's max in-flight through [`DedupTable::apply_bounded`], which takes
+//!   a new entry's place in the count before its transition runs (so
+//!   inserts racing on different keys cannot all take the last place), and
+//!   reads [`DedupStats::in_progress`].
 //!
 //! # Design
 //!

@@ -454,6 +454,34 @@ impl<S: DedupState> DedupTable<S> {
         now: Timestamp,
         transition: impl FnOnce(Option<&S>) -> (Option<S>, O),
     ) -> O {
+        self.apply_within(key, now, None, |current, _| transition(current))
+    }
+
+    /// [`apply`](Self::apply) with a bound on in-progress entries: for an
+    /// absent key, `transition` learns whether a new in-progress entry fits
+    /// under `max_in_progress` (the `bool`), and the room it is told about
+    /// is taken before it runs, so concurrent inserts of different keys
+    /// cannot all see the last place free. It should store no in-progress
+    /// state when told there is no room (one it stores anyway is counted).
+    /// For a key already present the `bool` is `true`: a duplicate adds no
+    /// entry.
+    pub fn apply_bounded<O>(
+        &self,
+        key: DedupKey,
+        now: Timestamp,
+        max_in_progress: usize,
+        transition: impl FnOnce(Option<&S>, bool) -> (Option<S>, O),
+    ) -> O {
+        self.apply_within(key, now, Some(max_in_progress), transition)
+    }
+
+    fn apply_within<O>(
+        &self,
+        key: DedupKey,
+        now: Timestamp,
+        bound: Option<usize>,
+        transition: impl FnOnce(Option<&S>, bool) -> (Option<S>, O),
+    ) -> O {
         let guard = self.epoch.pin();
         let bucket = self.bucket(&key);
         // The bucket, the oldest terminal node (read by `expire`) and, at
@@ -485,7 +513,7 @@ impl<S: DedupState> DedupTable<S> {
                         Phase::Terminal => {
                             // SAFETY: initialised in this phase.
                             let current = unsafe { body.state.assume_init_ref() };
-                            let (next, out) = transition(Some(current));
+                            let (next, out) = transition(Some(current), true);
                             drop(lock);
                             debug_assert!(next.is_none(), "a terminal state was asked to change");
                             drop(next);
@@ -494,7 +522,7 @@ impl<S: DedupState> DedupTable<S> {
                         Phase::Live => {
                             // SAFETY: initialised in this phase.
                             let current = unsafe { body.state.assume_init_ref() };
-                            let (next, out) = transition(Some(current));
+                            let (next, out) = transition(Some(current), true);
                             let Some(next) = next else {
                                 return out;
                             };
@@ -528,7 +556,9 @@ impl<S: DedupState> DedupTable<S> {
                             spare.0 = Some(e.new);
                             continue;
                         }
-                        Ok(ptr) => return self.fill_reserved(bucket, ptr, now, transition, &guard),
+                        Ok(ptr) => {
+                            return self.fill_reserved(bucket, ptr, now, bound, transition, &guard)
+                        }
                     }
                 }
             }
@@ -542,21 +572,28 @@ impl<S: DedupState> DedupTable<S> {
         bucket: &Atomic<Node<S>>,
         ptr: Shared<'_, Node<S>>,
         now: Timestamp,
-        transition: impl FnOnce(Option<&S>) -> (Option<S>, O),
+        bound: Option<usize>,
+        transition: impl FnOnce(Option<&S>, bool) -> (Option<S>, O),
         guard: &Guard,
     ) -> O {
         // SAFETY: protected by `guard`.
         let node = unsafe { ptr.deref() };
-        /// Undoes the reservation if the transition panics or stores nothing.
+        /// Undoes the reservation if the transition panics or stores nothing,
+        /// and gives back the in-progress place taken for it (unless an
+        /// in-progress state was stored in it).
         struct Reservation<'a, S: DedupState> {
             node: &'a Node<S>,
             bucket: &'a Atomic<Node<S>>,
             table: &'a DedupTable<S>,
             guard: &'a Guard,
             filled: bool,
+            room_taken: bool,
         }
         impl<S: DedupState> Drop for Reservation<'_, S> {
             fn drop(&mut self) {
+                if self.room_taken {
+                    self.table.in_progress.fetch_sub(1, Relaxed);
+                }
                 // SAFETY: this thread holds the born-locked node's lock.
                 let lock = unsafe { self.node.lock.adopt() };
                 if !self.filled {
@@ -571,14 +608,16 @@ impl<S: DedupState> DedupTable<S> {
                 }
             }
         }
+        let room_taken = bound.is_some_and(|max| self.take_room(max));
         let mut reservation = Reservation {
             node,
             bucket,
             table: self,
             guard,
             filled: false,
+            room_taken,
         };
-        let (next, out) = transition(None);
+        let (next, out) = transition(None, bound.is_none() || room_taken);
         let mut terminal = false;
         if let Some(next) = next {
             terminal = next.is_terminal();
@@ -589,7 +628,12 @@ impl<S: DedupState> DedupTable<S> {
                 self.make_terminal(ptr, body, now);
             } else {
                 *body.phase = Phase::Live;
-                self.in_progress.fetch_add(1, Relaxed);
+                if room_taken {
+                    // The place taken above is this entry's.
+                    reservation.room_taken = false;
+                } else {
+                    self.in_progress.fetch_add(1, Relaxed);
+                }
             }
             reservation.filled = true;
         }
@@ -693,6 +737,14 @@ impl<S: DedupState> DedupTable<S> {
     /// In-progress entries (one load: what an admission check reads).
     pub fn in_progress(&self) -> usize {
         self.in_progress.load(Relaxed)
+    }
+
+    /// Counts one more in-progress entry if that keeps the count at or under
+    /// `max`.
+    fn take_room(&self, max: usize) -> bool {
+        self.in_progress
+            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
+            .is_ok()
     }
 
     /// All entries, in-progress and terminal.

@@ -331,3 +331,66 @@ fn threads_racing_on_shared_chains_keep_counts_and_drops_exact() {
     });
     assert_eq!(live, 0);
 }
+
+/// What `apply_bounded` does with an absent key: start it if there is room.
+fn start_within(t: &DedupTable<St>, k: u64, max: usize) -> bool {
+    t.apply_bounded(key(k), at(0), max, |cur, has_room| match cur {
+        None if has_room => (Some(St::Running), true),
+        _ => (None, false),
+    })
+}
+
+#[test]
+fn bounded_inserts_keep_in_progress_within_the_bound() {
+    let t = table(10, 60);
+    assert!(start_within(&t, 1, 2));
+    assert!(start_within(&t, 2, 2));
+    assert!(!start_within(&t, 3, 2), "no room for a third");
+    assert_eq!(t.in_progress(), 2);
+    // A duplicate is told there is room: it adds no entry.
+    let dup = t.apply_bounded(key(1), at(0), 2, |cur, has_room| {
+        (None, (cur.cloned(), has_room))
+    });
+    assert_eq!(dup, (Some(St::Running), true));
+    // Finishing one frees its place.
+    put(&t, 1, at(1), St::Done(1));
+    assert!(start_within(&t, 3, 2));
+    assert_eq!(t.in_progress(), 2);
+    // A new key stored terminal (a tombstone), or not stored, gives back the
+    // place it was given; so does a transition that panics.
+    t.apply_bounded(key(9), at(0), 3, |_, has_room| {
+        assert!(has_room);
+        (Some(St::Done(0)), ())
+    });
+    t.apply_bounded(key(10), at(0), 3, |_, _| (None, ()));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        t.apply_bounded(key(11), at(0), 3, |_, _| -> (Option<St>, ()) {
+            panic!("boom")
+        })
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(t.in_progress(), 2);
+    assert!(t.get(&key(11), at(0)).is_none());
+}
+
+#[test]
+fn bounded_inserts_racing_on_different_keys_never_overshoot() {
+    for round in 0..200u64 {
+        let t = table(1_000, 60);
+        let started = std::sync::atomic::AtomicUsize::new(0);
+        let barrier = std::sync::Barrier::new(4);
+        std::thread::scope(|s| {
+            for i in 0..4u64 {
+                let (t, started, barrier) = (&t, &started, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    if start_within(t, round * 4 + i, 1) {
+                        started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        assert_eq!(started.into_inner(), 1, "round {round}");
+        assert_eq!(t.in_progress(), 1);
+    }
+}

@@ -183,50 +183,56 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         starting: Option<&Arc<Admitted>>,
         only_if: Option<ExpiryKey>,
     ) -> Option<(InboundAction<R>, Option<Arc<Admitted>>)> {
-        self.table.apply(key, now, |current| {
-            if let Some(expected) = only_if {
-                if current.is_none_or(|e| e.is_terminal() || e.expiry != Some(expected)) {
+        // The table takes the room for a new request before the step runs,
+        // so requests admitted at once on several threads stay within
+        // `max_in_flight` (its in-progress count is the pool's in-flight).
+        let max = self.config.max_in_flight;
+        self.table
+            .apply_bounded(key, now, max, |current, has_room| {
+                if let Some(expected) = only_if {
+                    if current.is_none_or(|e| e.is_terminal() || e.expiry != Some(expected)) {
+                        return (None, None);
+                    }
+                }
+                let is_new = current.is_none() && matches!(event, InboundEvent::Request { .. });
+                if is_new && !has_room {
                     return (None, None);
                 }
-            }
-            let is_new = current.is_none() && matches!(event, InboundEvent::Request { .. });
-            if is_new && self.table.in_progress() >= self.config.max_in_flight {
-                return (None, None);
-            }
-            let transition = inbound::step(current.map(|e| &e.state), event);
-            let mut request = None;
-            let next = transition.next.map(|state| {
-                if state.is_terminal() {
-                    if let Some(running) = current.filter(|e| !e.is_terminal()) {
-                        request = running.running.clone();
-                        if let Some(expiry) = running.expiry {
-                            self.expiries.remove(expiry);
+                let transition = inbound::step(current.map(|e| &e.state), event);
+                let mut request = None;
+                let next = transition.next.map(|state| {
+                    if state.is_terminal() {
+                        if let Some(running) = current.filter(|e| !e.is_terminal()) {
+                            request = running.running.clone();
+                            if let Some(expiry) = running.expiry {
+                                self.expiries.remove(expiry);
+                            }
+                        }
+                        Entry {
+                            state,
+                            running: None,
+                            expiry: None,
+                        }
+                    } else {
+                        let started =
+                            Arc::clone(starting.expect("only a request starts a handler"));
+                        let expiry = self.processing_deadline(now).map(|at| {
+                            let meta = &started.meta;
+                            let what = Expiring {
+                                ids: meta.ids,
+                                expects_reply: meta.expects_reply,
+                            };
+                            self.index_expiry(at, what)
+                        });
+                        Entry {
+                            state,
+                            running: Some(started),
+                            expiry,
                         }
                     }
-                    Entry {
-                        state,
-                        running: None,
-                        expiry: None,
-                    }
-                } else {
-                    let started = Arc::clone(starting.expect("only a request starts a handler"));
-                    let expiry = self.processing_deadline(now).map(|at| {
-                        let meta = &started.meta;
-                        let what = Expiring {
-                            ids: meta.ids,
-                            expects_reply: meta.expects_reply,
-                        };
-                        self.index_expiry(at, what)
-                    });
-                    Entry {
-                        state,
-                        running: Some(started),
-                        expiry,
-                    }
-                }
-            });
-            (next, Some((transition.action, request)))
-        })
+                });
+                (next, Some((transition.action, request)))
+            })
     }
 
     /// Enters a running request in the expiry index (under the dedup lock;
