@@ -253,3 +253,24 @@ fn evicting_insert_racing_ttl_expiry_keeps_the_count_exact() {
         assert_eq!(t.get(&key(u64::MAX), later), Some(St::Done(3)));
     });
 }
+
+#[test]
+fn two_bounded_inserts_of_different_keys_take_the_last_place_once() {
+    model(|| {
+        let t = Arc::new(table(4));
+        let (a, b) = colliding(&t);
+        let racer = |t: Arc<DedupTable<St>>, k: DedupKey| {
+            move || {
+                t.apply_bounded(k, T0, 1, |cur, has_room| match cur {
+                    None if has_room => (Some(St::Running), true),
+                    _ => (None, false),
+                })
+            }
+        };
+        let other = thread::spawn(racer(t.clone(), b));
+        let mine = racer(t.clone(), a)();
+        let theirs = other.join().unwrap();
+        assert!(mine ^ theirs, "exactly one of the two started");
+        assert_eq!(t.in_progress(), 1);
+    });
+}
