@@ -3,7 +3,8 @@
 //! whose Ack comes later, a reply crossing the caller's timeout, a late
 //! reply after a stage deadline, acks batched by a task that never ran, a
 //! pool closed between admitting a request and queueing it for a preferred
-//! worker, and `max_in_flight` under concurrent admits.
+//! worker, `max_in_flight` under concurrent admits, and a late answer for a
+//! request id that was evicted and asked again.
 
 use std::future::Future;
 use std::pin::pin;
@@ -276,4 +277,37 @@ fn max_in_flight_holds_under_concurrent_admits() {
         drop(handles);
     }
     assert!(worst <= 1, "in flight reached {worst} with max_in_flight 1");
+}
+
+/// A request cancelled while its handler runs, whose entry is then evicted
+/// and whose request id is asked again: the old handler's late answer goes
+/// nowhere, and the new request's own answer is the one its caller gets
+/// (before, the old answer ended the new request).
+#[tokio::test(start_paused = true)]
+async fn a_late_answer_for_a_reused_key_does_not_end_the_new_request() {
+    let node: Node<u64, u64> = Node::new();
+    let pool = node
+        .pool("p")
+        .dedup(askpool::DedupConfig {
+            max_terminal: 1,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let id = askpool::RequestId::from_parts(1, 42);
+    let mut first = node.ask("p", 1).request_id(id).send();
+    let stale = pool.next_request().await.unwrap();
+    first.cancel();
+    assert!(matches!(first.await, Err(AskError::AskCancelled { .. })));
+    // Another finished request evicts the cancelled one's entry.
+    let other = tokio::spawn(node.ask("p", 2).send());
+    pool.next_request().await.unwrap().reply(20);
+    assert_eq!(other.await.unwrap().unwrap(), 20);
+    // The same id again: a new request, with a handler of its own.
+    let second = tokio::spawn(node.ask("p", 3).request_id(id).send());
+    let fresh = pool.next_request().await.unwrap();
+    stale.reply(10);
+    fresh.reply(30);
+    assert_eq!(second.await.unwrap().unwrap(), 30);
+    assert_eq!(pool.stats().in_flight, 0);
 }

@@ -124,6 +124,20 @@ pub(crate) struct PoolShared<M, R> {
     flush_scheduled: AtomicBool,
 }
 
+/// Which entry of a key a step may change.
+#[derive(Clone, Copy)]
+enum Only<'a> {
+    /// Whatever entry holds the key (a request arriving, a caller's cancel).
+    Any,
+    /// The in-progress entry indexed under this expiry (a processing timeout).
+    Expiring(ExpiryKey),
+    /// The entry of this very request, or a terminal one. A request whose
+    /// entry ended (cancelled), was evicted and whose key was admitted again
+    /// is another request's now: its handler's late answer or cancel must
+    /// not end the new one.
+    Running(&'a Arc<Admitted>),
+}
+
 /// Flushes a pool's buffered acks when dropped (see `buffer_ack`).
 struct FlushOnDrop<M: Send + 'static, R: Clone + Send + 'static>(Weak<PoolShared<M, R>>);
 
@@ -162,8 +176,11 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         })
     }
 
+    /// `SeqCst`, as the close's store: `enqueue` pushes then looks at this,
+    /// `close` sets it then looks at the queue (see `QueueSignal`), and
+    /// each must see the other's write (free on x86 and ARM).
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// One step of the inbound table for `key`. Keeps the expiry index in
@@ -174,14 +191,15 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// refused because the pool is full, or (with `only_if`) that the entry
     /// was no longer the one that expired.
     ///
-    /// `starting` is the request an `InboundEvent::Request` would start.
+    /// `starting` is the request an `InboundEvent::Request` would start;
+    /// `only` says which entry the step may change.
     fn step(
         &self,
         key: DedupKey,
         now: Timestamp,
         event: InboundEvent<R>,
         starting: Option<&Arc<Admitted>>,
-        only_if: Option<ExpiryKey>,
+        only: Only<'_>,
     ) -> Option<(InboundAction<R>, Option<Arc<Admitted>>)> {
         // The table takes the room for a new request before the step runs,
         // so requests admitted at once on several threads stay within
@@ -189,9 +207,21 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let max = self.config.max_in_flight;
         self.table
             .apply_bounded(key, now, max, |current, has_room| {
-                if let Some(expected) = only_if {
-                    if current.is_none_or(|e| e.is_terminal() || e.expiry != Some(expected)) {
-                        return (None, None);
+                match only {
+                    Only::Any => {}
+                    Only::Expiring(expected) => {
+                        if current.is_none_or(|e| e.is_terminal() || e.expiry != Some(expected)) {
+                            return (None, None);
+                        }
+                    }
+                    Only::Running(request) => {
+                        let other = |e: &Entry<R>| {
+                            !e.is_terminal()
+                                && !e.running.as_ref().is_some_and(|r| Arc::ptr_eq(r, request))
+                        };
+                        if current.is_some_and(other) {
+                            return (None, None);
+                        }
                     }
                 }
                 let is_new = current.is_none() && matches!(event, InboundEvent::Request { .. });
@@ -252,7 +282,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// it is no longer the entry that was indexed under `key`.
     fn expire(&self, key: ExpiryKey, what: Expiring) {
         let reason = CancelReason::ProcessingTimeout;
-        self.cancel_step(what.ids, reason, what.expects_reply, Some(key));
+        self.cancel_step(what.ids, reason, what.expects_reply, Only::Expiring(key));
     }
 
     fn send(&self, frame: ToCaller<R>) {
@@ -360,7 +390,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             cancel: CancelSignal::default(),
         });
         let now = self.clock.now();
-        let Some((action, _)) = self.step(ids.dedup_key(), now, event, Some(&request), None) else {
+        let Some((action, _)) = self.step(ids.dedup_key(), now, event, Some(&request), Only::Any)
+        else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
             refuse(AskError::BufferFull {
                 pool: self.name.to_string(),
@@ -457,29 +488,29 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
 
     /// A cancel for `ids`, from the caller or from the worker side.
     pub(crate) fn cancel(&self, ids: AskIds, reason: CancelReason, reply: bool) {
-        self.cancel_step(ids, reason, reply, None);
+        self.cancel_step(ids, reason, reply, Only::Any);
+    }
+
+    /// A cancel from the worker side of `request` (its responder).
+    pub(crate) fn cancel_running(&self, request: &Arc<Admitted>, reason: CancelReason) {
+        let meta = &request.meta;
+        self.cancel_step(meta.ids, reason, meta.expects_reply, Only::Running(request));
     }
 
     /// One Cancel step of the table: signals the running handler and
     /// answers `AskCancelled`, or records a tombstone. With `only_if` it is
     /// a processing-timeout expiry, counted as such.
-    fn cancel_step(
-        &self,
-        ids: AskIds,
-        reason: CancelReason,
-        reply: bool,
-        only_if: Option<ExpiryKey>,
-    ) {
+    fn cancel_step(&self, ids: AskIds, reason: CancelReason, reply: bool, only: Only<'_>) {
         let now = self.clock.now();
         let event = InboundEvent::Cancel { reason };
-        let Some((action, running)) = self.step(ids.dedup_key(), now, event, None, only_if) else {
+        let Some((action, running)) = self.step(ids.dedup_key(), now, event, None, only) else {
             return;
         };
         match action {
             InboundAction::SendCancelled(reason) => {
-                let counter = match only_if {
-                    Some(_) => &self.counters.expired,
-                    None => &self.counters.cancels,
+                let counter = match only {
+                    Only::Expiring(_) => &self.counters.expired,
+                    _ => &self.counters.cancels,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 if let Some(running) = running {
@@ -501,11 +532,17 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         self.cancel(meta.ids, reason, meta.expects_reply);
     }
 
-    /// The handler of `meta` finished with `outcome`.
-    pub(crate) fn finish(&self, meta: &RequestMeta, outcome: Outcome<R>) {
+    /// The handler of `request` finished with `outcome`.
+    pub(crate) fn finish(&self, request: &Arc<Admitted>, outcome: Outcome<R>) {
+        let meta = &request.meta;
         let event = InboundEvent::HandlerFinished { outcome };
         let now = self.clock.now();
-        let Some((action, _)) = self.step(meta.ids.dedup_key(), now, event, None, None) else {
+        let key = meta.ids.dedup_key();
+        let Some((action, _)) = self.step(key, now, event, None, Only::Running(request)) else {
+            // Its key belongs to a request admitted since: a late answer.
+            self.counters
+                .suppressed_replies
+                .fetch_add(1, Ordering::Relaxed);
             return;
         };
         match action {
@@ -538,7 +575,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
 
     /// Stops admitting, cancels what is queued, and leaves the transport.
     pub(crate) fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
         self.transport.deregister_pool(&self.name);

@@ -112,13 +112,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Responder<M, R> {
     /// Cancels the request from the worker side: the caller gets `AskCancelled`.
     pub fn cancel(mut self) {
         self.done = true;
-        let meta = &self.request.meta;
         self.pool
-            .cancel(meta.ids, CancelReason::Worker, meta.expects_reply);
+            .cancel_running(&self.request, CancelReason::Worker);
     }
     pub fn complete(mut self, outcome: Outcome<R>) {
         self.done = true;
-        self.pool.finish(&self.request.meta, outcome);
+        self.pool.finish(&self.request, outcome);
     }
 }
 
@@ -127,13 +126,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Responder<M, R> {
         if self.done {
             return;
         }
-        let meta = &self.request.meta;
         if self.pool.is_closed() {
             self.pool
-                .cancel(meta.ids, CancelReason::Shutdown, meta.expects_reply);
+                .cancel_running(&self.request, CancelReason::Shutdown);
         } else {
             self.pool.finish(
-                meta,
+                &self.request,
                 Err(AskError::internal("request dropped without a reply")),
             );
         }
