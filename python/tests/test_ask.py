@@ -90,11 +90,15 @@ async def test_preferred_worker_is_accepted() -> None:
         pool = node.pool("p", concurrency=2)
 
         @pool.handler
-        async def handle(msg: int, ctx: Context) -> int:
-            return msg + 1
+        async def handle(msg: int, ctx: Context) -> tuple[int, str]:
+            return msg + 1, ctx.worker_id
 
-        assert await node.ask("p", 1, timeout=5, preferred_worker="w1") == 2
-        assert await node.ask("p", 2, timeout=5, preferred_worker="no-such-worker") == 3
+        for _ in range(5):
+            assert await node.ask("p", 1, timeout=5, preferred_worker="w1") == (2, "w1")
+            assert await node.ask("p", 1, timeout=5, preferred_worker="w0") == (2, "w0")
+        # A worker that does not exist: any worker of the pool.
+        reply, worker = await node.ask("p", 2, timeout=5, preferred_worker="no-such-worker")
+        assert (reply, worker in ("w0", "w1")) == (3, True)
 
 
 async def test_tell_delivers_and_returns_its_request_id() -> None:

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 
-use askpool::{AskError, Progress, Request, RequestContext, Responder, Worker, WorkerPool};
+use askpool::{
+    AskError, Progress, Request, RequestContext, Responder, Worker, WorkerId, WorkerPool,
+};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
@@ -28,6 +30,8 @@ type Pull = Pin<Box<dyn Future<Output = Option<Request<Obj, Obj>>> + Send>>;
 pub(crate) static PANIC_IN_NEXT_DISPATCH: Mutex<Option<String>> = Mutex::new(None);
 
 pub(crate) struct SlotTask {
+    /// The worker this slot pulls for (`w0`, `w1`, ...), for `ctx.worker_id`.
+    worker_id: WorkerId,
     queued: AtomicBool,
     driver: Arc<DriverShared>,
     state: Mutex<SlotState>,
@@ -50,6 +54,7 @@ impl SlotTask {
         handler: Py<PyAny>,
     ) -> Arc<Self> {
         let task = Arc::new(Self {
+            worker_id: worker.id().clone(),
             queued: AtomicBool::new(false),
             driver: Arc::clone(driver),
             state: Mutex::new(SlotState {
@@ -145,6 +150,7 @@ impl SlotTask {
         } = request;
         let ctx = Ctx {
             context,
+            worker: self.worker_id.clone(),
             driver: Arc::clone(&self.driver),
         };
         let started = self
@@ -283,6 +289,7 @@ impl Reply {
 #[pyclass(frozen, name = "Context", module = "askpool._native")]
 pub(crate) struct Ctx {
     context: RequestContext,
+    worker: WorkerId,
     driver: Arc<DriverShared>,
 }
 
@@ -303,6 +310,12 @@ impl Ctx {
     #[getter]
     fn pool(&self) -> String {
         self.context.pool().to_string()
+    }
+    /// The worker running the request (`w0`, `w1`, ...: an ask's
+    /// `preferred_worker` names one).
+    #[getter]
+    fn worker_id(&self) -> String {
+        self.worker.to_string()
     }
     #[getter]
     fn attempt(&self) -> u32 {

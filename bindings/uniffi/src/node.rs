@@ -69,6 +69,7 @@ pub struct AskArgs {
 #[derive(Clone, Debug, uniffi::Record)]
 pub struct DeadLetterInfo {
     pub request_id: String,
+    pub correlation_id: String,
     pub pool: String,
     pub payload: Payload,
     pub failure: Failure,
@@ -351,6 +352,7 @@ impl NativeNode {
             .iter()
             .map(|d| DeadLetterInfo {
                 request_id: d.request_id().to_string(),
+                correlation_id: d.ids.correlation_id.to_string(),
                 pool: d.pool.to_string(),
                 payload: Payload::from(&d.payload),
                 failure: Failure::from(&d.error),

@@ -271,6 +271,7 @@ data class NodeStats(
 
 data class DeadLetter(
     val requestId: String,
+    val correlationId: String,
     val pool: String,
     val payload: Any?,
     val error: AskException,
@@ -281,6 +282,7 @@ data class DeadLetter(
     internal companion object {
         fun of(d: askpool.ffi.DeadLetterInfo) = DeadLetter(
             requestId = d.requestId,
+            correlationId = d.correlationId,
             pool = d.pool,
             payload = when (val p = d.payload) {
                 is Payload.Host -> HandleTable.get(p.handle)

@@ -147,9 +147,11 @@ class ErrorTest {
             val blocker = node.send("narrow", "first")
             withTimeout(5_000) { started.await() }
             val payload = Any()
-            assertTrue(failure { node.ask("narrow", payload) } is AskException.BufferFull)
+            val correlation = "000000000000000000000000000000c7"
+            assertTrue(failure { node.ask("narrow", payload, AskOptions(correlationId = correlation)) } is AskException.BufferFull)
             val letter = node.deadLetters().single()
             assertSame(payload, letter.payload)
+            assertEquals(correlation, letter.correlationId)
             assertEquals("narrow", letter.pool)
             assertEquals("RETRIES_EXHAUSTED", letter.reason)
             assertEquals(1, letter.attempts)
