@@ -148,14 +148,26 @@ where
         let now = now_millis();
         let key = id.to_string();
         let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
+        let param = msg.to_bytes();
+        // Refused before it is stored: an oversize message recorded in the
+        // store would be asked again, and refused again, after every restart.
+        if let Some(limit) = self
+            .max_payload_bytes()
+            .filter(|&limit| param.len() > limit)
+        {
+            return Err(AskError::OversizePayload {
+                size: param.len(),
+                limit,
+            });
+        }
         let created = promises.store().create(
             &CreateRequest::new(key.clone(), now.saturating_add(timeout))
-                .param(msg.to_bytes())
+                .param(param.clone())
                 .key(key.clone())
                 .tag(POOL_TAG, pool),
             now,
         )?;
-        if created.deduplicated && created.promise.param != msg.to_bytes() {
+        if created.deduplicated && created.promise.param != param {
             return Err(AskError::PayloadMismatch);
         }
         Ok(resume(self, promises, id, created.promise))
@@ -194,7 +206,8 @@ where
         Ok(msg) => msg,
         Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
     };
-    let ask = node.ask(pool, msg).request_id(id).send();
+    let size = promise.param.len();
+    let ask = node.ask(pool, msg).request_id(id).payload_size(size).send();
     let promises = promises.clone();
     let id = key.clone();
     DurableHandle {

@@ -287,3 +287,30 @@ async fn a_restarted_caller_joins_the_run_in_progress() {
         (State::Resolved, Some(&b"HI"[..]))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_durable_message_is_refused_before_it_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = promises(&dir.path().join("durable.db"));
+    let node = N::with_config(askpool::NodeConfig {
+        max_payload_bytes: Some(8),
+        ..askpool::NodeConfig::default()
+    });
+    let id: RequestId = "000000000000000000000000000000d1".parse().unwrap();
+    let refused = node.ask_durable_with_id(&store, id, "upper", "more than eight bytes".into());
+    assert!(
+        matches!(
+            refused,
+            Err(AskError::OversizePayload { size: 21, limit: 8 })
+        ),
+        "{:?}",
+        refused.err()
+    );
+    assert!(
+        store
+            .store()
+            .get(&id.to_string(), askpool_promises::now_millis())
+            .is_err(),
+        "nothing was stored"
+    );
+}

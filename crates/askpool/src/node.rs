@@ -179,6 +179,12 @@ where
         self.shared.caller_id
     }
 
+    /// The node's bound on payloads of known size
+    /// ([`NodeConfig::max_payload_bytes`]).
+    pub fn max_payload_bytes(&self) -> Option<usize> {
+        self.shared.config.max_payload_bytes
+    }
+
     pub fn transport(&self) -> Arc<dyn WorkerTransport<M, R>> {
         Arc::clone(&self.shared.transport)
     }
