@@ -292,7 +292,7 @@ async def test_an_oversize_byte_payload_is_refused_before_anything_is_sent() -> 
         assert await node.ask("p", "a long string, not bytes", timeout=5) == 24
         cid = "0" * 31 + "7"
         await node.tell("p", b"1", causation_id=cid)
-        for _ in range(100):
+        for _ in range(500):
             if len(causations) == 3:
                 break
             await asyncio.sleep(0.01)
