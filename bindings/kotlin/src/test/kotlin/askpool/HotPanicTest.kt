@@ -30,16 +30,16 @@ class HotPanicTest {
             val e = failure { node.ask("gated", Any()) }
             assertTrue(e is AskException.Internal, e.toString())
             assertTrue(e.message!!.contains("panic"), e.message)
-            assertEquals(0L, node.stats().awaitedOutcomes)
+            eventually("no waiter") { node.stats().awaitedOutcomes == 0L }
             gate.complete(Unit)
             eventually("no ask in flight") { node.stats().asksInFlight == 0L && node.stats().pending == 0L }
             delay(50)
-            assertEquals(0L, node.stats().awaitedOutcomes)
+            eventually("no waiter") { node.stats().awaitedOutcomes == 0L }
             assertTrue(runs.get() <= 1, "the handler ran ${runs.get()} times")
             // The node still works.
             val msg = Any()
             assertSame(msg, node.ask("gated", msg))
-            assertEquals(0L, node.stats().awaitedOutcomes)
+            eventually("no waiter") { node.stats().awaitedOutcomes == 0L }
         }
         eventually("no live host refs") { HandleTable.size() == 0 && HandleTable.nativeRefs() == 0L }
     }
