@@ -1,6 +1,7 @@
 //! The caller's side: asks, tells, cancellation, stage streams, the DLQ.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use askpool::{CausationId, CorrelationId, PayloadFingerprint, RequestId, RetryPolicy};
 use napi::bindgen_prelude::*;
@@ -43,6 +44,37 @@ fn retry(max_attempts: Option<f64>) -> Result<Option<RetryPolicy>> {
         .transpose()
 }
 
+/// Applies the options an ask and a tell share to either builder (the two
+/// builders have the same methods, not a common trait).
+macro_rules! apply_options {
+    ($builder:expr, $options:expr) => {{
+        let options = $options;
+        let mut builder = $builder;
+        if let Some(t) = options.timeout {
+            builder = builder.timeout(t);
+        }
+        if let Some(id) = options.request_id {
+            builder = builder.request_id(id);
+        }
+        if let Some(id) = options.correlation_id {
+            builder = builder.correlation_id(id);
+        }
+        if let Some(id) = options.causation_id {
+            builder = builder.causation_id(id);
+        }
+        if let Some(policy) = options.retry {
+            builder = builder.retry(policy);
+        }
+        if let Some(f) = options.fingerprint {
+            builder = builder.fingerprint(f);
+        }
+        if let Some(size) = options.payload_size {
+            builder = builder.payload_size(size);
+        }
+        builder
+    }};
+}
+
 #[napi]
 impl Core {
     /// Asks `pool` with the object in table slot `msg`; returns the task id
@@ -68,43 +100,14 @@ impl Core {
     pub fn ask_with(&mut self, pool: u32, msg: u32, options: AskOptions) -> Result<u32> {
         let msg = self.tok(msg);
         let pool = self.pool_name(pool)?;
-        let timeout = opt_millis("timeoutMs", options.timeout_ms)?;
-        let request_id: Option<RequestId> = opt_id("requestId", options.request_id.as_deref())?;
-        let correlation_id: Option<CorrelationId> =
-            opt_id("correlationId", options.correlation_id.as_deref())?;
-        let causation_id: Option<CausationId> =
-            opt_id("causationId", options.causation_id.as_deref())?;
-        let retry = retry(options.max_attempts)?;
-        let fingerprint = options.fingerprint.as_ref().map(fingerprint);
-        let payload_size = payload_size(options.payload_size)?;
+        let mut options = ParsedOptions::parse(options)?;
         let handle = {
             let _enter = self.rt.enter();
             let mut ask = self.node.ask(pool, msg);
-            if let Some(t) = timeout {
-                ask = ask.timeout(t);
-            }
-            if let Some(w) = options.preferred_worker {
+            if let Some(w) = options.preferred_worker.take() {
                 ask = ask.preferred_worker(w);
             }
-            if let Some(id) = request_id {
-                ask = ask.request_id(id);
-            }
-            if let Some(id) = correlation_id {
-                ask = ask.correlation_id(id);
-            }
-            if let Some(id) = causation_id {
-                ask = ask.causation_id(id);
-            }
-            if let Some(policy) = retry {
-                ask = ask.retry(policy);
-            }
-            if let Some(f) = fingerprint {
-                ask = ask.fingerprint(f);
-            }
-            if let Some(size) = payload_size {
-                ask = ask.payload_size(size);
-            }
-            ask.send()
+            apply_options!(ask, options).send()
         };
         Ok(self.spawn(Task::Ask(handle)))
     }
@@ -114,50 +117,13 @@ impl Core {
     pub fn tell(&mut self, pool: u32, msg: u32, options: Option<AskOptions>) -> Result<u32> {
         let msg = self.tok(msg);
         let pool = self.pool_name(pool)?;
-        let options = options.unwrap_or(AskOptions {
-            timeout_ms: None,
-            preferred_worker: None,
-            request_id: None,
-            correlation_id: None,
-            causation_id: None,
-            max_attempts: None,
-            fingerprint: None,
-            payload_size: None,
-        });
-        let timeout = opt_millis("timeoutMs", options.timeout_ms)?;
-        let request_id: Option<RequestId> = opt_id("requestId", options.request_id.as_deref())?;
-        let correlation_id: Option<CorrelationId> =
-            opt_id("correlationId", options.correlation_id.as_deref())?;
-        let causation_id: Option<CausationId> =
-            opt_id("causationId", options.causation_id.as_deref())?;
-        let retry = retry(options.max_attempts)?;
-        let fingerprint = options.fingerprint.as_ref().map(fingerprint);
-        let payload_size = payload_size(options.payload_size)?;
+        let options = match options {
+            Some(options) => ParsedOptions::parse(options)?,
+            None => ParsedOptions::default(),
+        };
         let handle = {
             let _enter = self.rt.enter();
-            let mut tell = self.node.tell(pool, msg);
-            if let Some(t) = timeout {
-                tell = tell.timeout(t);
-            }
-            if let Some(id) = request_id {
-                tell = tell.request_id(id);
-            }
-            if let Some(id) = correlation_id {
-                tell = tell.correlation_id(id);
-            }
-            if let Some(id) = causation_id {
-                tell = tell.causation_id(id);
-            }
-            if let Some(policy) = retry {
-                tell = tell.retry(policy);
-            }
-            if let Some(f) = fingerprint {
-                tell = tell.fingerprint(f);
-            }
-            if let Some(size) = payload_size {
-                tell = tell.payload_size(size);
-            }
-            tell.send()
+            apply_options!(self.node.tell(pool, msg), options).send()
         };
         Ok(self.spawn(Task::Tell(handle)))
     }
@@ -231,5 +197,33 @@ impl Core {
     #[napi(catch_unwind)]
     pub fn purge_dead_letters(&self) -> u32 {
         self.node.purge_dead_letters() as u32
+    }
+}
+
+/// The options of an ask or tell, checked and converted (one place for both).
+#[derive(Default)]
+struct ParsedOptions {
+    timeout: Option<Duration>,
+    preferred_worker: Option<String>,
+    request_id: Option<RequestId>,
+    correlation_id: Option<CorrelationId>,
+    causation_id: Option<CausationId>,
+    retry: Option<RetryPolicy>,
+    fingerprint: Option<PayloadFingerprint>,
+    payload_size: Option<usize>,
+}
+
+impl ParsedOptions {
+    fn parse(options: AskOptions) -> Result<Self> {
+        Ok(Self {
+            timeout: opt_millis("timeoutMs", options.timeout_ms)?,
+            preferred_worker: options.preferred_worker,
+            request_id: opt_id("requestId", options.request_id.as_deref())?,
+            correlation_id: opt_id("correlationId", options.correlation_id.as_deref())?,
+            causation_id: opt_id("causationId", options.causation_id.as_deref())?,
+            retry: retry(options.max_attempts)?,
+            fingerprint: options.fingerprint.as_ref().map(fingerprint),
+            payload_size: payload_size(options.payload_size)?,
+        })
     }
 }

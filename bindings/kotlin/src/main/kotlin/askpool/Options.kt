@@ -151,17 +151,15 @@ data class TellOptions(
         maxAttempts?.let { requireAtLeast("maxAttempts", it.toLong(), 1) }
     }
 
-    internal fun toArgs() = askpool.ffi.AskArgs(
-        timeoutMs = timeout?.let { millis(it).toULong() },
-        preferredWorker = null,
+    /** The same arguments as an ask with these options, one-way. */
+    internal fun toArgs() = AskOptions(
+        timeout = timeout,
         requestId = requestId,
         correlationId = correlationId,
         causationId = causationId,
         fingerprint = fingerprint,
-        maxAttempts = maxAttempts?.toUInt(),
-        stages = false,
-        oneWay = true,
-    )
+        maxAttempts = maxAttempts,
+    ).toArgs(stages = false, oneWay = true)
 }
 
 /** A positive duration in whole milliseconds, at least 1 (a sub-millisecond timeout is not 0: none). */
