@@ -277,7 +277,7 @@ export class Node {
   purgeDeadLetters(): number;
   evictExpired(): void;
   /** Opens (or creates) the SQLite file of durable asks and promises. */
-  openPromises(path: string, options?: { timeoutMs?: number }): this;
+  openPromises(path: string | URL, options?: { timeoutMs?: number }): this;
   /** An ask recorded as a durable promise; message and reply are stored as JSON. */
   askDurable<Reply = any>(pool: PoolRef, msg: unknown, options?: { id?: string }): DurableAsk<Reply>;
   /** The outcome of a durable ask by id: stored, or asked again if pending. */

@@ -30,6 +30,20 @@ function decode(buffer) {
   return buffer == null || buffer.length === 0 ? undefined : JSON.parse(buffer.toString('utf8'));
 }
 
+// A store's file: a path string or a file: URL. Anything else would be
+// turned into a file named after it ("undefined", "[object Object]").
+function storePath(path) {
+  if (path instanceof URL) {
+    try {
+      return require('node:url').fileURLToPath(path);
+    } catch (e) {
+      throw new InvalidArgumentError(`invalid argument: ${e.message}`, { cause: e });
+    }
+  }
+  if (typeof path === 'string' && path.length > 0) return path;
+  throw new InvalidArgumentError('invalid argument: openPromises needs a file path (a non-empty string or a file: URL)');
+}
+
 function call(fn) {
   try {
     return fn();
@@ -372,7 +386,8 @@ class Node {
 
   /** Opens (or creates) the SQLite file durable asks and promises live in. */
   openPromises(path, options = {}) {
-    call(() => this.#core.openPromises(String(path), options.timeoutMs));
+    const file = storePath(path);
+    call(() => this.#core.openPromises(file, options.timeoutMs));
     return this;
   }
 

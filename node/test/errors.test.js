@@ -218,6 +218,13 @@ test('INVALID_ARGUMENT: negative, NaN, fractional or huge numeric options', asyn
   const db = require('node:path').join(require('node:os').tmpdir(), `askpool-bad-${process.pid}.db`);
   assert.throws(() => node.openPromises(db, { timeoutMs: -1 }), { code: 'INVALID_ARGUMENT' });
   assert.equal(require('node:fs').existsSync(db), false, 'no store opened');
+  // A missing or non-path argument is refused, not turned into a file name.
+  for (const bad of [undefined, null, '', 42, {}, new URL('http://example.com/x.db')]) {
+    assert.throws(() => node.openPromises(bad), { code: 'INVALID_ARGUMENT' }, String(bad));
+  }
+  for (const name of ['undefined', 'null', '42', '[object Object]']) {
+    assert.equal(require('node:fs').existsSync(name), false, `no file named ${name}`);
+  }
   // Bounds themselves are fine.
   node.pool('wide', { concurrency: 4, maxInFlight: 2 ** 32 - 1, dedupMax: 1 }).handle((m) => m);
   assert.equal(await node.ask('wide', 2, { timeoutMs: 2 ** 53 - 1, maxAttempts: 1 }), 2);
