@@ -380,6 +380,13 @@ impl AckTracker {
     /// Moves to `to` (table in the module doc). `to` may be
     /// [`AckStage::Partial`]: a progress heartbeat without a fraction.
     pub fn advance(&mut self, to: AckStage, now: Timestamp) -> Result<StageEvent, StageError> {
+        self.apply(to, None, now).cloned()
+    }
+
+    /// [`advance`](Self::advance) without a copy of the event: it is
+    /// borrowed from the history, for a driver that copies it only when
+    /// someone reads it (most asks have no stage reader).
+    pub fn record(&mut self, to: AckStage, now: Timestamp) -> Result<&StageEvent, StageError> {
         self.apply(to, None, now)
     }
 
@@ -389,6 +396,16 @@ impl AckTracker {
         progress: Progress,
         now: Timestamp,
     ) -> Result<StageEvent, StageError> {
+        self.apply(AckStage::Partial, Some(progress), now).cloned()
+    }
+
+    /// [`advance_partial`](Self::advance_partial), the event borrowed as in
+    /// [`record`](Self::record).
+    pub fn record_partial(
+        &mut self,
+        progress: Progress,
+        now: Timestamp,
+    ) -> Result<&StageEvent, StageError> {
         self.apply(AckStage::Partial, Some(progress), now)
     }
 
@@ -449,7 +466,7 @@ impl AckTracker {
         to: AckStage,
         progress: Option<Progress>,
         now: Timestamp,
-    ) -> Result<StageEvent, StageError> {
+    ) -> Result<&StageEvent, StageError> {
         self.check(to)?;
         if let Some(p) = &progress {
             if !(0.0..=1.0).contains(&p.fraction) {
@@ -496,8 +513,8 @@ impl AckTracker {
         }
         self.stage = to;
         self.last_at = now;
-        self.history.push(event.clone());
-        Ok(event)
+        self.history.push(event);
+        Ok(self.history.last().expect("just pushed"))
     }
 }
 

@@ -86,27 +86,54 @@ fn wake(waker: Option<Waker>) {
 }
 
 impl StageLog {
-    /// Records `event`; returns the stream's waker to wake once the slot's
-    /// lock is released.
+    /// Moves the ask to `stage` (`PARTIAL` with its report, if any);
+    /// returns the stream's waker to wake once the slot's lock is released.
     #[must_use = "the stream's waker is woken after the slot's lock is released"]
-    fn push(&mut self, event: Result<StageEvent, StageError>) -> Option<Waker> {
+    fn advance(
+        &mut self,
+        stage: AckStage,
+        progress: Option<Progress>,
+        now: Timestamp,
+    ) -> Option<Waker> {
+        let event = match progress {
+            Some(progress) => self.tracker.record_partial(progress, now),
+            None => self.tracker.record(stage, now),
+        };
+        Self::push(
+            event,
+            &mut self.unread,
+            &self.span,
+            &mut self.stage_span,
+            &mut self.waker,
+        )
+    }
+
+    /// Reports an event the tracker applied (to telemetry, the ask's span
+    /// and an open stream, which alone gets a copy of it).
+    fn push(
+        event: Result<&StageEvent, StageError>,
+        unread: &mut Option<VecDeque<StageEvent>>,
+        span: &tracing::Span,
+        stage_span: &mut tracing::Span,
+        waker: &mut Option<Waker>,
+    ) -> Option<Waker> {
         // A refused transition is a duplicate or reordered frame: the
         // tracker is unchanged and there is nothing to report.
         if let Ok(event) = event {
             telemetry::stage_duration(event.stage, event.since_previous);
-            self.stage_span = if event.stage.is_terminal() {
-                tracing::debug!(parent: &self.span, stage = event.stage.as_str(), "ask ended");
+            *stage_span = if event.stage.is_terminal() {
+                tracing::debug!(parent: span, stage = event.stage.as_str(), "ask ended");
                 tracing::Span::none()
             } else {
-                tracing::debug_span!(parent: &self.span, "ack_stage", stage = event.stage.as_str())
+                tracing::debug_span!(parent: span, "ack_stage", stage = event.stage.as_str())
             };
-            if let Some(unread) = &mut self.unread {
+            if let Some(unread) = unread {
                 if unread.len() == MAX_UNREAD_STAGE_EVENTS {
                     unread.pop_front();
                 }
-                unread.push_back(event);
+                unread.push_back(event.clone());
             }
-            return self.waker.take();
+            return waker.take();
         }
         None
     }
@@ -179,10 +206,10 @@ impl<R> AskSlot<R> {
         if stage == AckStage::Read {
             inner.read = true;
         }
-        let stage_waker = inner.stages.as_mut().and_then(|log| {
-            let event = log.tracker.advance(stage, now());
-            log.push(event)
-        });
+        let stage_waker = inner
+            .stages
+            .as_mut()
+            .and_then(|log| log.advance(stage, None, now()));
         let waker = if first && self.ends_at_ack {
             inner.waker.take()
         } else {
@@ -203,11 +230,11 @@ impl<R> AskSlot<R> {
         // Progress implies the pool received the request.
         let mut waker = None;
         if log.tracker.stage() == AckStage::Sent {
-            let event = log.tracker.advance(AckStage::Received, now);
-            waker = log.push(event);
+            waker = log.advance(AckStage::Received, None, now);
         }
-        let event = log.tracker.advance_partial(progress, now);
-        let waker = log.push(event).or(waker);
+        let waker = log
+            .advance(AckStage::Partial, Some(progress), now)
+            .or(waker);
         drop(inner);
         wake(waker);
     }
@@ -215,10 +242,10 @@ impl<R> AskSlot<R> {
     /// Records the ask's terminal stage (once it is resolved).
     pub(crate) fn record_terminal(&self, stage: AckStage, now: Timestamp) {
         let mut inner = self.inner.lock();
-        let waker = inner.stages.as_mut().and_then(|log| {
-            let event = log.tracker.advance(stage, now);
-            log.push(event)
-        });
+        let waker = inner
+            .stages
+            .as_mut()
+            .and_then(|log| log.advance(stage, None, now));
         drop(inner);
         wake(waker);
     }
