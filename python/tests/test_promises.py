@@ -83,6 +83,14 @@ def test_a_corrupt_database_is_a_typed_error(tmp_path: Path) -> None:
     assert "corrupt" in str(info.value)
 
 
+def test_an_empty_path_is_an_invalid_argument() -> None:
+    # SQLite would open a store that vanishes with its connection.
+    with pytest.raises(askpool.InvalidArgumentError):
+        Promises.open("")
+    with pytest.raises(TypeError):
+        Promises.open(None)  # type: ignore[arg-type]
+
+
 async def test_ask_durable_records_the_outcome(promises: Promises) -> None:
     runs = 0
     async with Node(promises=promises) as node:

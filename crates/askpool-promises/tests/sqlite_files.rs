@@ -40,6 +40,21 @@ fn a_new_file_is_migrated_and_reopens_with_its_data() {
 }
 
 #[test]
+fn no_file_path_is_an_invalid_argument() {
+    // SQLite would open these as stores that vanish with the connection.
+    for path in ["", ":memory:"] {
+        assert!(
+            matches!(
+                SqliteStore::open(path),
+                Err(PromiseError::InvalidArgument { .. })
+            ),
+            "{path:?}"
+        );
+    }
+    assert!(!std::path::Path::new(":memory:").exists());
+}
+
+#[test]
 fn a_file_that_is_not_a_database_is_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("junk.db");

@@ -90,6 +90,14 @@ impl SqliteStore {
 
     pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
         let path = path.as_ref().to_owned();
+        // SQLite would take "" (and ":memory:") as a store that vanishes
+        // with its connection: not the durable file the caller asked for.
+        if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {
+            return Err(PromiseError::invalid(format!(
+                "a SQLite store needs a file path, not {:?}",
+                path.as_os_str()
+            )));
+        }
         let mut conn = Connection::open(&path).map_err(|e| map_err(&path, e))?;
         conn.busy_timeout(options.busy_timeout)
             .map_err(|e| map_err(&path, e))?;
