@@ -111,6 +111,35 @@ async def test_ask_durable_records_the_outcome(promises: Promises) -> None:
         assert runs == 1
 
 
+async def test_a_cancelled_durable_wait_still_settles_the_promise(
+    promises: Promises,
+) -> None:
+    runs = 0
+    go = asyncio.Event()
+    async with Node(promises=promises) as node:
+        pool = node.pool("slow")
+
+        @pool.handler
+        async def handle(msg: str, ctx: Context) -> str:
+            nonlocal runs
+            await go.wait()
+            runs += 1
+            return msg.upper()
+
+        handle_ = node.ask_durable("slow", "hi")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(handle_, 0.05)
+        go.set()
+        # Nobody awaits the ask now; it still runs and records its reply.
+        for _ in range(1000):
+            if promises.get(handle_.id).state != "pending":
+                break
+            await asyncio.sleep(0.01)
+        assert promises.get(handle_.id).state == "resolved"
+        assert await node.await_durable(handle_.id) == "HI"
+        assert runs == 1
+
+
 async def test_durable_failures_and_bad_input(promises: Promises) -> None:
     async with Node(promises=promises) as node:
         pool = node.pool("bad")

@@ -343,11 +343,16 @@ impl NativeNode {
         let msg = Obj::new(msg);
         driver.eager(py, || {
             // The store may wait for another process's lock: without the GIL.
-            let handle = py.detach(|| match id {
-                Some(id) => self
-                    .node
-                    .ask_durable_with_id(&promises.durable, id, pool, msg),
-                None => self.node.ask_durable(&promises.durable, pool, msg),
+            // In the runtime, so that the ask runs there to its end even if
+            // the awaiting task is cancelled (see `DurableHandle`).
+            let handle = py.detach(|| {
+                let _runtime = crate::runtime().enter();
+                match id {
+                    Some(id) => self
+                        .node
+                        .ask_durable_with_id(&promises.durable, id, pool, msg),
+                    None => self.node.ask_durable(&promises.durable, pool, msg),
+                }
             });
             let handle = to_py(handle)?;
             let id = handle.id().to_owned();
@@ -367,7 +372,10 @@ impl NativeNode {
         id: &str,
     ) -> PyResult<()> {
         driver.eager(py, || {
-            let handle = py.detach(|| self.node.await_durable(&promises.durable, id));
+            let handle = py.detach(|| {
+                let _runtime = crate::runtime().enter();
+                self.node.await_durable(&promises.durable, id)
+            });
             let handle = to_py(handle)?;
             FutureTask::spawn(&driver.shared, handle, target, reply);
             Ok(())

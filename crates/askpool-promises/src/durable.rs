@@ -66,7 +66,9 @@ impl Durable for String {
 }
 
 /// A durable ask in flight: a future of its outcome, with its promise id.
-#[must_use = "a durable ask's reply is recorded only while it is awaited"]
+/// Started inside a tokio runtime, the ask runs (and its outcome is
+/// recorded) on that runtime even if this handle is dropped; outside one,
+/// the handle drives it and dropping it cancels the ask.
 pub struct DurableHandle<R> {
     id: String,
     inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>>,
@@ -210,13 +212,29 @@ where
     let ask = node.ask(pool, msg).request_id(id).payload_size(size).send();
     let promises = promises.clone();
     let id = key.clone();
-    DurableHandle {
-        id: key,
-        inner: Box::pin(async move {
-            let outcome = ask.await;
-            record(&promises, &id, outcome)
-        }),
-    }
+    let run = async move {
+        let outcome = ask.await;
+        record(&promises, &id, outcome)
+    };
+    // The ask runs to its end on the runtime whether or not the handle is
+    // still awaited: a caller that stops waiting (a timeout around the
+    // handle, a cancelled task) must not cancel the ask, or the pool would
+    // drop the reply for a cancelled request and the promise would stay
+    // pending, answered `AskCancelled` and later asked (and run) again.
+    let inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>> =
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn(run);
+                Box::pin(async move {
+                    task.await.unwrap_or_else(|e| {
+                        Err(AskError::internal(format!("durable ask task failed: {e}")))
+                    })
+                })
+            }
+            // Outside a runtime the handle drives the ask, as any ask.
+            Err(_) => Box::pin(run),
+        };
+    DurableHandle { id: key, inner }
 }
 
 /// Settles the promise with the ask's outcome, unless the failure is worth

@@ -314,3 +314,66 @@ async fn an_oversize_durable_message_is_refused_before_it_is_stored() {
         "nothing was stored"
     );
 }
+
+/// A caller that stops waiting (a timeout around the handle, a cancelled
+/// task) does not cancel the durable ask: the handler's reply settles the
+/// promise, and asking for the outcome by id answers it without a second
+/// run, even once the pool's record of the request has expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_durable_handle_still_settles_its_promise() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = promises(&dir.path().join("durable.db"));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let node = N::new();
+    {
+        let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+        node.pool("slow")
+            .dedup(askpool::DedupConfig {
+                terminal_ttl: Duration::from_millis(50),
+                ..askpool::DedupConfig::default()
+            })
+            .handler(move |msg: String, _ctx| {
+                let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+                async move {
+                    let _permit = gate.acquire().await;
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok(msg.to_uppercase())
+                }
+            })
+            .unwrap();
+    }
+    let ask = node.ask_durable(&store, "slow", "hi".into()).unwrap();
+    let id = ask.id().to_owned();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), ask)
+            .await
+            .is_err(),
+        "the caller gave up waiting"
+    );
+    gate.add_permits(1);
+    let settled = async {
+        loop {
+            let p = store
+                .store()
+                .get(&id, askpool_promises::now_millis())
+                .unwrap();
+            if p.state != State::Pending {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let p = tokio::time::timeout(Duration::from_secs(10), settled)
+        .await
+        .expect("the promise settles without a waiter");
+    assert_eq!(
+        (p.state, p.value.as_deref()),
+        (State::Resolved, Some(&b"HI"[..]))
+    );
+    // Past the pool's record of the request: only the promise remembers.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let again = node.await_durable(&store, &id).unwrap().await.unwrap();
+    assert_eq!(again, "HI");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+}
