@@ -176,3 +176,29 @@ fn two_stores_on_one_file_see_each_others_writes() {
     );
     assert_eq!(a.snapshot().unwrap(), b.snapshot().unwrap());
 }
+
+/// Processes starting together on a new file: each open either migrates it
+/// or finds it migrated, never a half-made file taken for someone else's.
+#[test]
+fn stores_opened_at_once_on_a_new_file_all_succeed() {
+    for round in 0..60 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.db");
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(6));
+        let opens: Vec<_> = (0..6)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    SqliteStore::open(&path).map(|_| ())
+                })
+            })
+            .collect();
+        for open in opens {
+            if let Err(e) = open.join().unwrap() {
+                panic!("round {round}: an open failed: {e:?}");
+            }
+        }
+        assert_eq!(pragma(&path, "user_version"), SCHEMA_VERSION);
+    }
+}

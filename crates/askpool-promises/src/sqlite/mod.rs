@@ -101,7 +101,7 @@ impl SqliteStore {
         let mut conn = Connection::open(&path).map_err(|e| map_err(&path, e))?;
         conn.busy_timeout(options.busy_timeout)
             .map_err(|e| map_err(&path, e))?;
-        schema::prepare(&mut conn, &path)?;
+        schema::prepare(&mut conn, &path, options.busy_timeout)?;
         Ok(Self {
             path,
             inner: Mutex::new(Inner {

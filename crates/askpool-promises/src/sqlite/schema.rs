@@ -2,8 +2,9 @@
 //! newer one, and the versioned migrations (`PRAGMA user_version`).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 
 use super::map_err;
 use crate::error::PromiseError;
@@ -63,18 +64,34 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// Checks what the file is, then brings its schema up to date.
-pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<()> {
+/// What a file says it is: its application id, schema version and number
+/// of schema objects, read in one transaction (one snapshot: read one by
+/// one, they could straddle another process's migration of a new file).
+fn identity(conn: &Connection, path: &Path) -> Result<(i64, i64, i64)> {
     let err = |e| map_err(path, e);
-    let app_id: i64 = conn
-        .pragma_query_value(None, "application_id", |r| r.get(0))
-        .map_err(err)?;
-    let version: i64 = conn
-        .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(err)?;
-    let objects: i64 = conn
-        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-        .map_err(err)?;
+    let read = |conn: &Connection| -> rusqlite::Result<(i64, i64, i64)> {
+        Ok((
+            conn.pragma_query_value(None, "application_id", |r| r.get(0))?,
+            conn.pragma_query_value(None, "user_version", |r| r.get(0))?,
+            conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?,
+        ))
+    };
+    if !conn.is_autocommit() {
+        // Inside the caller's (write) transaction: already one snapshot.
+        return read(conn).map_err(err);
+    }
+    conn.execute_batch("BEGIN DEFERRED").map_err(err)?;
+    let found = read(conn);
+    let end = conn.execute_batch("COMMIT");
+    let found = found.map_err(err)?;
+    end.map_err(err)?;
+    Ok(found)
+}
+
+/// Refuses a file that is not ours, or is of a newer schema; returns its
+/// schema version.
+fn check(conn: &Connection, path: &Path) -> Result<i64> {
+    let (app_id, version, objects) = identity(conn, path)?;
     if app_id != APPLICATION_ID && (app_id != 0 || objects > 0 || version != 0) {
         return Err(PromiseError::Foreign {
             path: path.to_owned(),
@@ -90,9 +107,35 @@ pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<()> {
             supported: SCHEMA_VERSION,
         });
     }
-    let mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-        .map_err(err)?;
+    Ok(version)
+}
+
+/// Sets the WAL journal mode; returns the mode the file is in. SQLite
+/// answers "busy" at once, without its busy handler, when another
+/// connection holds a lock (processes opening a new file together): this
+/// retries for up to `busy_timeout`, as a write would wait.
+fn switch_to_wal(conn: &Connection, path: &Path, busy_timeout: Duration) -> Result<String> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)) {
+            Ok(mode) => return Ok(mode),
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.code == ErrorCode::DatabaseBusy && started.elapsed() < busy_timeout =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(map_err(path, e)),
+        }
+    }
+}
+
+/// Checks what the file is, then brings its schema up to date.
+pub(super) fn prepare(conn: &mut Connection, path: &Path, busy_timeout: Duration) -> Result<()> {
+    let err = |e| map_err(path, e);
+    let version = check(conn, path)?;
+    let mode = switch_to_wal(conn, path, busy_timeout)?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(PromiseError::Storage {
             message: format!("cannot switch {path:?} to WAL (journal mode {mode})"),
@@ -108,10 +151,9 @@ pub(super) fn prepare(conn: &mut Connection, path: &Path) -> Result<()> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(err)?;
-    // Another process may have migrated while we waited for the lock.
-    let version: i64 = tx
-        .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(err)?;
+    // Another process may have migrated (or made the file something else)
+    // while we waited for the lock.
+    let version = check(&tx, path)?;
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         tx.execute_batch(sql).map_err(err)?;
         tx.pragma_update(None, "user_version", i as i64 + 1)
