@@ -51,8 +51,17 @@ pub fn violations(s: &Snapshot) -> Vec<String> {
                     ));
                 }
                 let awaiter = t.awaiter.as_deref().unwrap_or_default();
-                if !promises.contains_key(awaiter) {
-                    out.push(format!("task {}: unknown awaiter {awaiter:?}", t.id));
+                match promises.get(awaiter) {
+                    None => out.push(format!("task {}: unknown awaiter {awaiter:?}", t.id)),
+                    Some(a) if t.state == TaskState::Waiting => {
+                        if a.state.is_settled() || t.epoch != a.resume_epoch + 1 {
+                            out.push(format!(
+                                "task {}: waiting for epoch {} of {awaiter:?} ({}, epoch {})",
+                                t.id, t.epoch, a.state, a.resume_epoch
+                            ));
+                        }
+                    }
+                    Some(_) => {}
                 }
                 if !resumes.insert((awaiter, t.epoch)) {
                     out.push(format!(

@@ -129,10 +129,16 @@ impl Tx for State {
             .map(|t| t.id);
         Ok(found.is_some_and(|id| self.tasks.remove(&id).is_some()))
     }
-    fn has_resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<bool> {
-        Ok(self.tasks.values().any(|t| {
-            t.kind == TaskKind::Resume && t.awaiter.as_deref() == Some(awaiter) && t.epoch == epoch
-        }))
+    fn resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<Option<Task>> {
+        Ok(self
+            .tasks
+            .values()
+            .find(|t| {
+                t.kind == TaskKind::Resume
+                    && t.awaiter.as_deref() == Some(awaiter)
+                    && t.epoch == epoch
+            })
+            .cloned())
     }
     fn next_claimable(&mut self, pool: &str, worker: &str, now: Millis) -> Result<Option<Task>> {
         let mut candidates = self

@@ -274,6 +274,11 @@ pub enum TaskKind {
 pub enum TaskState {
     Ready,
     Claimed,
+    /// A resume task for the awaiter's next suspension, made while the
+    /// current one's resume task still runs: claimable once that task
+    /// completes (it becomes `Ready`), so one awaiter never runs twice at
+    /// once.
+    Waiting,
 }
 
 /// A unit of work for a pool. A completed task is deleted.

@@ -22,6 +22,7 @@ pub(crate) struct NewTask {
     pub epoch: u64,
     pub pool: String,
     pub preferred_worker: Option<String>,
+    pub state: TaskState,
     pub created_at: Millis,
 }
 
@@ -35,7 +36,7 @@ impl NewTask {
             epoch: self.epoch,
             pool: self.pool,
             preferred_worker: self.preferred_worker,
-            state: TaskState::Ready,
+            state: self.state,
             claims: 0,
             lease_owner: None,
             lease_expires_at: None,
@@ -95,7 +96,8 @@ pub(crate) trait Tx {
     fn delete_task(&mut self, id: u64) -> Result<()>;
     /// Deletes the promise's invoke task, if it has one.
     fn delete_invoke_task_of(&mut self, promise_id: &str) -> Result<bool>;
-    fn has_resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<bool>;
+    /// The resume task of `awaiter`'s suspension `epoch`, if there is one.
+    fn resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<Option<Task>>;
     /// The task `worker` claims per [`rules::claimable`]: preferring it
     /// first, then by id.
     fn next_claimable(&mut self, pool: &str, worker: &str, now: Millis) -> Result<Option<Task>>;
@@ -152,16 +154,34 @@ fn settle(
     if tx.delete_invoke_task_of(&p.id)? {
         tx.crash_point()?;
     }
+    // As an awaiter, `p` has ended: a next suspension will not come.
+    if let Some(waiting) = tx.resume_task(&p.id, p.resume_epoch + 1)? {
+        tx.delete_task(waiting.id)?;
+        tx.crash_point()?;
+    }
     let callbacks = tx.callbacks_on(&p.id)?;
     if callbacks.is_empty() {
         return Ok(());
     }
     for cb in callbacks {
-        let Some(awaiter) = tx.promise(&cb.awaiter)? else {
+        // Touched: an awaiter past its timeout times out now, not resumed.
+        let Some(awaiter) = touch(tx, &cb.awaiter, now)? else {
             continue;
         };
-        let current = awaiter.state == State::Pending && awaiter.resume_epoch == cb.epoch;
-        if current && !tx.has_resume_task(&cb.awaiter, cb.epoch)? {
+        if awaiter.state != State::Pending {
+            continue;
+        }
+        // The current suspension is woken now; the next one (registered
+        // while the awaiter runs from its current resume task) once that
+        // task completes.
+        let state = if cb.epoch == awaiter.resume_epoch {
+            TaskState::Ready
+        } else if cb.epoch == awaiter.resume_epoch + 1 {
+            TaskState::Waiting
+        } else {
+            continue;
+        };
+        if tx.resume_task(&cb.awaiter, cb.epoch)?.is_none() {
             tx.insert_task(NewTask {
                 kind: TaskKind::Resume,
                 promise_id: p.id.clone(),
@@ -169,6 +189,7 @@ fn settle(
                 epoch: cb.epoch,
                 pool: cb.pool,
                 preferred_worker: cb.preferred_worker,
+                state,
                 created_at: now,
             })?;
             tx.crash_point()?;
@@ -180,6 +201,7 @@ fn settle(
 pub(crate) fn create(tx: &mut impl Tx, req: &CreateRequest, now: Millis) -> Result<Created> {
     rules::check_name("promise id", &req.id)?;
     rules::check_opt_name("create key", req.key.as_deref())?;
+    rules::check_value("param", &req.param)?;
     if let Some(t) = &req.target {
         rules::check_name("pool", &t.pool)?;
         rules::check_opt_name("preferred worker", t.preferred_worker.as_deref())?;
@@ -223,6 +245,7 @@ pub(crate) fn create(tx: &mut impl Tx, req: &CreateRequest, now: Millis) -> Resu
             epoch: 0,
             pool: target.pool.clone(),
             preferred_worker: target.preferred_worker.clone(),
+            state: TaskState::Ready,
             created_at: now,
         })?;
     }
@@ -238,6 +261,7 @@ pub(crate) fn get(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Promise> {
 
 pub(crate) fn complete(tx: &mut impl Tx, req: &CompleteRequest, now: Millis) -> Result<Completed> {
     rules::check_opt_name("complete key", req.key.as_deref())?;
+    rules::check_value("value", &req.value)?;
     let now = rules::clamp(now);
     let mut p = touch_existing(tx, &req.id, now)?;
     match rules::complete(&p, req.completion, req.key.as_deref())? {
@@ -317,13 +341,20 @@ pub(crate) fn register_callback(
             state: awaiter.state,
         });
     }
-    if let Some(cb) = tx.find_callback(&req.awaited, &req.awaiter, awaiter.resume_epoch)? {
+    // While a resume task of the current suspension exists, the awaiter
+    // runs (or is about to run) from it: what it awaits now is for its next
+    // suspension, which that task's completion begins (see `rules`).
+    let epoch = match tx.resume_task(&req.awaiter, awaiter.resume_epoch)? {
+        Some(_) => awaiter.resume_epoch + 1,
+        None => awaiter.resume_epoch,
+    };
+    if let Some(cb) = tx.find_callback(&req.awaited, &req.awaiter, epoch)? {
         return Ok(CallbackOutcome::Registered(cb));
     }
     let cb = tx.insert_callback(NewCallback {
         awaited: req.awaited.clone(),
         awaiter: req.awaiter.clone(),
-        epoch: awaiter.resume_epoch,
+        epoch,
         pool: req.pool.clone(),
         preferred_worker: req.preferred_worker.clone(),
         created_at: now,
@@ -411,6 +442,16 @@ pub(crate) fn complete_task(tx: &mut impl Tx, lease: &Lease, now: Millis) -> Res
         tx.crash_point()?;
         awaiter.resume_epoch += 1;
         tx.update_promise(&awaiter)?;
+        // Something the awaiter awaited for its next suspension settled
+        // while it ran: that suspension is woken now.
+        if let Some(mut next) = tx.resume_task(&awaiter.id, awaiter.resume_epoch)? {
+            if next.state == TaskState::Waiting {
+                tx.crash_point()?;
+                next.state = TaskState::Ready;
+                next.created_at = now;
+                tx.update_task(&next)?;
+            }
+        }
     }
     Ok(())
 }

@@ -36,12 +36,18 @@
 //! creates a resume task to the callback's pool, preferring its worker,
 //! unless a resume task for that awaiter and suspension already exists (a
 //! suspension is woken once; the awaiter then looks at all it awaited).
+//! One registered for the next suspension (`resume_epoch + 1`, see
+//! Callbacks) creates that suspension's resume task `Waiting`. A settling
+//! awaiter's `Waiting` resume task is deleted (nothing is left to resume).
 //!
 //! # Callbacks
 //! Registering `Resume(awaiter, awaited)`: both must exist (`NotFound`),
 //! the awaiter must be pending (`AlreadySettled`). A settled awaited
 //! promise answers `AlreadyCompleted` and stores nothing. Otherwise the
-//! callback is stored with the awaiter's current `resume_epoch`; the same
+//! callback is stored with the awaiter's current `resume_epoch`, or the
+//! next one while a resume task of the current one exists: the awaiter is
+//! then running (or about to run) from that task, and what it awaits now
+//! is for its next suspension, which the task's completion begins. The same
 //! registration again returns the stored callback.
 //!
 //! # Tasks
@@ -54,7 +60,8 @@
 //! completion: they need the same worker and counter and an unexpired lease,
 //! else `LeaseLost`. An invoke task completes with its promise; completing
 //! a resume task ends the awaiter's suspension (`resume_epoch + 1`), so its
-//! older callbacks wake nothing.
+//! older callbacks wake nothing, and makes the new suspension's `Waiting`
+//! resume task `Ready` (created now, for the preference grace).
 
 use crate::error::PromiseError;
 use crate::model::{Completion, Millis, Promise, State, Task, TaskState, MAX_TIME};
@@ -64,6 +71,10 @@ pub const PREFERENCE_GRACE_MS: Millis = 5_000;
 
 /// Longest id, key, pool or worker name accepted.
 pub const MAX_NAME_BYTES: usize = 1_024;
+
+/// Largest param or value a promise holds, in either store (SQLite's own
+/// limit is about 1 GB; past it a write failed as a storage error).
+pub const MAX_VALUE_BYTES: usize = 256 << 20;
 
 /// What a create of an existing promise is.
 pub(crate) fn create_existing(p: &Promise, key: Option<&str>) -> Result<(), PromiseError> {
@@ -110,6 +121,7 @@ pub fn claimable(task: &Task, worker: &str, now: Millis) -> bool {
     let free = match task.state {
         TaskState::Ready => true,
         TaskState::Claimed => task.lease_expires_at.is_some_and(|at| at <= now),
+        TaskState::Waiting => false,
     };
     let allowed = match &task.preferred_worker {
         None => true,
@@ -144,6 +156,16 @@ pub(crate) fn check_name(what: &str, s: &str) -> Result<(), PromiseError> {
     if s.contains('\0') {
         return Err(PromiseError::invalid(format!(
             "{what} must not contain NUL"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_value(what: &str, bytes: &[u8]) -> Result<(), PromiseError> {
+    if bytes.len() > MAX_VALUE_BYTES {
+        return Err(PromiseError::invalid(format!(
+            "{what} is {} bytes; a promise holds at most {MAX_VALUE_BYTES}",
+            bytes.len()
         )));
     }
     Ok(())

@@ -3,6 +3,7 @@
 mod common;
 
 use askpool_promises::rules::PREFERENCE_GRACE_MS;
+use askpool_promises::violations;
 use askpool_promises::{
     CallbackOutcome, CallbackRequest, ClaimRequest, CompleteRequest, Completion, CreateRequest,
     Lease, PromiseError, SearchQuery, State, Store, Target, TaskKind,
@@ -366,6 +367,116 @@ fn a_callback_wakes_only_its_own_suspension() {
         s.complete(&resolve("p5"), T).unwrap();
         let woken = claim(s, "ga", "w1", T).unwrap();
         assert_eq!((woken.task.epoch, woken.promise.id.as_str()), (1, "p5"));
+    });
+}
+
+/// Pending p1, p2 and p3; p1 awaited p2, which settled: the resume task
+/// of p1's first suspension, claimed by w1.
+fn resumed_once(s: &dyn Store) -> askpool_promises::Claimed {
+    for id in ["p1", "p2", "p3"] {
+        s.create(&CreateRequest::new(id, T + 60_000), T).unwrap();
+    }
+    s.register_callback(&cb("p2", "p1", "ga", "w1"), T).unwrap();
+    s.complete(&resolve("p2"), T).unwrap();
+    claim(s, "ga", "w1", T).unwrap()
+}
+
+/// Resonate's order: the resumed execution awaits another promise (its
+/// callback registered while it holds the resume task), then suspends
+/// (completes the task). Whether that promise settles after the suspension
+/// or while the execution still runs, the awaiter is woken once more, and
+/// never twice at once.
+#[test]
+fn what_a_resumed_execution_awaits_wakes_its_next_suspension() {
+    for settles_while_running in [false, true] {
+        each_store(|s| {
+            let resumed = resumed_once(s);
+            assert_eq!(resumed.task.epoch, 0);
+            let CallbackOutcome::Registered(c3) = s
+                .register_callback(&cb("p3", "p1", "ga", "w1"), T + 1)
+                .unwrap()
+            else {
+                panic!("p3 is pending");
+            };
+            assert_eq!(
+                c3.epoch, 1,
+                "for the suspension the task's completion begins"
+            );
+            if settles_while_running {
+                s.complete(&resolve("p3"), T + 2).unwrap();
+                assert!(
+                    claim(s, "ga", "w1", T + 2).is_none(),
+                    "not while the current resume task runs"
+                );
+            }
+            s.complete_task(&Lease::of(&resumed.task), T + 3).unwrap();
+            if !settles_while_running {
+                s.complete(&resolve("p3"), T + 4).unwrap();
+            }
+            let woken = claim(s, "ga", "w1", T + 5).expect("p1 is woken again");
+            assert_eq!(
+                (woken.task.epoch, woken.task.promise_id.as_str()),
+                (1, "p3")
+            );
+            assert_eq!(s.get("p1", T + 5).unwrap().resume_epoch, 1);
+            assert!(violations(&s.snapshot().unwrap()).is_empty());
+        });
+    }
+}
+
+/// An awaiter that settles while its next suspension's resume task waits
+/// leaves nothing behind to resume.
+#[test]
+fn a_settled_awaiter_drops_its_waiting_resume_task() {
+    each_store(|s| {
+        let resumed = resumed_once(s);
+        s.register_callback(&cb("p3", "p1", "ga", "w1"), T).unwrap();
+        s.complete(&resolve("p3"), T).unwrap();
+        s.complete(&resolve("p1"), T + 1).unwrap();
+        let tasks = s.snapshot().unwrap().tasks;
+        assert_eq!(tasks, vec![resumed.task.clone()], "only the running task");
+        s.complete_task(&Lease::of(&resumed.task), T + 2).unwrap();
+        assert!(s.snapshot().unwrap().tasks.is_empty());
+        assert!(violations(&s.snapshot().unwrap()).is_empty());
+    });
+}
+
+/// Timeouts apply on every read: an awaiter past its timeout when what it
+/// awaited settles is timed out, not resumed.
+#[test]
+fn an_awaiter_past_its_timeout_is_not_resumed() {
+    each_store(|s| {
+        s.create(&CreateRequest::new("awaiter", T + 100), T)
+            .unwrap();
+        s.create(&CreateRequest::new("awaited", T + 60_000), T)
+            .unwrap();
+        s.register_callback(&cb("awaited", "awaiter", "ga", "w1"), T)
+            .unwrap();
+        s.complete(&resolve("awaited"), T + 200).unwrap();
+        assert!(claim(s, "ga", "w1", T + 200).is_none());
+        assert_eq!(s.get("awaiter", T + 200).unwrap().state, State::TimedOut);
+        assert!(s.snapshot().unwrap().tasks.is_empty());
+    });
+}
+
+/// Over the bound both stores keep (SQLite's own is about 1 GB, and failed
+/// as a storage error): a typed refusal, nothing written.
+#[test]
+fn an_oversize_param_or_value_is_an_invalid_argument() {
+    each_store(|s| {
+        let big = vec![7u8; askpool_promises::rules::MAX_VALUE_BYTES + 1];
+        assert!(matches!(
+            s.create(&CreateRequest::new("big", T + 1_000).param(big.clone()), T),
+            Err(PromiseError::InvalidArgument { .. })
+        ));
+        assert!(s.snapshot().unwrap().promises.is_empty());
+        s.create(&CreateRequest::new("small", T + 1_000), T)
+            .unwrap();
+        assert!(matches!(
+            s.complete(&resolve("small").value(big), T),
+            Err(PromiseError::InvalidArgument { .. })
+        ));
+        assert_eq!(s.get("small", T).unwrap().state, State::Pending);
     });
 }
 

@@ -72,6 +72,7 @@ fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
     let state = match r.get::<_, i64>(7)? {
         0 => TaskState::Ready,
         1 => TaskState::Claimed,
+        2 => TaskState::Waiting,
         _ => return Err(bad("task state")),
     };
     Ok(Task {
@@ -113,6 +114,7 @@ fn state_code(s: TaskState) -> i64 {
     match s {
         TaskState::Ready => 0,
         TaskState::Claimed => 1,
+        TaskState::Waiting => 2,
     }
 }
 
@@ -263,7 +265,7 @@ impl Tx for SqlTx<'_> {
         self.exec(
             "INSERT INTO tasks (kind, promise_id, awaiter, epoch, pool, preferred_worker, \
                  state, claims, lease_owner, lease_expires_at, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, 0, NULL, NULL, ?7)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, NULL, NULL, ?8)",
             params![
                 kind_code(n.kind),
                 n.promise_id,
@@ -271,6 +273,7 @@ impl Tx for SqlTx<'_> {
                 t(n.epoch),
                 n.pool,
                 n.preferred_worker,
+                state_code(n.state),
                 t(n.created_at),
             ],
         )?;
@@ -285,14 +288,15 @@ impl Tx for SqlTx<'_> {
 
     fn update_task(&mut self, k: &Task) -> Result<()> {
         self.exec(
-            "UPDATE tasks SET state = ?2, claims = ?3, lease_owner = ?4, lease_expires_at = ?5 \
-                 WHERE id = ?1",
+            "UPDATE tasks SET state = ?2, claims = ?3, lease_owner = ?4, lease_expires_at = ?5, \
+                 created_at = ?6 WHERE id = ?1",
             params![
                 t(k.id),
                 state_code(k.state),
                 k.claims,
                 k.lease_owner,
                 k.lease_expires_at.map(t),
+                t(k.created_at),
             ],
         )?;
         Ok(())
@@ -311,13 +315,12 @@ impl Tx for SqlTx<'_> {
         Ok(deleted > 0)
     }
 
-    fn has_resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<bool> {
-        let mut stmt = self
-            .tx
-            .prepare_cached("SELECT 1 FROM tasks WHERE awaiter = ?1 AND epoch = ?2 AND kind = 1")
-            .map_err(|e| self.err(e))?;
-        stmt.exists(params![awaiter, t(epoch)])
-            .map_err(|e| self.err(e))
+    fn resume_task(&mut self, awaiter: &str, epoch: u64) -> Result<Option<Task>> {
+        let sql = format!(
+            "SELECT {TASK_COLS} FROM tasks WHERE awaiter = ?1 AND epoch = ?2 AND kind = 1 \
+             ORDER BY id LIMIT 1"
+        );
+        self.one_task(&sql, params![awaiter, t(epoch)])
     }
 
     fn next_claimable(&mut self, pool: &str, worker: &str, now: Millis) -> Result<Option<Task>> {
