@@ -98,6 +98,28 @@ impl DurablePromises {
         Ok(done)
     }
 
+    /// Deletes the promises settled more than `older_than` ago (with what
+    /// hangs on them), after timing out the pending ones whose timeout has
+    /// passed; returns how many were deleted. A store keeps every promise
+    /// until it is pruned: call this on a schedule (a retention period, as
+    /// Temporal's) to bound it. A pruned durable ask is forgotten: asked
+    /// again under its id, it runs again.
+    pub fn prune(&self, older_than: Duration) -> Result<usize> {
+        const BATCH: usize = 1_000;
+        let now = now_millis();
+        while self.store.sweep(now, BATCH)? == BATCH {}
+        let older_than = u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX);
+        let before = now.saturating_sub(older_than);
+        let mut pruned = 0;
+        loop {
+            let n = self.store.prune(before, BATCH)?;
+            pruned += n;
+            if n < BATCH {
+                return Ok(pruned);
+            }
+        }
+    }
+
     /// The promise once it has settled (resolved, rejected, canceled, or
     /// timed out at its deadline). Needs a tokio runtime.
     pub async fn wait(&self, id: &str) -> Result<Promise> {

@@ -74,3 +74,34 @@ async fn wait_ends_at_the_timeout_and_unknown_ids_fail() {
         Some(p.timeout_at)
     );
 }
+
+/// A store keeps every promise until pruned: `prune` deletes those settled
+/// longer ago than the retention, timing out the expired ones first, and
+/// keeps the rest.
+#[test]
+fn prune_deletes_what_settled_before_the_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    for promises in [
+        DurablePromises::in_memory(),
+        DurablePromises::open(dir.path().join("p.db")).unwrap(),
+    ] {
+        for i in 0..2_500 {
+            let id = format!("done-{i}");
+            promises.create(&id, vec![], 60_000, None).unwrap();
+            promises.resolve(&id, vec![], None).unwrap();
+        }
+        promises.create("expired", vec![], 1, None).unwrap();
+        promises.create("live", vec![], 60_000, None).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(promises.prune(Duration::from_secs(3600)).unwrap(), 0);
+        assert_eq!(promises.get("expired").unwrap().state, State::TimedOut);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(promises.prune(Duration::ZERO).unwrap(), 2_501);
+        assert!(matches!(
+            promises.get("done-7"),
+            Err(PromiseError::NotFound { .. })
+        ));
+        assert_eq!(promises.get("live").unwrap().state, State::Pending);
+        assert_eq!(promises.store().snapshot().unwrap().promises.len(), 1);
+    }
+}
