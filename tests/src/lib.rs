@@ -20,6 +20,8 @@ pub enum FrameKind {
     AckBatch,
     Read,
     Reply,
+    /// A pool's refusal of an attempt (full, closed, payload mismatch).
+    Refused,
     Cancelled,
     Progress,
 }
@@ -178,6 +180,7 @@ fn caller_info<R>(frame: &ToCaller<R>) -> FrameInfo {
         ToCaller::Reply { outcome, .. } => {
             (FrameKind::Reply, outcome.as_ref().err().map(|e| e.code()))
         }
+        ToCaller::Refused { error, .. } => (FrameKind::Refused, Some(error.code())),
         ToCaller::Cancelled { .. } => (FrameKind::Cancelled, None),
         ToCaller::Progress { .. } => (FrameKind::Progress, None),
         ToCaller::AckBatch { .. } => (FrameKind::AckBatch, None),

@@ -165,6 +165,87 @@ mod stage_deadline {
     }
 }
 
+mod own_cancel {
+    use super::*;
+    use askpool_tests::{Fate, FrameKind, Tap};
+    use std::sync::{Arc, Mutex};
+
+    /// The pool's answer to the caller's own timeout cancel, arriving after
+    /// the ask ended (any delay on the way back), is not a late outcome:
+    /// the work was cancelled, not done, so the ask's dead letter stays
+    /// (before, it counted as a late outcome and took the letter).
+    #[tokio::test(start_paused = true)]
+    async fn the_answer_to_a_timeout_cancel_is_not_a_late_outcome() {
+        let tap = Tap::in_process();
+        tap.set_rule(|frame| match frame.kind {
+            FrameKind::Cancelled => Fate::Delay(Duration::from_millis(10)),
+            _ => Fate::Deliver,
+        });
+        let node: Node<u64, u64> =
+            Node::with_transport(tap.clone(), askpool::NodeConfig::default());
+        let late = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&late);
+        node.on_late_outcome(move |outcome| {
+            seen.lock().unwrap().push(format!("{:?}", outcome.result));
+        });
+        let _pool = node
+            .pool("p")
+            .handler(|m: u64, _ctx| async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(m)
+            })
+            .unwrap();
+        let ask = node.ask("p", 1).timeout(Duration::from_secs(1)).send();
+        let id = ask.request_id();
+        let err = ask.await.unwrap_err();
+        assert!(matches!(err, AskError::AskTimeout { .. }), "{err:?}");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(*late.lock().unwrap(), Vec::<String>::new());
+        assert_eq!(node.stats().late_outcomes, 0);
+        assert!(node.dead_letter(id).is_some(), "the letter stays");
+    }
+}
+
+mod cached_transient {
+    use super::*;
+    use askpool_tests::{FrameKind, Tap};
+
+    /// A handler's transient error is its request's outcome, cached like
+    /// any reply: the caller gets it at once and re-sends nothing, even
+    /// when it comes after the delivery deadline (before, the ask was
+    /// re-sent, answered from the cache each time, and surfaced seconds
+    /// late; or failed DeadlineExceeded and lost the handler's error).
+    /// Only a pool's refusal (nothing cached) is re-sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_handlers_transient_error_is_final() {
+        for work in [Duration::ZERO, Duration::from_secs(12)] {
+            let tap = Tap::in_process();
+            let node: Node<u64, u64> =
+                Node::with_transport(tap.clone(), askpool::NodeConfig::default());
+            let _pool = node
+                .pool("p")
+                .handler(move |_m: u64, _ctx| async move {
+                    tokio::time::sleep(work).await;
+                    Err::<u64, _>(AskError::unavailable("downstream is down"))
+                })
+                .unwrap();
+            let started = tokio::time::Instant::now();
+            let err = node
+                .ask("p", 1)
+                .timeout(Duration::from_secs(60))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&err, AskError::Unavailable { reason } if reason.contains("downstream")),
+                "after {work:?}: {err:?}"
+            );
+            assert_eq!(started.elapsed(), work, "at once");
+            assert_eq!(tap.sent(FrameKind::Request).len(), 1, "never re-sent");
+            assert!(tap.sent(FrameKind::Cancel).is_empty());
+        }
+    }
+}
+
 /// The batch_acks flush task is spawned on whatever runtime delivered the
 /// first ack; dropped unrun, it flushes all the same (before, no ack of that
 /// pool was ever sent again and the buffer grew without bound).

@@ -40,7 +40,7 @@ pub enum CallerSend {
 /// How the ask ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resolution {
-    /// The reply frame just fed is the ask's outcome: deliver it.
+    /// The reply (or refusal) frame just fed is the ask's outcome: deliver it.
     Replied,
     /// The ask failed with this error.
     Failed(AskError),
@@ -223,28 +223,40 @@ impl CallerAsk {
         }
     }
 
-    /// `AskReply` arrived. `error` is the outcome's error, if it is one.
-    pub fn on_reply(
+    /// `AskReply` arrived: the request's outcome, live or replayed, error
+    /// or not. It is final: the pool caches it under the request id, so a
+    /// re-send would only replay it (a handler's transient error included).
+    pub fn on_reply(&mut self) -> CallerStep {
+        match self.phase {
+            CallerPhase::Done | CallerPhase::Idle => CallerStep::nothing(),
+            _ => self.finish(Resolution::Replied),
+        }
+    }
+
+    /// `AskRefused` arrived: the pool turned an attempt away before running
+    /// it (full, closing, payload mismatch) and recorded nothing. A
+    /// retryable refusal is re-sent while attempts and time are left, even
+    /// after an Ack (the refusal may answer an earlier attempt than the one
+    /// acknowledged; the pool deduplicates the re-send); anything else is
+    /// the ask's outcome.
+    pub fn on_refused(
         &mut self,
         now: Timestamp,
-        error: Option<&AskError>,
+        error: &AskError,
         rng: &mut dyn RngCore,
     ) -> CallerStep {
         match self.phase {
             CallerPhase::Done | CallerPhase::Idle => CallerStep::nothing(),
-            _ => match error {
-                Some(e) if self.policy.is_retryable(e) && self.can_resend(now) => {
-                    self.schedule_resend(now, rng);
-                    if self.next_resend.is_some() {
-                        // Refused before it ran (nothing was cached): try again.
-                        self.phase = CallerPhase::Unacked;
-                        CallerStep::nothing()
-                    } else {
-                        self.finish(Resolution::Replied)
-                    }
+            _ if self.policy.is_retryable(error) && self.can_resend(now) => {
+                self.schedule_resend(now, rng);
+                if self.next_resend.is_some() {
+                    self.phase = CallerPhase::Unacked;
+                    CallerStep::nothing()
+                } else {
+                    self.finish(Resolution::Replied)
                 }
-                _ => self.finish(Resolution::Replied),
-            },
+            }
+            _ => self.finish(Resolution::Replied),
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::ack::Progress;
-use crate::error::{CancelReason, Outcome};
+use crate::error::{AskError, CancelReason, Outcome};
 use crate::fingerprint::PayloadFingerprint;
 use crate::ids::{AskIds, CallerId};
 
@@ -131,6 +131,15 @@ pub enum ToCaller<R> {
         outcome: Outcome<R>,
         fingerprint: Option<PayloadFingerprint>,
     },
+    /// `AskRefused`: the pool turned this attempt away before running it
+    /// (full, closing, a payload mismatch) and recorded nothing, so unlike
+    /// a reply's error a retryable refusal is worth re-sending.
+    /// `fingerprint` as for `Reply`.
+    Refused {
+        ids: AskIds,
+        error: AskError,
+        fingerprint: Option<PayloadFingerprint>,
+    },
     /// `AskCancelled`: the request was cancelled at the worker.
     Cancelled { ids: AskIds, reason: CancelReason },
     /// `AskProgress`: a partial ack (fraction, note, metadata).
@@ -147,6 +156,7 @@ impl<R> ToCaller<R> {
             ToCaller::Ack { ids }
             | ToCaller::Read { ids }
             | ToCaller::Reply { ids, .. }
+            | ToCaller::Refused { ids, .. }
             | ToCaller::Cancelled { ids, .. }
             | ToCaller::Progress { ids, .. } => ids.caller_id,
         }
@@ -159,6 +169,7 @@ impl<R> ToCaller<R> {
             ToCaller::Ack { ids }
             | ToCaller::Read { ids }
             | ToCaller::Reply { ids, .. }
+            | ToCaller::Refused { ids, .. }
             | ToCaller::Cancelled { ids, .. }
             | ToCaller::Progress { ids, .. } => Some(ids),
         }

@@ -75,7 +75,11 @@ enum Op {
     Sent,
     SendFailed(u64, AskError),
     Ack,
-    Reply(u64, Option<AskError>),
+    /// The outcome, its error if any (final whatever the error: cached).
+    /// The error only names the cell: the machine does not look at it.
+    Reply(u64, #[allow(dead_code)] Option<AskError>),
+    /// The pool turned an attempt away with this error (nothing cached).
+    Refused(u64, AskError),
     WorkerCancelled(CancelReason),
     Timer(u64),
     Cancel,
@@ -161,7 +165,8 @@ fn apply(ask: &mut CallerAsk, op: &Op, rng: &mut SmallRng) -> CallerStep {
             ask.on_ack();
             CallerStep::default()
         }
-        Op::Reply(ms, e) => ask.on_reply(at(*ms), e.as_ref(), rng),
+        Op::Reply(..) => ask.on_reply(),
+        Op::Refused(ms, e) => ask.on_refused(at(*ms), e, rng),
         Op::WorkerCancelled(reason) => ask.on_cancelled(*reason),
         Op::Timer(ms) => ask.on_timer(at(*ms), rng),
         Op::Cancel => ask.cancel(),
@@ -171,7 +176,11 @@ fn apply(ask: &mut CallerAsk, op: &Op, rng: &mut SmallRng) -> CallerStep {
 
 fn op_time(op: &Op) -> Option<u64> {
     match op {
-        Op::Start(ms) | Op::SendFailed(ms, _) | Op::Reply(ms, _) | Op::Timer(ms) => Some(*ms),
+        Op::Start(ms)
+        | Op::SendFailed(ms, _)
+        | Op::Reply(ms, _)
+        | Op::Refused(ms, _)
+        | Op::Timer(ms) => Some(*ms),
         _ => None,
     }
 }
@@ -452,6 +461,25 @@ fn cases() -> Vec<Case> {
             ],
         ),
         case(
+            "Unacked / transient-error reply (the handler's, cached) -> Replied at once, no re-send",
+            4,
+            D,
+            vec![
+                (Op::Start(0), sends(1, 1_000)),
+                (Op::Reply(500, Some(unavailable())), done(Resolution::Replied)),
+                (Op::Timer(1_000), quiet(Done, None)),
+            ],
+        ),
+        case(
+            "Unacked / permanent refusal (PayloadMismatch) -> Replied at once",
+            4,
+            D,
+            vec![
+                (Op::Start(0), sends(1, 1_000)),
+                (Op::Refused(500, AskError::PayloadMismatch), done(Resolution::Replied)),
+            ],
+        ),
+        case(
             "Unacked / poison-error reply -> Replied at once",
             4,
             D,
@@ -469,53 +497,53 @@ fn cases() -> Vec<Case> {
             ],
         ),
         case(
-            "Unacked / transient reply (BufferFull) with attempts and time left -> retried",
+            "Unacked / transient refusal (BufferFull) with attempts and time left -> retried",
             4,
             D,
             vec![
                 (Op::Start(0), sends(1, 1_000)),
-                (Op::Reply(200, Some(buffer_full())), quiet(Unacked, Some(1_200))),
+                (Op::Refused(200, buffer_full()), quiet(Unacked, Some(1_200))),
                 (Op::Timer(1_200), sends(2, 3_200)),
                 (Op::Reply(3_300, None), done(Resolution::Replied)),
             ],
         ),
         case(
-            "Unacked / transient reply, attempts exhausted -> Replied",
+            "Unacked / transient refusal, attempts exhausted -> Replied",
             2,
             D,
             vec![
                 (Op::Start(0), sends(1, 1_000)),
                 (Op::Timer(1_000), sends(2, D)),
-                (Op::Reply(1_100, Some(buffer_full())), done(Resolution::Replied)),
+                (Op::Refused(1_100, buffer_full()), done(Resolution::Replied)),
             ],
         ),
         case(
-            "Unacked / transient reply, no time for another send -> Replied",
+            "Unacked / transient refusal, no time for another send -> Replied",
             4,
             1_500,
             vec![
                 (Op::Start(0), sends(1, 1_000)),
                 // 600 + 1000 >= 1500: the re-send would fall past the deadline.
-                (Op::Reply(600, Some(unavailable())), done(Resolution::Replied)),
+                (Op::Refused(600, unavailable()), done(Resolution::Replied)),
             ],
         ),
         case(
-            "Unacked / transient reply whose re-send would land exactly on the deadline -> Replied",
+            "Unacked / transient refusal whose re-send would land exactly on the deadline -> Replied",
             4,
             1_600,
             vec![
                 (Op::Start(0), sends(1, 1_000)),
                 // 600 + 1000 == 1600: at the deadline is too late.
-                (Op::Reply(600, Some(buffer_full())), done(Resolution::Replied)),
+                (Op::Refused(600, buffer_full()), done(Resolution::Replied)),
             ],
         ),
         case(
-            "a reply at the very instant of the deadline wins over it",
+            "a refusal at the very instant of the deadline wins over it",
             4,
             D,
             vec![
                 (Op::Start(0), sends(1, 1_000)),
-                (Op::Reply(D, Some(buffer_full())), done(Resolution::Replied)),
+                (Op::Refused(D, buffer_full()), done(Resolution::Replied)),
                 (Op::Timer(D), quiet(Done, None)),
             ],
         ),
@@ -718,26 +746,47 @@ fn cases() -> Vec<Case> {
             ],
         ),
         case(
-            "Acked / transient reply with attempts left re-opens the re-sends",
+            "Acked / transient-error reply (the handler's, cached) -> Replied, no re-send",
             4,
             D,
             vec![
                 (Op::Start(0), sends(1, 1_000)),
                 (Op::Ack, quiet(Acked, Some(D))),
-                (Op::Reply(500, Some(buffer_full())), quiet(Unacked, Some(1_500))),
+                (Op::Reply(500, Some(unavailable())), done(Resolution::Replied)),
+            ],
+        ),
+        case(
+            "Acked / transient-error reply after the delivery deadline -> Replied, not DeadlineExceeded",
+            4,
+            D,
+            vec![
+                (Op::Start(0), sends(1, 1_000)),
+                (Op::Ack, quiet(Acked, Some(D))),
+                (Op::Reply(12_000, Some(unavailable())), done(Resolution::Replied)),
+                (Op::Timer(12_000), quiet(Done, None)),
+            ],
+        ),
+        case(
+            "Acked / transient refusal with attempts left re-opens the re-sends (it may answer an earlier attempt)",
+            4,
+            D,
+            vec![
+                (Op::Start(0), sends(1, 1_000)),
+                (Op::Ack, quiet(Acked, Some(D))),
+                (Op::Refused(500, buffer_full()), quiet(Unacked, Some(1_500))),
                 (Op::Timer(1_500), sends(2, 3_500)),
                 (Op::Ack, quiet(Acked, Some(D))),
                 (Op::Timer(3_500), quiet(Acked, Some(D))),
             ],
         ),
         case(
-            "Acked / transient reply, attempts exhausted -> Replied",
+            "Acked / transient refusal, attempts exhausted -> Replied",
             1,
             D,
             vec![
                 (Op::Start(0), sends(1, D)),
                 (Op::Ack, quiet(Acked, Some(D))),
-                (Op::Reply(500, Some(buffer_full())), done(Resolution::Replied)),
+                (Op::Refused(500, buffer_full()), done(Resolution::Replied)),
             ],
         ),
         case(
@@ -828,9 +877,8 @@ fn to_done(how: &str) -> CallerAsk {
         Some(CallerSend::Request { attempt: 1 })
     );
     let step = match how {
-        "reply ok" => ask.on_reply(at(10), None, &mut rng),
-        "reply permanent" => ask.on_reply(at(10), Some(&handler_failed()), &mut rng),
-        "reply transient at deadline" => ask.on_reply(at(D), Some(&buffer_full()), &mut rng),
+        "reply ok" | "reply permanent" => ask.on_reply(),
+        "refused transient at deadline" => ask.on_refused(at(D), &buffer_full(), &mut rng),
         "worker cancelled" => ask.on_cancelled(CancelReason::Worker),
         "timeout" => ask.on_timer(at(D), &mut rng),
         "acked then timeout" => {
@@ -855,7 +903,7 @@ fn done_ignores_every_later_event() {
         "start past deadline",
         "reply ok",
         "reply permanent",
-        "reply transient at deadline",
+        "refused transient at deadline",
         "worker cancelled",
         "timeout",
         "acked then timeout",
@@ -872,6 +920,7 @@ fn done_ignores_every_later_event() {
             "duplicate reply transient",
             Op::Reply(20, Some(buffer_full())),
         ),
+        ("late refusal transient", Op::Refused(20, buffer_full())),
         (
             "duplicate reply permanent",
             Op::Reply(20, Some(handler_failed())),

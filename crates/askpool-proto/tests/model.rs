@@ -240,8 +240,11 @@ proptest! {
 enum CallEv {
     Ack,
     ReplyOk,
+    /// A reply whose error is transient (a handler's, cached): final.
     ReplyTransient,
     ReplyPermanent,
+    /// The pool turned an attempt away with a transient error.
+    RefusedTransient,
     WorkerCancelled(CancelReason),
     LocalCancel,
     /// Applies to the send just made; ignored (not fed) if there is none.
@@ -259,8 +262,9 @@ fn caller_event_strategy() -> impl Strategy<Value = CallEv> {
     prop_oneof![
         2 => Just(CallEv::Ack),
         1 => Just(CallEv::ReplyOk),
-        2 => Just(CallEv::ReplyTransient),
+        1 => Just(CallEv::ReplyTransient),
         1 => Just(CallEv::ReplyPermanent),
+        2 => Just(CallEv::RefusedTransient),
         1 => reason_strategy().prop_map(CallEv::WorkerCancelled),
         1 => Just(CallEv::LocalCancel),
         2 => Just(CallEv::SendFailedTransient),
@@ -289,10 +293,6 @@ fn transient() -> AskError {
         pool: "p".into(),
         limit: 1,
     }
-}
-
-fn permanent() -> AskError {
-    AskError::handler_failed("E", "m")
 }
 
 struct CallerHarness {
@@ -425,17 +425,17 @@ impl CallerHarness {
                 }
                 self.check("ack", was_done, CallerStep::default())
             }
-            CallEv::ReplyOk | CallEv::ReplyPermanent => {
-                let err = matches!(ev, CallEv::ReplyPermanent).then(permanent);
-                let step = self.ask.on_reply(now, err.as_ref(), &mut self.rng);
+            CallEv::ReplyOk | CallEv::ReplyPermanent | CallEv::ReplyTransient => {
+                // Whatever its error, an outcome is final.
+                let step = self.ask.on_reply();
                 if !was_done {
                     prop_assert_eq!(&step.resolution, &Some(Resolution::Replied), "{:?}", ev);
                     prop_assert_eq!(step.send, None);
                 }
                 self.check(&format!("{ev:?}"), was_done, step)
             }
-            CallEv::ReplyTransient => {
-                let step = self.ask.on_reply(now, Some(&transient()), &mut self.rng);
+            CallEv::RefusedTransient => {
+                let step = self.ask.on_refused(now, &transient(), &mut self.rng);
                 if !was_done {
                     prop_assert_eq!(step.send, None);
                     match &step.resolution {
@@ -451,7 +451,7 @@ impl CallerHarness {
                         }
                     }
                 }
-                self.check("reply transient", was_done, step)
+                self.check("refused transient", was_done, step)
             }
             CallEv::WorkerCancelled(reason) => {
                 let step = self.ask.on_cancelled(*reason);
@@ -611,6 +611,7 @@ fn run_caller(
         CallEv::Ack,
         CallEv::ReplyOk,
         CallEv::ReplyTransient,
+        CallEv::RefusedTransient,
         CallEv::WorkerCancelled(CancelReason::Worker),
         CallEv::LocalCancel,
         CallEv::SpuriousTimer,

@@ -23,14 +23,15 @@ fn policy(retryable: CodeSet) -> RetryPolicy {
     }
 }
 
-/// Starts an ask, feeds a reply carrying `error`, and says whether the ask
-/// ended (`Some`) or scheduled a re-send (`None`).
-fn reply_with(retryable: CodeSet, error: AskError) -> Option<Resolution> {
+/// Starts an ask, feeds a refusal carrying `error` (a pool turned the
+/// attempt away), and says whether the ask ended (`Some`) or scheduled a
+/// re-send (`None`).
+fn refused_with(retryable: CodeSet, error: AskError) -> Option<Resolution> {
     let mut rng = SmallRng::seed_from_u64(1);
     let mut ask = CallerAsk::new(policy(retryable), at(0), Duration::from_secs(10));
     ask.start(at(0), &mut rng);
     ask.on_sent();
-    let step = ask.on_reply(at(1), Some(&error), &mut rng);
+    let step = ask.on_refused(at(1), &error, &mut rng);
     if step.resolution.is_none() {
         // The re-send comes at the backoff time, with the next attempt number.
         let resend = ask.on_timer(at(101), &mut rng);
@@ -47,7 +48,7 @@ fn default_policy_retries_the_transient_class() {
     );
     let transient = CodeSet::class(ErrorClass::Transient);
     assert_eq!(
-        reply_with(
+        refused_with(
             transient,
             AskError::BufferFull {
                 pool: "p".into(),
@@ -57,7 +58,7 @@ fn default_policy_retries_the_transient_class() {
         None
     );
     assert_eq!(
-        reply_with(transient, AskError::internal("x")),
+        refused_with(transient, AskError::internal("x")),
         Some(Resolution::Replied)
     );
 }
@@ -65,10 +66,10 @@ fn default_policy_retries_the_transient_class() {
 #[test]
 fn a_configured_code_is_retried_and_a_removed_one_is_not() {
     let with_internal = CodeSet::class(ErrorClass::Transient).with(ErrorCode::Internal);
-    assert_eq!(reply_with(with_internal, AskError::internal("x")), None);
+    assert_eq!(refused_with(with_internal, AskError::internal("x")), None);
     let nothing = CodeSet::EMPTY;
     assert_eq!(
-        reply_with(
+        refused_with(
             nothing,
             AskError::BufferFull {
                 pool: "p".into(),

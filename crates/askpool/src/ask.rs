@@ -535,12 +535,17 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             }
             match event {
                 Some(SlotEvent::Reply(outcome)) => {
-                    let now = clock.get(&this.node, floor);
-                    let step = this
-                        .machine
-                        .on_reply(now, outcome.as_ref().err(), &mut this.rng);
-                    if step.resolution == Some(Resolution::Replied) {
+                    if this.machine.on_reply().resolution == Some(Resolution::Replied) {
+                        let now = clock.get(&this.node, floor);
                         return this.finish(outcome.map(Some), now);
+                    }
+                    continue;
+                }
+                Some(SlotEvent::Refused(error)) => {
+                    let now = clock.get(&this.node, floor);
+                    let step = this.machine.on_refused(now, &error, &mut this.rng);
+                    if step.resolution == Some(Resolution::Replied) {
+                        return this.finish(Err(error), now);
                     }
                     continue;
                 }

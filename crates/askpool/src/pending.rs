@@ -32,6 +32,8 @@ use crate::transport::CallerEndpoint;
 /// A terminal-ish frame waiting for its handle.
 pub(crate) enum SlotEvent<R> {
     Reply(Outcome<R>),
+    /// The pool turned an attempt away (see `ToCaller::Refused`).
+    Refused(AskError),
     Cancelled(CancelReason),
     /// The node shut down under the ask.
     Aborted(AskError),
@@ -194,7 +196,8 @@ impl<R> AskSlot<R> {
     /// that reused the id.
     fn answers(&self, frame: &ToCaller<R>) -> bool {
         match (self.fingerprint, frame) {
-            (Some(ours), ToCaller::Reply { fingerprint, .. }) => *fingerprint == Some(ours),
+            (Some(ours), ToCaller::Reply { fingerprint, .. })
+            | (Some(ours), ToCaller::Refused { fingerprint, .. }) => *fingerprint == Some(ours),
             _ => true,
         }
     }
@@ -621,12 +624,24 @@ impl<M, R> CallerSide<M, R> {
                 fingerprint,
             }),
             SlotEvent::Cancelled(reason) => self.reconcile(ToCaller::Cancelled { ids, reason }),
-            // The node shut down: nothing is late.
-            SlotEvent::Aborted(_) => {}
+            // The node shut down, or an attempt was turned away: nothing is
+            // late.
+            SlotEvent::Aborted(_) | SlotEvent::Refused(_) => {}
         }
     }
 
     fn reconcile(&self, frame: ToCaller<R>) {
+        if let ToCaller::Cancelled {
+            reason: CancelReason::Caller | CancelReason::CallerTimeout,
+            ..
+        } = frame
+        {
+            // The pool's answer to this caller's own cancel, come after the
+            // ask ended: the work was cancelled, not done; nothing is late
+            // and the dead letter stays.
+            self.ignored();
+            return;
+        }
         let id = frame.ids().expect("not a batch").request_id;
         let now = self.clock.now();
         let record = {
@@ -710,6 +725,7 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
         let Some(slot) = slot else {
             match frame {
                 ToCaller::Reply { .. } | ToCaller::Cancelled { .. } => self.reconcile(frame),
+                // A refusal included: nothing was done, nothing is late.
                 _ => self.ignored(),
             }
             return;
@@ -737,6 +753,11 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
                 Offered::Closed(event) => return self.reconcile_event(ids, fingerprint, event),
                 offered => matches!(offered, Offered::Taken),
             },
+            // The slot of a timed-out ask is closed: the refusal of an
+            // attempt is handed back, and dropped (nothing was done).
+            ToCaller::Refused { error, .. } => {
+                matches!(slot.offer(SlotEvent::Refused(error)), Offered::Taken)
+            }
             // After a timeout this is the pool's answer to the ask's own
             // cancel: nothing late to reconcile.
             ToCaller::Cancelled { reason, .. } => {

@@ -353,6 +353,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 AckStage::terminal_for_outcome(outcome),
                 outcome.as_ref().err().map(AskError::code),
             ),
+            ToCaller::Refused { error, .. } => {
+                (AckStage::terminal_for_error(error), Some(error.code()))
+            }
             ToCaller::Cancelled { .. } => (AckStage::Failed, Some(ErrorCode::AskCancelled)),
         };
         telemetry::ack_sent(stage, code);
@@ -368,9 +371,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let ids = meta.ids;
         let fingerprint = meta.fingerprint;
         let refuse = |error: AskError| {
-            self.send(ToCaller::Reply {
+            self.send(ToCaller::Refused {
                 ids,
-                outcome: Err(error),
+                error,
                 fingerprint,
             })
         };
