@@ -247,6 +247,12 @@ export class DurablePromises {
   resolve<V = unknown>(id: string, value?: V, options?: { key?: string }): DurablePromise<unknown, V>;
   reject<V = unknown>(id: string, value?: V, options?: { key?: string }): DurablePromise<unknown, V>;
   cancel<V = unknown>(id: string, value?: V, options?: { key?: string }): DurablePromise<unknown, V>;
+  /**
+   * Deletes the promises settled more than `olderThanMs` ago (after timing
+   * out the pending ones past their timeout); returns how many. The store
+   * keeps every promise until pruned: call this on a schedule.
+   */
+  prune(options: { olderThanMs: number }): number;
   /** Resolves once the promise has settled, whichever way. */
   await<P = unknown, V = unknown>(id: string, options?: { pollMs?: number }): Promise<DurablePromise<P, V>>;
 }

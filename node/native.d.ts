@@ -77,6 +77,11 @@ export declare class Core {
   promiseGet(id: string): PromiseInfo
   /** Settles a promise: `how` is `resolve`, `reject` or `cancel`. */
   promiseComplete(id: string, how: string, value?: Buffer | undefined | null, key?: string | undefined | null): PromiseInfo
+  /**
+   * Deletes the promises settled more than `older_than_ms` ago, after
+   * timing out the expired pending ones; returns how many.
+   */
+  promisePrune(olderThanMs: number): number
   /** Registers this core for the `fast*` functions; returns its number. */
   fastPath(): number
   /**

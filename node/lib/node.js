@@ -267,7 +267,7 @@ function promiseOf(info) {
   };
 }
 
-/** Durable promises: create, get, resolve, reject, cancel, await. */
+/** Durable promises: create, get, resolve, reject, cancel, prune, await. */
 class DurablePromises {
   #core;
   /** @internal */
@@ -296,6 +296,13 @@ class DurablePromises {
     return promiseOf(
       call(() => this.#core.promiseComplete(String(id), how, encode(value), options.key)),
     );
+  }
+  /**
+   * Deletes the promises settled more than `olderThanMs` ago (after timing
+   * out the pending ones past their timeout); returns how many.
+   */
+  prune(options) {
+    return call(() => this.#core.promisePrune(options?.olderThanMs));
   }
   /** Waits until the promise settles (polling the store); resolves to it. */
   async await(id, options = {}) {

@@ -41,6 +41,35 @@ test('promises: create, get, resolve, reject, cancel, await', async () => {
   }
 });
 
+test('promises.prune deletes the promises settled longer ago than olderThanMs', async () => {
+  const tmp = tempFile();
+  try {
+    const node = new Node().openPromises(tmp.file);
+    const p = node.promises;
+    for (const id of ['done-1', 'done-2', 'open']) p.create(id);
+    p.resolve('done-1', 1);
+    p.reject('done-2', 2);
+    await new Promise((r) => setTimeout(r, 20));
+    assert.equal(p.prune({ olderThanMs: 0 }), 2);
+    assert.throws(() => p.get('done-1'), InvalidArgumentError);
+    assert.equal(p.get('open').state, 'PENDING');
+    // Settled within the retention: kept.
+    p.resolve('open', 3);
+    assert.equal(p.prune({ olderThanMs: 3_600_000 }), 0);
+    assert.equal(p.get('open').state, 'RESOLVED');
+    for (const bad of [-1, Number.NaN, Infinity, '0', undefined]) {
+      assert.throws(
+        () => p.prune({ olderThanMs: bad }),
+        (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+        String(bad),
+      );
+    }
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});
+
 test('durable asks without a store, or with a bad id, fail with typed errors', async () => {
   const node = new Node();
   node.pool('p').handle((m) => m);

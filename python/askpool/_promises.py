@@ -75,6 +75,14 @@ class Promises:
     def cancel(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
         return Promise(*self._native.complete(id, "cancel", value, key))
 
+    def prune(self, older_than: float) -> int:
+        """Deletes the promises settled more than ``older_than`` seconds ago
+        (after timing out the pending ones past their timeout) and returns
+        how many. The store keeps every promise until pruned: call this on a
+        schedule, with a retention period. A pruned durable ask is
+        forgotten: asked again under its id, it runs again."""
+        return self._native.prune(older_than)
+
     async def wait(
         self, id: str, *, timeout: Optional[float] = None, poll: float = 0.01
     ) -> Promise:

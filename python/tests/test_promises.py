@@ -4,9 +4,11 @@ processes sharing one SQLite file."""
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,25 @@ def test_reject_cancel_and_unknown_ids(promises: Promises) -> None:
 def test_a_pending_promise_times_out(promises: Promises) -> None:
     promises.create("short", timeout=0)
     assert promises.get("short").state == "timedout"
+
+
+def test_prune_deletes_settled_promises_past_the_retention(promises: Promises) -> None:
+    for id in ("done-1", "done-2", "open"):
+        promises.create(id, timeout=60)
+    promises.resolve("done-1", b"one")
+    promises.reject("done-2", b"two")
+    time.sleep(0.02)
+    assert promises.prune(0) == 2
+    with pytest.raises(askpool.InvalidArgumentError):
+        promises.get("done-1")
+    assert promises.get("open").state == "pending"
+    # Settled within the retention: kept.
+    promises.resolve("open", b"later")
+    assert promises.prune(3600) == 0
+    assert promises.get("open").state == "resolved"
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(askpool.InvalidArgumentError):
+            promises.prune(bad)
 
 
 async def test_wait_returns_once_settled(promises: Promises) -> None:

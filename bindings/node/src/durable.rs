@@ -174,4 +174,14 @@ impl Core {
             .map_err(promise_error)?;
         Ok(completed.promise.into())
     }
+
+    /// Deletes the promises settled more than `older_than_ms` ago, after
+    /// timing out the expired pending ones; returns how many.
+    #[napi(catch_unwind)]
+    pub fn promise_prune(&self, older_than_ms: f64) -> Result<f64> {
+        let older_than =
+            crate::core::opt_millis("olderThanMs", Some(older_than_ms))?.unwrap_or_default();
+        let pruned = self.promises()?.prune(older_than).map_err(promise_error)?;
+        Ok(pruned as f64)
+    }
 }

@@ -65,12 +65,15 @@ fn promise_tuple<'py>(py: Python<'py>, p: Promise) -> PyResult<Bound<'py, PyTupl
         .into_pyobject(py)
 }
 
+/// `seconds` as a duration: negative, NaN and infinite are `InvalidArgument`.
+fn duration(what: &str, seconds: f64) -> Result<Duration, AskError> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| AskError::InvalidArgument {
+        message: format!("{what} must be a finite number of seconds >= 0, not {seconds}"),
+    })
+}
+
 fn millis(what: &str, seconds: f64) -> Result<u64, AskError> {
-    Duration::try_from_secs_f64(seconds)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .map_err(|_| AskError::InvalidArgument {
-            message: format!("{what} must be a finite number of seconds >= 0, not {seconds}"),
-        })
+    duration(what, seconds).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A promise store. Every call that touches it releases the GIL: SQLite may
@@ -165,5 +168,13 @@ impl NativePromises {
         let store = self.durable.store();
         let completed = py.detach(|| store.complete(&req, now_millis()));
         promise_tuple(py, to_py(completed.map_err(AskError::from))?.promise)
+    }
+
+    /// Deletes the promises settled more than `older_than` seconds ago,
+    /// after timing out the expired pending ones; returns how many.
+    fn prune(&self, py: Python<'_>, older_than: f64) -> PyResult<usize> {
+        let older_than = to_py(duration("older_than", older_than))?;
+        let pruned = py.detach(|| self.durable.prune(older_than));
+        to_py(pruned.map_err(AskError::from))
     }
 }

@@ -1,6 +1,6 @@
 //! Durable promises (`askpool-promises`) for Kotlin: a store (SQLite file
-//! or memory) with create / get / resolve / reject / cancel / wait, and
-//! durable asks on a [`NativeNode`]. Payloads are bytes: a durable value
+//! or memory) with create / get / resolve / reject / cancel / prune / wait,
+//! and durable asks on a [`NativeNode`]. Payloads are bytes: a durable value
 //! outlives the process, so the Kotlin side encodes it with a codec.
 
 use std::panic::AssertUnwindSafe;
@@ -132,6 +132,13 @@ impl NativePromises {
         key: Option<String>,
     ) -> Result<PromiseRecord, PromiseFault> {
         completed(self.durable.complete(&id, Completion::Cancel, value, key))
+    }
+
+    /// Deletes the promises settled more than `older_than_ms` ago, after
+    /// timing out the expired pending ones; returns how many.
+    pub fn prune(&self, older_than_ms: u64) -> Result<u64, PromiseFault> {
+        let pruned = self.durable.prune(Duration::from_millis(older_than_ms))?;
+        Ok(pruned as u64)
     }
 
     /// The promise once settled (or timed out). Runs on the library's

@@ -95,6 +95,8 @@ export async function usage(): Promise<void> {
   });
   const settled = await node.promises.await<Order, Receipt>(created.id, { pollMs: 5 });
   if (settled.state === 'RESOLVED') void settled.value?.total;
+  const pruned: number = node.promises.prune({ olderThanMs: 7 * 24 * 3_600_000 });
+  void pruned;
   pool.close();
   await node.close();
 }

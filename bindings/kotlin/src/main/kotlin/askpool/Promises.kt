@@ -102,6 +102,17 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
         call { native.cancel(id, value, key) }
 
     /**
+     * Deletes the promises settled more than [olderThan] ago (after timing
+     * out the pending ones past their timeout) and returns how many. The
+     * store keeps every promise until pruned: call this on a schedule, with
+     * a retention period. A pruned durable ask is forgotten: asked again
+     * under its id, it runs again.
+     * @throws IllegalArgumentException [olderThan] is negative.
+     */
+    fun prune(olderThan: Duration): Long =
+        PromiseException.native { native.prune(olderThan.millis("a retention")) }.toLong()
+
+    /**
      * Suspends until [id] settles (or times out). Completions by this store
      * wake it at once; another process's are seen by polling.
      */
@@ -130,8 +141,8 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
         fun memory(durableTimeout: Duration = 1.hours): Promises =
             Promises(NativePromises.memory(durableTimeout.millis()))
 
-        private fun Duration.millis(): ULong {
-            require(!isNegative()) { "a timeout must not be negative: $this" }
+        private fun Duration.millis(what: String = "a timeout"): ULong {
+            require(!isNegative()) { "$what must not be negative: $this" }
             return inWholeMilliseconds.toULong()
         }
     }

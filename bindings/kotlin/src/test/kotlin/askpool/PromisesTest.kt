@@ -16,6 +16,7 @@ import java.nio.file.Files
 import java.nio.file.Path
 import java.util.concurrent.TimeUnit
 import java.util.concurrent.atomic.AtomicInteger
+import kotlin.time.Duration
 import kotlin.time.Duration.Companion.hours
 import kotlin.time.Duration.Companion.milliseconds
 import kotlin.time.Duration.Companion.seconds
@@ -73,6 +74,24 @@ class PromisesTest {
         Files.write(junk, ByteArray(8192) { (it * 31).toByte() })
         val bad = assertThrows(PromiseException.BadDatabase::class.java) { Promises.open(junk) }
         assertTrue(bad.code in setOf("Corrupt", "Foreign"), bad.code)
+    }
+
+    @Test
+    fun `prune deletes the promises settled longer ago than the retention`() {
+        Promises.memory().use { p ->
+            for (id in listOf("done-1", "done-2", "open")) p.create(id, timeout = 1.hours)
+            p.resolve("done-1", b("1"))
+            p.reject("done-2", b("2"))
+            Thread.sleep(20)
+            assertEquals(2L, p.prune(Duration.ZERO))
+            assertThrows(PromiseException.NotFound::class.java) { p.get("done-1") }
+            assertEquals(PromiseState.PENDING, p.get("open").state)
+            // Settled within the retention: kept.
+            p.resolve("open", b("3"))
+            assertEquals(0L, p.prune(1.hours))
+            assertEquals(PromiseState.RESOLVED, p.get("open").state)
+            assertThrows(IllegalArgumentException::class.java) { p.prune((-1).milliseconds) }
+        }
     }
 
     @Test
