@@ -246,6 +246,75 @@ mod cached_transient {
     }
 }
 
+mod jitter {
+    use super::*;
+    use askpool::{NodeConfig, RequestId};
+    use askpool_tests::{Fate, FrameKind, Tap};
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    /// When each request frame went out, by (caller, request id).
+    type Sends = Arc<Mutex<BTreeMap<(u64, u128), Vec<Duration>>>>;
+
+    /// Asks whose ids share a half (ids a user builds), or the same id
+    /// asked by two callers, re-send on schedules of their own (before, the
+    /// jitter was seeded by the nonce alone, so they re-sent in lockstep).
+    #[tokio::test(start_paused = true)]
+    async fn asks_with_related_ids_do_not_resend_in_lockstep() {
+        let tap = Tap::in_process();
+        let sends: Sends = Arc::default();
+        let log = Arc::clone(&sends);
+        let start = tokio::time::Instant::now();
+        tap.set_rule(move |frame| {
+            if frame.kind != FrameKind::Request {
+                return Fate::Deliver;
+            }
+            let key = (frame.ids.caller_id.as_u64(), frame.ids.request_id.as_u128());
+            log.lock()
+                .unwrap()
+                .entry(key)
+                .or_default()
+                .push(start.elapsed());
+            Fate::Drop
+        });
+        let a: Node<u64, u64> = Node::with_transport(tap.clone(), NodeConfig::default());
+        let b: Node<u64, u64> = Node::with_transport(tap.clone(), NodeConfig::default());
+        let _pool = a
+            .pool("p")
+            .handler(|m: u64, _ctx| async move { Ok(m) })
+            .unwrap();
+        let ask = |node: &Node<u64, u64>, id| {
+            node.ask("p", 1)
+                .request_id(id)
+                .timeout(Duration::from_secs(10))
+                .send()
+        };
+        let (shared_nonce, other_time) = (RequestId::from_parts(1, 7), RequestId::from_parts(2, 7));
+        let results = futures::future::join_all([
+            ask(&a, shared_nonce),
+            ask(&a, other_time),
+            ask(&b, shared_nonce),
+        ])
+        .await;
+        assert!(
+            results.iter().all(Result::is_err),
+            "every request was dropped"
+        );
+        let sends = sends.lock().unwrap();
+        let schedules: Vec<&Vec<Duration>> = sends.values().collect();
+        assert_eq!(schedules.len(), 3);
+        assert!(
+            schedules.iter().all(|s| s.len() >= 2),
+            "re-sent: {schedules:?}"
+        );
+        for (i, x) in schedules.iter().enumerate() {
+            for y in &schedules[i + 1..] {
+                assert_ne!(x[1], y[1], "the same re-send time: {schedules:?}");
+            }
+        }
+    }
+}
+
 /// The batch_acks flush task is spawned on whatever runtime delivered the
 /// first ack; dropped unrun, it flushes all the same (before, no ack of that
 /// pool was ever sent again and the buffer grew without bound).

@@ -194,7 +194,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 fingerprint: b.fingerprint,
                 expects_reply: !b.one_way,
             },
-            rng: SmallRng::seed_from_u64(request_id.nonce()),
+            rng: SmallRng::seed_from_u64(jitter_seed(request_id, node.caller_id)),
             slot: Arc::new(AskSlot::new(
                 node.config.track_stages.then_some(now),
                 b.fingerprint,
@@ -588,6 +588,16 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             }
         }
     }
+}
+
+/// The seed of an ask's retry jitter: its whole request id and its caller,
+/// so that asks with ids that share a half (ids a user builds, the same id
+/// from two callers) do not re-send in lockstep. Reproducible, like the ids.
+fn jitter_seed(id: RequestId, caller: askpool_proto::CallerId) -> u64 {
+    let id = id.as_u128();
+    (id as u64)
+        ^ ((id >> 64) as u64).rotate_left(29)
+        ^ caller.as_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// The node's clock read at most once per step of `poll_outcome`, and never
