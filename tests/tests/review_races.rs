@@ -4,7 +4,12 @@
 //! reply after a stage deadline, acks batched by a task that never ran, a
 //! pool closed between admitting a request and queueing it for a preferred
 //! worker, `max_in_flight` under concurrent admits, and a late answer for a
-//! request id that was evicted and asked again.
+//! request id that was evicted and asked again. Then what an audit against
+//! the design found: the answer to a caller's own cancel taken for a late
+//! outcome, a handler's transient error re-sent as if refused, re-sends in
+//! lockstep for related ids, ids on every frame, and a reply lost to a
+//! panicking transport (or a handler panicking before its future) that
+//! stopped its worker.
 
 use std::future::Future;
 use std::pin::pin;
@@ -312,6 +317,162 @@ mod jitter {
                 assert_ne!(x[1], y[1], "the same re-send time: {schedules:?}");
             }
         }
+    }
+}
+
+mod ids_on_every_frame {
+    use super::*;
+    use askpool::{AskIds, CausationId, CorrelationId, NodeConfig, RequestId};
+    use askpool_tests::{FrameKind, Tap};
+    use std::sync::{Arc, Mutex};
+
+    /// DESIGN section 2: the ids travel unchanged. Every frame back to the
+    /// caller (Ack, Read, Progress, Reply, a replayed Reply, Cancelled), the
+    /// handler's context and a dead letter's replay carry the ask's request,
+    /// correlation, causation and caller ids.
+    #[tokio::test(start_paused = true)]
+    async fn every_frame_carries_the_asks_ids() {
+        let tap = Tap::in_process();
+        let node: Node<u64, u64> = Node::with_transport(tap.clone(), NodeConfig::default());
+        let seen: Arc<Mutex<Vec<AskIds>>> = Arc::default();
+        let in_handler = Arc::clone(&seen);
+        let _pool = node
+            .pool("p")
+            .handler(move |m: u64, ctx| {
+                in_handler.lock().unwrap().push(*ctx.ids());
+                async move {
+                    ctx.progress(0.5, "half");
+                    if m == 0 {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                    Ok(m)
+                }
+            })
+            .unwrap();
+        let ask = |m: u64, id: u128, timeout: Duration| {
+            node.ask("p", m)
+                .request_id(RequestId::from_u128(id))
+                .correlation_id(CorrelationId::from_u128(id + 1))
+                .causation_id(CausationId::from_u128(id + 2))
+                .timeout(timeout)
+                .send()
+        };
+        let expect = |id: u128| AskIds {
+            request_id: RequestId::from_u128(id),
+            correlation_id: CorrelationId::from_u128(id + 1),
+            causation_id: Some(CausationId::from_u128(id + 2)),
+            caller_id: node.caller_id(),
+        };
+        let long = Duration::from_secs(30);
+        // Live: Ack, Read, Progress, Reply; then a replay from the cache.
+        assert_eq!(ask(1, 100, long).await.unwrap(), 1);
+        assert_eq!(ask(1, 100, long).await.unwrap(), 1);
+        // Timed out (a dead letter), its cancel answered Cancelled; then
+        // replayed from the dead-letter queue: the pool answers Cancelled
+        // again (the request was cancelled, first terminal state wins).
+        assert!(ask(0, 200, Duration::from_millis(50)).await.is_err());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let replay = node.replay_dead_letter(RequestId::from_u128(200)).unwrap();
+        let err = replay.await.unwrap_err();
+        assert!(matches!(err, AskError::AskCancelled { .. }), "{err:?}");
+        assert_eq!(tap.sent(FrameKind::Cancelled).len(), 2);
+        for kind in [
+            FrameKind::Ack,
+            FrameKind::Read,
+            FrameKind::Progress,
+            FrameKind::Reply,
+            FrameKind::Cancelled,
+            FrameKind::Request,
+            FrameKind::Cancel,
+        ] {
+            let frames = tap.sent(kind);
+            assert!(!frames.is_empty(), "no {kind:?} frame");
+            for f in frames {
+                let id = f.ids.request_id.as_u128();
+                assert_eq!(f.ids, expect(id), "{kind:?}");
+            }
+        }
+        assert_eq!(tap.sent(FrameKind::Reply).len(), 2, "live and replayed");
+        let handler_ids = seen.lock().unwrap().clone();
+        assert_eq!(handler_ids.len(), 2, "one run per request id");
+        for ids in handler_ids {
+            assert_eq!(ids, expect(ids.request_id.as_u128()));
+        }
+    }
+}
+
+mod panic_gap {
+    use super::*;
+    use askpool::{NodeConfig, RequestId};
+    use askpool_tests::{Fate, FrameKind, Tap};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// DESIGN section 3: the terminal record is written before the reply is
+    /// handed to the transport. A transport that panics on the reply loses
+    /// that frame only: the ask asked again is answered from the cache
+    /// (the handler ran once), and the pool goes on serving.
+    #[tokio::test(start_paused = true)]
+    async fn a_reply_lost_to_a_panicking_transport_is_replayed() {
+        let tap = Tap::in_process();
+        let panicked = Arc::new(AtomicBool::new(false));
+        let once = Arc::clone(&panicked);
+        tap.set_rule(move |frame| {
+            if frame.kind == FrameKind::Reply && !once.swap(true, Ordering::SeqCst) {
+                panic!("the transport broke while sending a reply");
+            }
+            Fate::Deliver
+        });
+        let node: Node<u64, u64> = Node::with_transport(tap.clone(), NodeConfig::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let _pool = node
+            .pool("p")
+            .handler(move |m: u64, _ctx| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(m * 10) }
+            })
+            .unwrap();
+        let id = RequestId::from_u128(42);
+        let first = node
+            .ask("p", 4)
+            .request_id(id)
+            .timeout(Duration::from_millis(200))
+            .await;
+        assert!(panicked.load(Ordering::SeqCst));
+        assert!(
+            matches!(first, Err(AskError::AskTimeout { .. })),
+            "{first:?}"
+        );
+        let again = node.ask("p", 4).request_id(id).await.unwrap();
+        assert_eq!(again, 40, "replayed from the cache");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+        let fresh = node.ask("p", 5).timeout(Duration::from_secs(5)).await;
+        assert_eq!(fresh.unwrap(), 50, "the pool still serves");
+    }
+
+    /// A handler that panics before it returns its future fails that
+    /// request like one that panics while it runs, and its worker goes on
+    /// (before, the panic ended the worker's loop: its pool stopped).
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_panicking_before_its_future_fails_only_its_request() {
+        let node: Node<u64, u64> = Node::new();
+        let _pool = node
+            .pool("p")
+            .handler(|m: u64, _ctx| {
+                assert!(m != 0, "zero is not a message");
+                async move { Ok(m) }
+            })
+            .unwrap();
+        match node.ask("p", 0).await {
+            Err(AskError::HandlerFailed { type_name, message }) => {
+                assert_eq!(type_name, "panic");
+                assert!(message.contains("zero is not a message"), "{message}");
+            }
+            other => panic!("expected HandlerFailed, got {other:?}"),
+        }
+        let next = node.ask("p", 3).timeout(Duration::from_secs(5)).await;
+        assert_eq!(next.unwrap(), 3, "the worker goes on");
     }
 }
 

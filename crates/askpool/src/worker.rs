@@ -5,7 +5,7 @@
 //! handler pools run the same loop on tokio tasks.
 
 use std::future::{poll_fn, Future};
-use std::panic::AssertUnwindSafe;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -148,7 +148,12 @@ pub struct Request<M: Send + 'static, R: Clone + Send + 'static> {
 impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
     fn new(pool: &Arc<PoolShared<M, R>>, item: WorkItem<M>) -> Self {
         pool.counters.handler_runs.add(1);
-        pool.read(&item.request.meta);
+        // READ is a stage report, best effort: a transport (or telemetry)
+        // that panics sending it must not lose the request it reports.
+        let meta = &item.request.meta;
+        if catch_unwind(AssertUnwindSafe(|| pool.read(meta))).is_err() {
+            tracing::error!(request_id = %meta.ids.request_id, "sending READ panicked");
+        }
         Self {
             message: item.payload,
             context: RequestContext {
@@ -379,12 +384,22 @@ where
             correlation_id = %context.correlation_id(),
             pool = %context.pool(),
         );
-        let outcome = AssertUnwindSafe(handler(message, context))
-            .catch_unwind()
-            .instrument(span)
-            .await
-            .unwrap_or_else(|panic| Err(panic_error(panic.as_ref())));
-        responder.complete(outcome);
+        let request_id = context.request_id();
+        // A handler may panic before its future exists, or while it runs.
+        let outcome = match catch_unwind(AssertUnwindSafe(|| handler(message, context))) {
+            Ok(future) => AssertUnwindSafe(future)
+                .catch_unwind()
+                .instrument(span)
+                .await
+                .unwrap_or_else(|panic| Err(panic_error(panic.as_ref()))),
+            Err(panic) => Err(panic_error(panic.as_ref())),
+        };
+        // The outcome is on record before the reply goes out (the panic
+        // gap): a transport that panics sending it loses that frame only,
+        // and the worker goes on (a duplicate is answered from the cache).
+        if catch_unwind(AssertUnwindSafe(|| responder.complete(outcome))).is_err() {
+            tracing::error!(%request_id, "sending a reply panicked");
+        }
     }
 }
 
