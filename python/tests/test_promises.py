@@ -161,6 +161,30 @@ async def test_a_cancelled_durable_wait_still_settles_the_promise(
         assert runs == 1
 
 
+async def test_a_reply_that_cannot_be_stored_rejects_the_durable_ask(
+    promises: Promises,
+) -> None:
+    runs = 0
+    async with Node(promises=promises) as node:
+        pool = node.pool("unpicklable")
+
+        @pool.handler
+        async def handle(msg: int, ctx: Context) -> Any:
+            nonlocal runs
+            runs += 1
+            return lambda: msg
+
+        handle_ = node.ask_durable("unpicklable", 1)
+        with pytest.raises(askpool.DecodeFailureError) as info:
+            await handle_
+        assert "cannot be stored" in str(info.value)
+        assert promises.get(handle_.id).state == "rejected"
+        with pytest.raises(askpool.DecodeFailureError) as again:
+            await node.await_durable(handle_.id)
+        assert "cannot be stored" in str(again.value)
+        assert runs == 1
+
+
 async def test_durable_failures_and_bad_input(promises: Promises) -> None:
     async with Node(promises=promises) as node:
         pool = node.pool("bad")

@@ -76,8 +76,12 @@ impl Tok {
 }
 
 impl Durable for Tok {
-    fn to_bytes(&self) -> Vec<u8> {
-        self.bytes().map(<[u8]>::to_vec).unwrap_or_default()
+    /// The JSON the host encoded beside the object (lib/node.js fails a
+    /// durable request whose reply is not JSON before it gets here).
+    fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        self.bytes()
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| "a value with no JSON encoding".into())
     }
 
     fn from_bytes(bytes: &[u8]) -> Result<Self, String> {

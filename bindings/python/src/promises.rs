@@ -32,11 +32,13 @@ pub(crate) fn dumps(py: Python<'_>, object: &Bound<'_, PyAny>) -> PyResult<Vec<u
 }
 
 impl Durable for Obj {
-    /// An object that cannot be pickled becomes empty bytes, which fail to
-    /// decode (`DecodeFailureError`) when read back; `ask_durable` refuses
-    /// such a message up front.
-    fn to_bytes(&self) -> Vec<u8> {
-        Python::attach(|py| dumps(py, self.get(py).bind(py)).unwrap_or_default())
+    /// Pickled; an object that cannot be is not durable (`ask_durable`
+    /// refuses such a message up front; such a reply rejects the promise
+    /// with `DecodeFailure`).
+    fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        Python::attach(|py| {
+            dumps(py, self.get(py).bind(py)).map_err(|e| format!("cannot pickle it: {e}"))
+        })
     }
 
     fn from_bytes(bytes: &[u8]) -> Result<Self, String> {

@@ -161,27 +161,18 @@ fn completed(done: askpool_promises::Result<Completed>) -> Result<PromiseRecord,
     Ok(PromiseRecord::of(done.promise, done.replayed))
 }
 
-/// What a reply that is a JVM object is stored as: an object cannot outlive
-/// the process, so reading it back is a decode failure, not a silent
-/// empty value.
-const HOST_REPLY: &[u8] = b"\0askpool:jvm-object-is-not-durable";
+/// Why a JVM object is not durable: it cannot outlive the process.
+const HOST_OBJECT: &str = "a JVM object, not a ByteArray (an object cannot outlive the process)";
 
 impl Durable for Msg {
-    fn to_bytes(&self) -> Vec<u8> {
+    fn to_bytes(&self) -> Result<Vec<u8>, String> {
         match self {
-            Msg::Bytes(b) => b.to_vec(),
-            Msg::Host(_) => HOST_REPLY.to_vec(),
+            Msg::Bytes(b) => Ok(b.to_vec()),
+            Msg::Host(_) => Err(HOST_OBJECT.into()),
         }
     }
 
     fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
-        if bytes == HOST_REPLY {
-            return Err(
-                "the handler of a durable ask replied with an object, not a ByteArray; \
-                        it was not stored"
-                    .into(),
-            );
-        }
         Ok(Msg::Bytes(Arc::from(bytes)))
     }
 }
@@ -241,10 +232,11 @@ impl NativeNode {
                 });
             match outcome {
                 Ok(Msg::Bytes(b)) => listener.on_reply_bytes(token, b.to_vec()),
+                // A durable ask's outcome is bytes, stored or read back.
                 Ok(Msg::Host(_)) => listener.on_failure(
                     token,
                     Failure::from(&askpool::AskError::DecodeFailure {
-                        message: Msg::from_bytes(HOST_REPLY).err().unwrap_or_default(),
+                        message: HOST_OBJECT.into(),
                     }),
                 ),
                 Err(e) => listener.on_failure(token, Failure::from(&e)),

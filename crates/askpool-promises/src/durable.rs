@@ -41,15 +41,19 @@ pub fn now_millis() -> Millis {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// A message or reply type that a promise can hold.
+/// A message or reply type that a promise can hold. `to_bytes` fails for a
+/// value that cannot outlive the process (an object of the host language
+/// that does not encode): a durable ask of it is refused, and a reply of it
+/// rejects the promise with `DecodeFailure` rather than store something
+/// that reads back wrong.
 pub trait Durable: Sized {
-    fn to_bytes(&self) -> Vec<u8>;
+    fn to_bytes(&self) -> Result<Vec<u8>, String>;
     fn from_bytes(bytes: &[u8]) -> Result<Self, String>;
 }
 
 impl Durable for Vec<u8> {
-    fn to_bytes(&self) -> Vec<u8> {
-        self.clone()
+    fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        Ok(self.clone())
     }
     fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
         Ok(bytes.to_vec())
@@ -57,8 +61,8 @@ impl Durable for Vec<u8> {
 }
 
 impl Durable for String {
-    fn to_bytes(&self) -> Vec<u8> {
-        self.as_bytes().to_vec()
+    fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        Ok(self.as_bytes().to_vec())
     }
     fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
         String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())
@@ -150,7 +154,11 @@ where
         let now = now_millis();
         let key = id.to_string();
         let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
-        let param = msg.to_bytes();
+        let param = msg
+            .to_bytes()
+            .map_err(|message| AskError::InvalidArgument {
+                message: format!("a durable ask's message cannot be stored: {message}"),
+            })?;
         // Refused before it is stored: an oversize message recorded in the
         // store would be asked again, and refused again, after every restart.
         if let Some(limit) = self
@@ -244,12 +252,25 @@ fn record<R: Durable>(
     id: &str,
     outcome: Result<R, AskError>,
 ) -> Result<R, AskError> {
-    let (completion, value) = match &outcome {
-        Ok(reply) => (Completion::Resolve, reply.to_bytes()),
+    let (outcome, completion, value) = match outcome {
+        Ok(reply) => match reply.to_bytes() {
+            Ok(bytes) => (Ok(reply), Completion::Resolve, bytes),
+            // Recorded as what a later await would meet: not the reply.
+            Err(message) => {
+                let error = AskError::DecodeFailure {
+                    message: format!("the reply of durable ask {id} cannot be stored: {message}"),
+                };
+                let value = encode_error(&error);
+                (Err(error), Completion::Reject, value)
+            }
+        },
         Err(e) if e.class() == ErrorClass::Transient || e.code() == ErrorCode::AskCancelled => {
-            return outcome
+            return Err(e)
         }
-        Err(e) => (Completion::Reject, encode_error(e)),
+        Err(e) => {
+            let value = encode_error(&e);
+            (Err(e), Completion::Reject, value)
+        }
     };
     let completed = promises.complete(id, completion, value, Some(id.to_owned()))?;
     if completed.replayed {
@@ -276,6 +297,7 @@ fn outcome_of<R: Durable>(p: &Promise) -> Result<R, AskError> {
 fn encode_error(e: &AskError) -> Vec<u8> {
     let (type_name, message) = match e {
         AskError::HandlerFailed { type_name, message } => (type_name.clone(), message.clone()),
+        AskError::DecodeFailure { message } => (String::new(), message.clone()),
         e => (String::new(), e.to_string()),
     };
     serde_json::json!({ "code": e.code().as_str(), "type": type_name, "message": message })
@@ -283,8 +305,9 @@ fn encode_error(e: &AskError) -> Vec<u8> {
         .into_bytes()
 }
 
-/// A stored rejection as an error: a handler's failure comes back as it
-/// was; any other code as `FailedPrecondition` naming it.
+/// A stored rejection as an error: a handler's failure, or a value that
+/// cannot be stored or read, comes back as it was; any other code as
+/// `FailedPrecondition` naming it.
 fn decode_error(bytes: &[u8]) -> AskError {
     let v: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_default();
     let s = |k: &str| {
@@ -295,6 +318,11 @@ fn decode_error(bytes: &[u8]) -> AskError {
     };
     if s("code") == ErrorCode::HandlerFailed.as_str() {
         AskError::handler_failed(s("type"), s("message"))
+    } else if s("code") == ErrorCode::DecodeFailure.as_str() {
+        // About the value itself: the same answer every time it is read.
+        AskError::DecodeFailure {
+            message: s("message"),
+        }
     } else {
         AskError::FailedPrecondition {
             message: format!("durable ask rejected with {}: {}", s("code"), s("message")),
