@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use askpool::{AskError, Node, NodeConfig, RequestId, RetryPolicy, WorkerTransport};
+use askpool::{
+    AskError, BreakerConfig, DedupConfig, Node, NodeConfig, RequestId, RetryPolicy, WorkerTransport,
+};
 use askpool_tests::{Fate, FrameKind, Tap};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
@@ -119,6 +121,76 @@ fn metrics_after_a_scripted_run() {
     let stage = "askpool_ack_stage_duration_seconds";
     assert_eq!(histogram_count(&s, stage, &[("stage", "READ")]), 6);
     assert_eq!(histogram_count(&s, stage, &[("stage", "TIMED_OUT")]), 1);
+}
+
+fn labelled_gauge(s: &HashMap<Key, DebugValue>, name: &str, pairs: &[(&str, &str)]) -> f64 {
+    match s.get(&(MetricKind::Gauge, name.to_string(), labels(pairs))) {
+        Some(DebugValue::Gauge(g)) => g.into_inner(),
+        other => panic!("{name} {pairs:?}: {other:?}"),
+    }
+}
+
+/// The breaker's state gauge follows it open and closed again; the reply
+/// cache's evictions are published (by `Node::stats`) per reason.
+#[test]
+fn breaker_state_and_dedup_evictions() {
+    let recorder = DebuggingRecorder::new();
+    let (open, closed) = metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let node: Node<u64, u64> = Node::with_config(NodeConfig {
+                breaker: Some(BreakerConfig {
+                    min_requests: 4,
+                    failure_rate: 0.5,
+                    open_for: Duration::from_secs(1),
+                    half_open_probes: 1,
+                    ..BreakerConfig::default()
+                }),
+                ..NodeConfig::default()
+            });
+            node.pool("flaky")
+                .dedup(DedupConfig {
+                    max_terminal: 2,
+                    ..DedupConfig::default()
+                })
+                .handler(|m: u64, _ctx| async move {
+                    if m == 0 {
+                        Err(AskError::internal("down"))
+                    } else {
+                        Ok(m)
+                    }
+                })
+                .unwrap();
+            for _ in 0..4 {
+                node.ask("flaky", 0).await.unwrap_err();
+            }
+            let open = snapshot(&recorder);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            for m in 1..=3 {
+                node.ask("flaky", m).await.unwrap();
+            }
+            node.stats();
+            (open, snapshot(&recorder))
+        })
+    });
+    let state = |s: &HashMap<Key, DebugValue>| {
+        labelled_gauge(s, "askpool_breaker_state", &[("pool", "flaky")])
+    };
+    assert_eq!(state(&open), 1.0, "open after four failures");
+    assert_eq!(state(&closed), 0.0, "closed after a good probe");
+    // Seven requests through a cache of two terminal entries.
+    assert_eq!(
+        counter(
+            &closed,
+            "askpool_dedup_evictions_total",
+            &[("reason", "capacity")]
+        ),
+        5
+    );
 }
 
 async fn scripted_run() {
