@@ -476,6 +476,74 @@ mod panic_gap {
     }
 }
 
+mod stale_refusal {
+    use super::*;
+    use askpool::{NodeConfig, RetryPolicy};
+    use askpool_tests::{Fate, FrameKind, Tap};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// Attempt 1 is refused BufferFull and the refusal comes back late;
+    /// attempt 2 is admitted and acked before it. The late refusal must not
+    /// end the ask (no attempts left) nor re-open its re-sends (a passed
+    /// delivery deadline then failed it): the pool holds the request.
+    async fn stale_refusal(config: NodeConfig, max_attempts: u32) -> Result<u64, AskError> {
+        let tap = Tap::in_process();
+        let delayed = Arc::new(AtomicBool::new(false));
+        let once = Arc::clone(&delayed);
+        tap.set_rule(move |frame| {
+            if frame.kind == FrameKind::Refused && !once.swap(true, Ordering::SeqCst) {
+                return Fate::Delay(Duration::from_secs(3));
+            }
+            Fate::Deliver
+        });
+        let node: Node<u64, u64> = Node::with_transport(tap.clone(), config);
+        let _pool = node
+            .pool("p")
+            .max_in_flight(1)
+            .handler(|m: u64, _ctx| async move {
+                tokio::time::sleep(Duration::from_millis(m)).await;
+                Ok(m)
+            })
+            .unwrap();
+        let blocker = node.ask("p", 500).timeout(Duration::from_secs(60)).send();
+        tokio::task::yield_now().await;
+        let policy = RetryPolicy {
+            max_attempts,
+            initial_delay: Duration::from_secs(1),
+            jitter: 0.0,
+            ..RetryPolicy::default()
+        };
+        let ask = node
+            .ask("p", 5_000)
+            .retry(policy)
+            .timeout(Duration::from_secs(60))
+            .send();
+        let (blocked, result) = futures::join!(blocker, ask);
+        assert_eq!(blocked.unwrap(), 500);
+        assert!(delayed.load(Ordering::SeqCst), "the refusal came back late");
+        result
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_refusal_does_not_end_an_acked_ask() {
+        let result = stale_refusal(NodeConfig::default(), 2).await;
+        assert_eq!(result.unwrap(), 5_000, "attempt 2 was admitted and ran");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_refusal_does_not_reopen_a_passed_delivery_deadline() {
+        let mut config = NodeConfig::default();
+        config.timeouts.delivery = Some(Duration::from_secs(2));
+        let result = stale_refusal(config, 4).await;
+        assert_eq!(
+            result.unwrap(),
+            5_000,
+            "acked at 1 s, within its delivery deadline"
+        );
+    }
+}
+
 /// The batch_acks flush task is spawned on whatever runtime delivered the
 /// first ack; dropped unrun, it flushes all the same (before, no ack of that
 /// pool was ever sent again and the buffer grew without bound).

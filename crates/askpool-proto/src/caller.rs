@@ -235,10 +235,10 @@ impl CallerAsk {
 
     /// `AskRefused` arrived: the pool turned an attempt away before running
     /// it (full, closing, payload mismatch) and recorded nothing. A
-    /// retryable refusal is re-sent while attempts and time are left, even
-    /// after an Ack (the refusal may answer an earlier attempt than the one
-    /// acknowledged; the pool deduplicates the re-send); anything else is
-    /// the ask's outcome.
+    /// retryable refusal is re-sent while attempts and time are left;
+    /// anything else is the ask's outcome. After an Ack it is ignored: the
+    /// pool holds the request (it acks duplicates, never refuses them), so
+    /// the refusal answers an earlier attempt that came back late.
     pub fn on_refused(
         &mut self,
         now: Timestamp,
@@ -246,7 +246,7 @@ impl CallerAsk {
         rng: &mut dyn RngCore,
     ) -> CallerStep {
         match self.phase {
-            CallerPhase::Done | CallerPhase::Idle => CallerStep::nothing(),
+            CallerPhase::Done | CallerPhase::Idle | CallerPhase::Acked => CallerStep::nothing(),
             _ if self.policy.is_retryable(error) && self.can_resend(now) => {
                 self.schedule_resend(now, rng);
                 if self.next_resend.is_some() {

@@ -435,8 +435,14 @@ impl CallerHarness {
                 self.check(&format!("{ev:?}"), was_done, step)
             }
             CallEv::RefusedTransient => {
+                let before = self.ask.phase();
                 let step = self.ask.on_refused(now, &transient(), &mut self.rng);
-                if !was_done {
+                if before == CallerPhase::Acked {
+                    // A late answer to an earlier attempt: the pool holds
+                    // the request, nothing changes.
+                    prop_assert_eq!(&step, &CallerStep::default());
+                    prop_assert_eq!(self.ask.phase(), CallerPhase::Acked);
+                } else if !was_done {
                     prop_assert_eq!(step.send, None);
                     match &step.resolution {
                         Some(r) => prop_assert_eq!(r, &Resolution::Replied),

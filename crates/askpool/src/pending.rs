@@ -273,7 +273,12 @@ impl<R> AskSlot<R> {
             if inner.closed {
                 return Offered::Closed(event);
             }
-            if inner.event.is_some() {
+            // An outcome takes the place of a refusal not yet read: the
+            // refusal answered another attempt, and would only be re-sent.
+            let refusal_waiting = matches!(inner.event, Some(SlotEvent::Refused(_)));
+            if inner.event.is_some()
+                && !(refusal_waiting && !matches!(event, SlotEvent::Refused(_)))
+            {
                 return Offered::Duplicate;
             }
             inner.event = Some(event);
@@ -291,11 +296,13 @@ impl<R> AskSlot<R> {
     pub(crate) fn close(&self) -> Option<SlotEvent<R>> {
         let mut inner = self.inner.lock();
         inner.closed = true;
-        // A cancellation waiting here answers the ask's own timeout cancel.
+        // A cancellation too: the pool's own (shutdown, processing timeout)
+        // is a late outcome; its answer to this ask's timeout cancel is
+        // told apart by `CallerSide::reconcile`. A refusal did nothing.
         inner
             .event
             .take()
-            .filter(|event| matches!(event, SlotEvent::Reply(_)))
+            .filter(|event| matches!(event, SlotEvent::Reply(_) | SlotEvent::Cancelled(_)))
     }
 
     /// The ask's deadline is due (from the node's deadline queue): wakes
@@ -758,11 +765,14 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
             ToCaller::Refused { error, .. } => {
                 matches!(slot.offer(SlotEvent::Refused(error)), Offered::Taken)
             }
-            // After a timeout this is the pool's answer to the ask's own
-            // cancel: nothing late to reconcile.
-            ToCaller::Cancelled { reason, .. } => {
-                matches!(slot.offer(SlotEvent::Cancelled(reason)), Offered::Taken)
-            }
+            // On a closed slot (the ask timed out) it is reconciled: a
+            // cancel of the pool's own (shutdown, processing timeout, the
+            // worker) is a late outcome; its answer to the ask's own cancel
+            // is not, which `reconcile` tells apart.
+            ToCaller::Cancelled { reason, .. } => match slot.offer(SlotEvent::Cancelled(reason)) {
+                Offered::Closed(event) => return self.reconcile_event(ids, None, event),
+                offered => matches!(offered, Offered::Taken),
+            },
             ToCaller::AckBatch { .. } => unreachable!("unpacked above"),
         };
         if !fresh {
