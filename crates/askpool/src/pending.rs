@@ -276,8 +276,7 @@ impl<R> AskSlot<R> {
             // An outcome takes the place of a refusal not yet read: the
             // refusal answered another attempt, and would only be re-sent.
             let refusal_waiting = matches!(inner.event, Some(SlotEvent::Refused(_)));
-            if inner.event.is_some()
-                && !(refusal_waiting && !matches!(event, SlotEvent::Refused(_)))
+            if inner.event.is_some() && (!refusal_waiting || matches!(event, SlotEvent::Refused(_)))
             {
                 return Offered::Duplicate;
             }
