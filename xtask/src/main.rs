@@ -52,8 +52,8 @@ enum Task {
         /// The first seed.
         #[arg(long, default_value_t = 1)]
         first_seed: u64,
-        /// Break the protocol on purpose (ForgeReplay, ForgetDedup) to see
-        /// the checker catch it.
+        /// Break the protocol on purpose (ForgeReplay, ForgetDedup, ForgeIds,
+        /// SkipTombstones) to see the checker catch it.
         #[arg(long)]
         sabotage: Option<String>,
     },

@@ -139,6 +139,8 @@ struct CheckArgs {
 enum SabotageArg {
     ForgeReplay,
     ForgetDedup,
+    ForgeIds,
+    SkipTombstones,
 }
 
 fn probability(s: &str) -> Result<f64, String> {
@@ -196,6 +198,7 @@ fn simulate(a: SimulateArgs) -> ExitCode {
         mismatch: 0.02,
         handler_error: 0.02,
         watch_stages: 0.1,
+        await_later: 0.1,
         faults: FaultConfig {
             drop: a.drop,
             duplicate: a.dup,
@@ -291,6 +294,8 @@ fn check(a: CheckArgs) -> ExitCode {
     let sabotage = a.sabotage.map(|s| match s {
         SabotageArg::ForgeReplay => Sabotage::ForgeReplay,
         SabotageArg::ForgetDedup => Sabotage::ForgetDedup,
+        SabotageArg::ForgeIds => Sabotage::ForgeIds,
+        SabotageArg::SkipTombstones => Sabotage::SkipTombstones,
     });
     let bar = progress_bar(a.seeds, a.json);
     let next = std::sync::atomic::AtomicU64::new(0);

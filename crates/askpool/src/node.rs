@@ -231,6 +231,7 @@ where
         NodeStats {
             pending: caller.pending.len(),
             armed_timers: caller.armed_timers.load(Ordering::Relaxed) + caller.deadlines.live(),
+            queued_deadlines: caller.deadlines.len(),
             retries: caller.retries.load(Ordering::Relaxed),
             ignored_frames: caller.ignored_frames.load(Ordering::Relaxed),
             late_outcomes: caller.late_outcomes.load(Ordering::Relaxed),

@@ -44,6 +44,10 @@ pub struct NodeStats {
     pub pending: usize,
     /// Retry/deadline timers armed by live asks.
     pub armed_timers: usize,
+    /// Places held by the node's shared ask-deadline queue: asks waiting
+    /// only for their deadline, plus places of asks that ended, not yet
+    /// compacted away; 0 when no ask waits there.
+    pub queued_deadlines: usize,
     /// Request frames re-sent after the first attempt.
     pub retries: u64,
     /// Frames for asks that were no longer pending (duplicates).

@@ -7,15 +7,19 @@
 //! incarnation. So a key may run once per incarnation of its pool, and the
 //! checker allows exactly that: two executions of one key in one
 //! incarnation are a violation, whatever the faults.
+//!
+//! The same holds for a tombstone: a cancel that reached a pool incarnation
+//! before any request for its key makes that incarnation answer the key's
+//! requests `AskCancelled`; none of them may run there.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use askpool::{AckStage, ErrorCode};
-use rustc_hash::FxHashMap;
+use askpool::{AckStage, ErrorClass, ErrorCode};
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 
-use crate::history::{AskEnd, Log, PoolTerminal};
+use crate::history::{AskEnd, FirstFrame, Log, PoolTerminal};
 use crate::model::{expected_value, Key};
 
 /// One broken invariant.
@@ -52,6 +56,20 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
             .or_default()
             .push(exec as u64);
     }
+    // A cancel before any request: that incarnation never runs the key.
+    for ((key, incarnation), first) in &log.pool_first {
+        if *first != FirstFrame::Cancel {
+            continue;
+        }
+        if let Some(execs) = runs.get(&(*key, *incarnation)) {
+            v(
+                "a request after its cancel never runs",
+                format!(
+                    "{key:?} (incarnation {incarnation}) was cancelled before any request, then ran: execs {execs:?}"
+                ),
+            );
+        }
+    }
     for ((key, incarnation), execs) in &runs {
         if execs.len() > 1 {
             v(
@@ -72,9 +90,10 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
         for later in &frames[1..] {
             if *later != first {
                 let what = match (first, later) {
-                    (PoolTerminal::Cancelled, PoolTerminal::Outcome { .. }) => {
-                        "no reply after an accepted cancel"
-                    }
+                    (
+                        PoolTerminal::Cancelled,
+                        PoolTerminal::Outcome { .. } | PoolTerminal::Failed { .. },
+                    ) => "no reply after an accepted cancel",
                     _ => "replays equal the original",
                 };
                 v(
@@ -108,20 +127,13 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
             .push((ask.issued_seq, ask.payload));
     }
     for (no, ask) in log.asks.iter().enumerate() {
-        match ask.ends {
-            1 => {}
-            0 => {
-                v(
-                    "exactly one outcome per ask",
-                    format!("ask {no} ({:?}) never ended", ask.key),
-                );
-                continue;
-            }
-            n => v(
+        let Some(end) = &ask.end else {
+            v(
                 "exactly one outcome per ask",
-                format!("ask {no} ({:?}) ended {n} times", ask.key),
-            ),
-        }
+                format!("ask {no} ({:?}) never ended", ask.key),
+            );
+            continue;
+        };
         let took = ask.ended_at.saturating_sub(ask.issued_at);
         if took > ask.timeout + slack {
             v(
@@ -132,7 +144,6 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
                 ),
             );
         }
-        let end = ask.end.as_ref().expect("an ended ask has an end");
         let exec = match end {
             AskEnd::Reply(answer) => {
                 if answer.value != expected_value(ask.payload) {
@@ -223,10 +234,21 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
         }
     }
 
-    // Late outcomes: each answers one timed-out ask, and is a real outcome.
+    // Late outcomes: each answers one timed-out ask, and is a real outcome:
+    // the pool's answer to the caller's own cancel is not one.
     let mut late_per_key: FxHashMap<Key, u32> = FxHashMap::default();
     for late in &log.late {
         *late_per_key.entry(late.key).or_default() += 1;
+        if !late.is_genuine() {
+            v(
+                "the answer to a caller's own cancel is not a late outcome",
+                format!(
+                    "late outcome for {:?}: Cancelled({:?})",
+                    late.key,
+                    late.cancelled.expect("only a cancel is not genuine")
+                ),
+            );
+        }
         if let Some(exec) = late.exec {
             match log.execs.get(exec as usize) {
                 Some(e) if e.key == late.key => {}
@@ -249,7 +271,131 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
             );
         }
     }
+
+    check_dead_letters(log, &mut v);
+
+    // Every frame of an ask, either way, carries the ids it was given.
+    for m in &log.ids_mismatches {
+        v(
+            "ids propagate unchanged",
+            format!("{}: expected {:?}, got {:?}", m.at, m.expected, m.got),
+        );
+    }
     out
+}
+
+/// A timed-out ask leaves a dead letter, which only a genuine late outcome
+/// of its request id takes away (or the queue, dropping its oldest letter
+/// for room); and a genuine late outcome does take one: held against the
+/// letters left at the end of the run.
+fn check_dead_letters(log: &Log, v: &mut impl FnMut(&'static str, String)) {
+    let mut timed_out: BTreeMap<Key, Vec<usize>> = BTreeMap::new();
+    // Asks that may have left a letter: failed with a transient or poison
+    // error (a timeout always does).
+    let mut may_letter: FxHashMap<Key, usize> = FxHashMap::default();
+    for (no, ask) in log.asks.iter().enumerate() {
+        if let Some(AskEnd::Error { code, .. }) = &ask.end {
+            if is_timeout(*code) {
+                timed_out.entry(ask.key).or_default().push(no);
+            }
+            if code.class() != ErrorClass::Permanent {
+                *may_letter.entry(ask.key).or_default() += 1;
+            }
+        }
+    }
+    for snapshot in &log.dead_letters {
+        let mut reconciled: FxHashMap<Key, usize> = FxHashMap::default();
+        for late in &log.late {
+            if late.is_genuine() && late.key.caller == snapshot.caller && late.seq < snapshot.seq {
+                *reconciled.entry(late.key).or_default() += 1;
+            }
+        }
+        let mut oldest_left: Option<u64> = None;
+        for &no in &snapshot.asks {
+            match log.asks.get(no) {
+                Some(ask) if ask.key.caller == snapshot.caller => {
+                    let failed = matches!(
+                        &ask.end,
+                        Some(AskEnd::Error { code, .. }) if code.class() != ErrorClass::Permanent
+                    );
+                    if !failed {
+                        v(
+                            "dead letters are failed asks",
+                            format!(
+                                "a dead letter of {:?} names ask {no}, which ended {:?}",
+                                snapshot.caller, ask.end
+                            ),
+                        );
+                    }
+                    oldest_left = Some(oldest_left.map_or(ask.ended_seq, |o| o.min(ask.ended_seq)));
+                }
+                other => v(
+                    "dead letters are failed asks",
+                    format!(
+                        "a dead letter of {:?} names ask {no}: {other:?}",
+                        snapshot.caller
+                    ),
+                ),
+            }
+        }
+        let left: FxHashSet<usize> = snapshot.asks.iter().copied().collect();
+        // A genuine late outcome takes a letter of its request id: at most
+        // (letters ever queued) - (late outcomes) are left.
+        let mut left_per_key: BTreeMap<Key, usize> = BTreeMap::new();
+        for &no in &snapshot.asks {
+            if let Some(ask) = log.asks.get(no) {
+                if let Some(AskEnd::Error { code, .. }) = &ask.end {
+                    if code.class() != ErrorClass::Permanent {
+                        *left_per_key.entry(ask.key).or_default() += 1;
+                    }
+                }
+            }
+        }
+        for (key, n) in &left_per_key {
+            let queued = may_letter.get(key).copied().unwrap_or(0);
+            let late = reconciled.get(key).copied().unwrap_or(0);
+            if *n + late > queued {
+                v(
+                    "a late outcome takes its ask's dead letter",
+                    format!(
+                        "{key:?}: {n} letters left, {late} genuine late outcomes, at most {queued} letters ever queued"
+                    ),
+                );
+            }
+        }
+        for (key, asks) in timed_out
+            .range(..)
+            .filter(|(k, _)| k.caller == snapshot.caller)
+        {
+            let missing: Vec<usize> = asks
+                .iter()
+                .copied()
+                .filter(|no| !left.contains(no))
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            let late = reconciled.get(key).copied().unwrap_or(0);
+            // A letter dropped for room was queued before every letter left.
+            let droppable = match (snapshot.dropped, snapshot.in_end_order) {
+                (0, _) => 0,
+                (_, false) => missing.len(),
+                (_, true) => missing
+                    .iter()
+                    .filter(|&&no| oldest_left.is_none_or(|o| log.asks[no].ended_seq < o))
+                    .count(),
+            };
+            if missing.len() > late + droppable {
+                v(
+                    "a timed-out ask keeps its dead letter unless a late outcome came",
+                    format!(
+                        "{key:?}: timed-out asks {asks:?}, letters of {missing:?} gone; {late} genuine late outcomes, {} letters dropped for room ({droppable} of these could be)",
+                        snapshot.dropped
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// Stages move forward only, with one terminal that matches the outcome.

@@ -86,6 +86,11 @@ pub struct SimConfig {
     pub handler_error: f64,
     /// Share of asks whose stage stream is watched and checked.
     pub watch_stages: f64,
+    /// Share of asks first awaited only a while after they were sent (the
+    /// longest frame delay and a little more): their Ack has mostly come by
+    /// then, so they wait for their deadline in the node's shared deadline
+    /// queue rather than on a timer of their own.
+    pub await_later: f64,
     pub faults: FaultConfig,
     /// Paused tokio clock (reproducible, time jumps) or the real one.
     pub paused: bool,
@@ -107,6 +112,12 @@ pub enum Sabotage {
     /// A pool loses its dedup state without the restart being recorded: to
     /// the checker, a key then runs twice within one incarnation.
     ForgetDedup,
+    /// The network changes the correlation id of some replies: the caller
+    /// accepts a reply that does not carry its ask's ids.
+    ForgeIds,
+    /// A pool never hears a cancel that arrives before its request, so it
+    /// keeps no tombstone and runs the request when it comes.
+    SkipTombstones,
 }
 
 impl SimConfig {
@@ -127,6 +138,7 @@ impl SimConfig {
             mismatch: 0.05,
             handler_error: 0.05,
             watch_stages: 0.25,
+            await_later: 0.25,
             faults: FaultConfig {
                 drop: 0.05,
                 duplicate: 0.05,
@@ -173,6 +185,7 @@ impl SimConfig {
         p("mismatch", self.mismatch)?;
         p("handler-error", self.handler_error)?;
         p("watch-stages", self.watch_stages)?;
+        p("await-later", self.await_later)?;
         let positive = |name: &str, x: u64| {
             if x == 0 {
                 Err(format!("{name} must be at least 1"))

@@ -1,11 +1,15 @@
 //! What happened in a run, recorded as it happens: asks issued and ended,
-//! handler executions, the terminal frames pools sent, late outcomes. The
-//! checker reads it afterwards. One lock, taken briefly: this is the test's
+//! handler executions, the terminal frames pools sent, the first frame each
+//! pool incarnation saw per key, late outcomes, frames whose ids were not
+//! their ask's, and the dead letters left at the end. The checker reads it
+//! afterwards. One lock, taken briefly: this is the test's
 //! notebook, not the system under test.
 
 use std::time::Duration;
 
-use askpool::{AckStage, CallerId, ErrorCode, RequestId};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use askpool::{AckStage, AskIds, CallerId, CancelReason, ErrorCode, RequestId};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
@@ -35,7 +39,7 @@ pub struct AskRecord {
     /// Asks of the same caller and request id still outstanding when this
     /// one was issued (the runtime refuses a second pending ask per id).
     pub outstanding_at_issue: u32,
-    pub ends: u32,
+    /// How it ended; `None` while it has not.
     pub end: Option<AskEnd>,
     pub ended_at: Duration,
     pub ended_seq: u64,
@@ -59,6 +63,11 @@ pub enum PoolTerminal {
     Outcome {
         exec: u64,
     },
+    /// A reply whose error no handler made (a reply is final, whatever its
+    /// error, and cached like any other).
+    Failed {
+        code: ErrorCode,
+    },
     Cancelled,
 }
 
@@ -68,6 +77,56 @@ pub struct LateRecord {
     pub key: Key,
     /// The execution whose outcome it was, if it was a handler's.
     pub exec: Option<u64>,
+    /// Why the request was cancelled, if the late outcome was a cancel.
+    pub cancelled: Option<CancelReason>,
+    pub seq: u64,
+}
+
+impl LateRecord {
+    /// Whether it is the outcome of the work (a reply, or the pool's own
+    /// cancel), not the pool's answer to the caller's cancel.
+    pub fn is_genuine(&self) -> bool {
+        !matches!(
+            self.cancelled,
+            Some(CancelReason::Caller | CancelReason::CallerTimeout)
+        )
+    }
+}
+
+/// The first frame a pool incarnation was handed for a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstFrame {
+    Request,
+    /// A cancel before any request: the pool must keep a tombstone, and
+    /// never run the key in this incarnation.
+    Cancel,
+}
+
+/// A frame whose ids were not the ones its ask was given.
+#[derive(Clone, Debug)]
+pub struct IdsMismatch {
+    /// Where it was seen: "reply", "frame to the caller", "request", ...
+    pub at: &'static str,
+    pub expected: AskIds,
+    pub got: AskIds,
+}
+
+/// A caller's dead-letter queue when the run was over.
+#[derive(Clone, Debug)]
+pub struct DlqSnapshot {
+    pub caller: CallerId,
+    /// The asks whose letters it holds, oldest first.
+    pub asks: Vec<usize>,
+    /// Letters it dropped because it was full.
+    pub dropped: u64,
+    /// Whether letters were queued in the order the history records their
+    /// asks' ends (one thread), so a letter dropped for room is older than
+    /// every letter left.
+    pub in_end_order: bool,
+    /// When it was taken, in the history's sequence (set by
+    /// [`History::dead_letters`]): a late outcome after it took no letter
+    /// from it.
+    pub seq: u64,
 }
 
 #[derive(Default)]
@@ -78,6 +137,12 @@ pub struct Log {
     /// Terminal frames per (key, pool incarnation), in the order sent.
     pub pool_frames: FxHashMap<(Key, u32), Vec<PoolTerminal>>,
     pub late: Vec<LateRecord>,
+    /// Per (key, pool incarnation), the first frame the pool was handed.
+    pub pool_first: FxHashMap<(Key, u32), FirstFrame>,
+    pub ids_mismatches: Vec<IdsMismatch>,
+    /// The dead letters left at the end of the run, per caller (empty when
+    /// the run did not look: a hand-made history).
+    pub dead_letters: Vec<DlqSnapshot>,
     outstanding: FxHashMap<(CallerId, RequestId), u32>,
 }
 
@@ -85,6 +150,7 @@ pub struct Log {
 #[derive(Default)]
 pub struct History {
     log: Mutex<Log>,
+    replies_checked: AtomicU64,
 }
 
 impl History {
@@ -110,7 +176,6 @@ impl History {
             issued_seq: seq,
             timeout,
             outstanding_at_issue: before,
-            ends: 0,
             end: None,
             ended_at: Duration::ZERO,
             ended_seq: 0,
@@ -119,19 +184,18 @@ impl History {
         log.asks.len() - 1
     }
 
-    /// Records how ask `no` ended.
+    /// Records how ask `no` ended (once: its future resolves once, and the
+    /// workload records that).
     pub fn end(&self, no: usize, end: AskEnd, stages: Option<Vec<AckStage>>, now: Duration) {
         let mut log = self.log.lock();
         log.seq += 1;
         let seq = log.seq;
         let ask = &mut log.asks[no];
-        ask.ends += 1;
-        if ask.ends == 1 {
-            ask.end = Some(end);
-            ask.ended_at = now;
-            ask.ended_seq = seq;
-            ask.stages = stages;
-        }
+        assert!(ask.end.is_none(), "ask {no} recorded as ended twice");
+        ask.end = Some(end);
+        ask.ended_at = now;
+        ask.ended_seq = seq;
+        ask.stages = stages;
         let id = (ask.key.caller, ask.key.request);
         if let Some(n) = log.outstanding.get_mut(&id) {
             *n -= 1;
@@ -162,8 +226,55 @@ impl History {
             .push(frame);
     }
 
-    pub fn late(&self, key: Key, exec: Option<u64>) {
-        self.log.lock().late.push(LateRecord { key, exec });
+    pub fn late(&self, key: Key, exec: Option<u64>, cancelled: Option<CancelReason>) {
+        let mut log = self.log.lock();
+        log.seq += 1;
+        let seq = log.seq;
+        log.late.push(LateRecord {
+            key,
+            exec,
+            cancelled,
+            seq,
+        });
+    }
+
+    /// Records that pool incarnation `incarnation` was handed a request
+    /// (or a cancel) for `key`; returns whether it was the first frame for
+    /// the key there.
+    pub fn pool_saw(&self, key: Key, incarnation: u32, frame: FirstFrame) -> bool {
+        let mut log = self.log.lock();
+        let mut first = false;
+        log.pool_first.entry((key, incarnation)).or_insert_with(|| {
+            first = true;
+            frame
+        });
+        first
+    }
+
+    /// Holds a frame's ids against the ones its ask was given; `reply`
+    /// counts the replies checked.
+    pub fn check_ids(&self, at: &'static str, expected: AskIds, got: AskIds, reply: bool) {
+        if reply {
+            self.replies_checked.fetch_add(1, Ordering::Relaxed);
+        }
+        if expected != got {
+            self.log
+                .lock()
+                .ids_mismatches
+                .push(IdsMismatch { at, expected, got });
+        }
+    }
+
+    /// Replies whose ids were checked.
+    pub fn replies_checked(&self) -> u64 {
+        self.replies_checked.load(Ordering::Relaxed)
+    }
+
+    pub fn dead_letters(&self, mut snapshot: DlqSnapshot) {
+        let mut log = self.log.lock();
+        log.seq += 1;
+        snapshot.seq = log.seq;
+        log.dead_letters.push(snapshot);
     }
 
     pub fn executions(&self) -> u64 {

@@ -21,6 +21,6 @@ pub mod workload;
 pub use checker::Violation;
 pub use config::{FaultConfig, Sabotage, SimConfig};
 pub use net::{FaultNet, Link, NetStats};
-pub use report::{RunReport, Summary};
+pub use report::{unfired_faults, RunReport, Summary};
 pub use sweep::{check_seed, SeedResult};
 pub use workload::{run, run_blocking, Live};

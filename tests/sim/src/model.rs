@@ -3,12 +3,18 @@
 
 use std::time::Duration;
 
-use askpool::{AskError, CallerId, PayloadFingerprint, RequestId};
+use askpool::{
+    AskError, AskIds, CallerId, CausationId, CorrelationId, PayloadFingerprint, RequestId,
+};
 
 /// The message an ask carries. The caller draws the work time and whether
 /// the handler fails, so handlers need no randomness of their own.
 #[derive(Clone, Debug)]
 pub struct Job {
+    /// The ask's number in the history, so that a dead letter (which keeps
+    /// the message) names the ask it came from. Not part of the payload:
+    /// the fingerprint covers `payload` only.
+    pub ask: usize,
     pub payload: u64,
     pub work: Duration,
     pub fail: bool,
@@ -60,4 +66,30 @@ pub struct Key {
     pub pool: u32,
     pub caller: CallerId,
     pub request: RequestId,
+}
+
+/// The correlation and causation ids the workload gives the asks of
+/// `request`, if it gives any: some request ids get an explicit correlation
+/// id, some an explicit causation id, some both, some neither (the runtime's
+/// defaults). Every ask of one request id gets the same ones, so every frame
+/// of any of them must carry them.
+pub fn explicit_ids(request: RequestId) -> (Option<CorrelationId>, Option<CausationId>) {
+    let n = request.nonce();
+    let tag = u128::from(request.time_micros()) << 64 | u128::from(n);
+    let correlation = (n % 4 == 1 || n % 4 == 2)
+        .then(|| CorrelationId::from_u128(tag ^ (0xc044_e1a7_u128 << 96)));
+    let causation =
+        (n % 4 == 2 || n % 4 == 3).then(|| CausationId::from_u128(tag ^ (0xca05_a710_u128 << 96)));
+    (correlation, causation)
+}
+
+/// The ids every frame of an ask of `request` from `caller` must carry.
+pub fn expected_ids(caller: CallerId, request: RequestId) -> AskIds {
+    let (correlation, causation) = explicit_ids(request);
+    let mut ids = AskIds::new(request, caller);
+    if let Some(c) = correlation {
+        ids.correlation_id = c;
+    }
+    ids.causation_id = causation;
+    ids
 }

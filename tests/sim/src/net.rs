@@ -2,7 +2,10 @@
 //! RNG, what happens to every frame: drop, duplicate, reorder, delay, hold
 //! behind a clog, lose to a partition, or lose a handler's reply after the
 //! fact. Each node talks to it through its own [`Link`], so the network
-//! knows which pool (and which incarnation of it) sent a frame.
+//! knows which pool (and which incarnation of it) sent a frame. The
+//! endpoints a link registers are tapped: what a pool incarnation is handed
+//! and what a caller receives is recorded (first frame per key, ids) before
+//! the node sees it.
 //!
 //! Decisions are made under one lock and frames are delivered after it is
 //! released: delivering a frame runs the receiver's code, which may send
@@ -15,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use askpool::{
-    AskError, CallerEndpoint, CallerId, InProcessTransport, PoolEndpoint, PoolName, ToCaller,
-    ToWorker, WorkerTransport,
+    AskError, AskIds, CallerEndpoint, CallerId, CorrelationId, InProcessTransport, PoolEndpoint,
+    PoolName, ToCaller, ToWorker, WorkerTransport,
 };
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
@@ -26,8 +29,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::{draw_ms, FaultConfig, Sabotage};
-use crate::history::{History, PoolTerminal};
-use crate::model::{exec_of_error, Answer, Job, Key};
+use crate::history::{FirstFrame, History, PoolTerminal};
+use crate::model::{exec_of_error, expected_ids, Answer, Job, Key};
 
 /// Which way a frame travels, and on which pool's path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -407,6 +410,13 @@ impl FaultNet {
                 decision = "forged";
             }
         }
+        if self.sabotage == Some(Sabotage::ForgeIds) && is_outcome && s.rng.random_bool(0.05) {
+            if let Frame::ToCaller(ToCaller::Reply { ids, .. }) = &mut copies[0] {
+                ids.correlation_id =
+                    CorrelationId::from_u128(ids.correlation_id.as_u128().wrapping_add(1));
+                decision = "forged ids";
+            }
+        }
         copies.extend(overtaken);
         let mut actions = Vec::with_capacity(copies.len());
         for frame in copies {
@@ -470,13 +480,27 @@ impl WorkerTransport<Job, Answer> for Link {
         pool: PoolName,
         endpoint: Arc<dyn PoolEndpoint<Job>>,
     ) -> Result<(), AskError> {
+        let endpoint = match (&self.side, self.net.pool_index(&pool)) {
+            (Side::Pool { incarnation, .. }, Some(index)) => Arc::new(PoolTap {
+                inner: endpoint,
+                pool: index,
+                incarnation: *incarnation,
+                history: Arc::clone(&self.net.history),
+                sabotage: self.net.sabotage,
+            }),
+            _ => endpoint,
+        };
         self.net.inner.register_pool(pool, endpoint)
     }
     fn deregister_pool(&self, pool: &PoolName) {
         self.net.inner.deregister_pool(pool)
     }
     fn register_caller(&self, caller: CallerId, endpoint: Arc<dyn CallerEndpoint<Answer>>) {
-        self.net.inner.register_caller(caller, endpoint)
+        let tap = Arc::new(CallerTap {
+            inner: endpoint,
+            history: Arc::clone(&self.net.history),
+        });
+        self.net.inner.register_caller(caller, tap)
     }
     fn deregister_caller(&self, caller: CallerId) {
         self.net.inner.deregister_caller(caller)
@@ -506,18 +530,24 @@ impl WorkerTransport<Job, Answer> for Link {
             self.net.count(&self.net.counters.crash_lost);
             return Ok(());
         }
+        // A refusal is not terminal: the pool recorded nothing.
         let terminal = match &frame {
             ToCaller::Reply { ids, outcome, .. } => {
-                let exec = match outcome {
-                    Ok(answer) => Some(answer.exec),
-                    Err(e) => exec_of_error(e),
+                let what = match outcome {
+                    Ok(answer) => PoolTerminal::Outcome { exec: answer.exec },
+                    Err(e) => match exec_of_error(e) {
+                        Some(exec) => PoolTerminal::Outcome { exec },
+                        None => PoolTerminal::Failed { code: e.code() },
+                    },
                 };
-                exec.map(|exec| (ids, PoolTerminal::Outcome { exec }))
+                Some((ids, what))
             }
             ToCaller::Cancelled { ids, .. } => Some((ids, PoolTerminal::Cancelled)),
             _ => None,
         };
-        let is_outcome = matches!(terminal, Some((_, PoolTerminal::Outcome { .. })));
+        // Every reply is final and cached: losing one after the fact is
+        // execute-then-lose-the-reply.
+        let is_outcome = matches!(frame, ToCaller::Reply { .. });
         if let Some((ids, what)) = terminal {
             let key = Key {
                 pool: *pool,
@@ -531,5 +561,75 @@ impl WorkerTransport<Job, Answer> for Link {
             dir: Dir::ToCaller,
         };
         self.net.route(path, Frame::ToCaller(frame), is_outcome)
+    }
+}
+
+/// What a pool incarnation is handed, recorded before it sees it: the first
+/// frame per key (a cancel first must leave a tombstone), and the ids.
+struct PoolTap {
+    inner: Arc<dyn PoolEndpoint<Job>>,
+    pool: u32,
+    incarnation: u32,
+    history: Arc<History>,
+    sabotage: Option<Sabotage>,
+}
+
+impl PoolEndpoint<Job> for PoolTap {
+    fn deliver(&self, frame: ToWorker<Job>) {
+        let ids = *frame.ids();
+        let (at, first) = match &frame {
+            ToWorker::Request(_) => ("request", FirstFrame::Request),
+            ToWorker::Cancel { .. } => ("cancel", FirstFrame::Cancel),
+        };
+        self.history
+            .check_ids(at, expected_ids(ids.caller_id, ids.request_id), ids, false);
+        let key = Key {
+            pool: self.pool,
+            caller: ids.caller_id,
+            request: ids.request_id,
+        };
+        let is_first = self.history.pool_saw(key, self.incarnation, first);
+        // Sabotage: the pool never hears a cancel that came before its
+        // request, so it keeps no tombstone and runs the request later.
+        if is_first
+            && first == FirstFrame::Cancel
+            && self.sabotage == Some(Sabotage::SkipTombstones)
+        {
+            return;
+        }
+        self.inner.deliver(frame);
+    }
+}
+
+/// What a caller receives, its ids held against its ask's before the
+/// caller sees it: whatever reply it accepts passed here.
+struct CallerTap {
+    inner: Arc<dyn CallerEndpoint<Answer>>,
+    history: Arc<History>,
+}
+
+impl CallerTap {
+    fn check(&self, at: &'static str, ids: &AskIds) {
+        let expected = expected_ids(ids.caller_id, ids.request_id);
+        self.history.check_ids(at, expected, *ids, at == "reply");
+    }
+}
+
+impl CallerEndpoint<Answer> for CallerTap {
+    fn deliver(&self, frame: ToCaller<Answer>) {
+        match &frame {
+            ToCaller::AckBatch { acks, .. } => {
+                for ids in acks {
+                    self.check("ack", ids);
+                }
+            }
+            ToCaller::Reply { ids, .. } => self.check("reply", ids),
+            ToCaller::Refused { ids, .. } => self.check("refusal", ids),
+            ToCaller::Cancelled { ids, .. } => self.check("cancelled", ids),
+            ToCaller::Ack { ids } | ToCaller::Read { ids } | ToCaller::Progress { ids, .. } => {
+                self.check("ack", ids)
+            }
+        }
+        self.inner.deliver(frame);
     }
 }

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::checker::Violation;
-use crate::config::SimConfig;
+use crate::config::{FaultConfig, SimConfig};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Percentiles {
@@ -54,6 +54,9 @@ pub struct Summary {
     /// Lost for any reason: dropped, partitioned, replies lost after
     /// execution, sent by a crashed process.
     pub frames_dropped: u64,
+    /// Of those, dropped by the `drop` fault and lost to partitions.
+    pub frames_dropped_at_random: u64,
+    pub frames_partitioned: u64,
     pub frames_duplicated: u64,
     pub frames_reordered: u64,
     pub frames_delayed: u64,
@@ -64,13 +67,119 @@ pub struct Summary {
     /// Duplicate requests a pool answered without running the handler.
     pub duplicates_suppressed: u64,
     pub handler_executions: u64,
+    /// Cancels a pool received before their request (tombstones kept).
+    pub tombstones: u64,
+    /// Outcomes reconciled after their ask timed out.
+    pub late_outcomes: u64,
+    /// Replies whose ids were held against their ask's.
+    pub replies_ids_checked: u64,
     pub dlq_size: u64,
+    /// Dead letters dropped because a caller's queue was full.
+    pub dlq_dropped: u64,
     pub breaker_trips: u64,
     /// Latency of fulfilled asks, in microseconds (virtual time when paused).
     pub latency_us: Percentiles,
     pub peak_rss_bytes: Option<u64>,
     pub elapsed_ms: u64,
     pub trace_hash: u64,
+}
+
+impl Summary {
+    /// Adds the counts of `other` (not its latencies, memory, time or hash):
+    /// totals over seeds.
+    pub fn add(&mut self, other: &Summary) {
+        let Summary {
+            asks,
+            fulfilled,
+            failed,
+            timed_out,
+            cancelled,
+            frames,
+            frames_dropped,
+            frames_dropped_at_random,
+            frames_partitioned,
+            frames_duplicated,
+            frames_reordered,
+            frames_delayed,
+            frames_clogged,
+            replies_lost,
+            restarts,
+            retries,
+            duplicates_suppressed,
+            handler_executions,
+            tombstones,
+            late_outcomes,
+            replies_ids_checked,
+            dlq_size,
+            dlq_dropped,
+            breaker_trips,
+            latency_us: _,
+            peak_rss_bytes: _,
+            elapsed_ms: _,
+            trace_hash: _,
+        } = other;
+        self.asks += asks;
+        self.fulfilled += fulfilled;
+        self.failed += failed;
+        self.timed_out += timed_out;
+        self.cancelled += cancelled;
+        self.frames += frames;
+        self.frames_dropped += frames_dropped;
+        self.frames_dropped_at_random += frames_dropped_at_random;
+        self.frames_partitioned += frames_partitioned;
+        self.frames_duplicated += frames_duplicated;
+        self.frames_reordered += frames_reordered;
+        self.frames_delayed += frames_delayed;
+        self.frames_clogged += frames_clogged;
+        self.replies_lost += replies_lost;
+        self.restarts += restarts;
+        self.retries += retries;
+        self.duplicates_suppressed += duplicates_suppressed;
+        self.handler_executions += handler_executions;
+        self.tombstones += tombstones;
+        self.late_outcomes += late_outcomes;
+        self.replies_ids_checked += replies_ids_checked;
+        self.dlq_size += dlq_size;
+        self.dlq_dropped += dlq_dropped;
+        self.breaker_trips += breaker_trips;
+    }
+}
+
+/// The fault kinds `faults` switches on that never acted in the runs
+/// `total` sums: a fault that is configured but never fires tests nothing.
+pub fn unfired_faults(faults: &FaultConfig, total: &Summary) -> Vec<&'static str> {
+    let events = faults.has_events();
+    let kinds = [
+        ("drop", faults.drop > 0.0, total.frames_dropped_at_random),
+        ("duplicate", faults.duplicate > 0.0, total.frames_duplicated),
+        ("reorder", faults.reorder > 0.0, total.frames_reordered),
+        (
+            "delay",
+            faults.delay_ms.start.max(faults.delay_ms.end) > 0,
+            total.frames_delayed,
+        ),
+        ("lose-reply", faults.lose_reply > 0.0, total.replies_lost),
+        (
+            "clog",
+            events && faults.clog_weight > 0,
+            total.frames_clogged,
+        ),
+        (
+            "partition",
+            events && faults.partition_weight > 0,
+            total.frames_partitioned,
+        ),
+        (
+            "restart",
+            events && faults.restart_weight > 0,
+            total.restarts,
+        ),
+    ];
+    kinds
+        .into_iter()
+        .filter(|&(_, on, fired)| on && fired == 0)
+        .map(|(name, _, _)| name)
+        .collect()
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -106,6 +215,8 @@ impl RunReport {
             ("cancelled", format!("{}{}", s.cancelled, pct(s.cancelled))),
             ("frames", s.frames.to_string()),
             ("frames dropped", s.frames_dropped.to_string()),
+            ("  at random", s.frames_dropped_at_random.to_string()),
+            ("  to partitions", s.frames_partitioned.to_string()),
             ("frames duplicated", s.frames_duplicated.to_string()),
             ("frames reordered", s.frames_reordered.to_string()),
             ("frames delayed", s.frames_delayed.to_string()),
@@ -118,7 +229,14 @@ impl RunReport {
                 s.duplicates_suppressed.to_string(),
             ),
             ("handler executions", s.handler_executions.to_string()),
+            ("tombstones", s.tombstones.to_string()),
+            ("late outcomes", s.late_outcomes.to_string()),
+            (
+                "replies with ids checked",
+                s.replies_ids_checked.to_string(),
+            ),
             ("DLQ size", s.dlq_size.to_string()),
+            ("DLQ dropped (full)", s.dlq_dropped.to_string()),
             ("breaker trips", s.breaker_trips.to_string()),
             ("latency p50", format_us(s.latency_us.p50)),
             ("latency p99", format_us(s.latency_us.p99)),

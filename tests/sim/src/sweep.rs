@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::checker::Violation;
 use crate::config::SimConfig;
+use crate::report::Summary;
 use crate::workload::{run_blocking, Live};
 
 #[derive(Clone, Debug)]
@@ -13,6 +14,8 @@ pub struct SeedResult {
     pub seed: u64,
     pub asks: u64,
     pub trace_hash: u64,
+    /// What the first of the two runs counted.
+    pub summary: Summary,
     pub violations: Vec<Violation>,
     /// The command that reproduces a failure (the shrunk one if shrinking
     /// found a smaller failing run).
@@ -25,28 +28,29 @@ impl SeedResult {
     }
 }
 
-fn once(cfg: &SimConfig) -> (u64, Vec<Violation>) {
+fn once(cfg: &SimConfig) -> (Summary, Vec<Violation>) {
     let report = run_blocking(cfg.clone(), Arc::new(Live::default()));
-    (report.summary.trace_hash, report.violations)
+    (report.summary, report.violations)
 }
 
 /// Runs `cfg` twice; a difference in trace hashes is itself a violation.
-fn twice(cfg: &SimConfig) -> (u64, Vec<Violation>) {
-    let (first, mut violations) = once(cfg);
-    let (second, _) = once(cfg);
+fn twice(cfg: &SimConfig) -> (Summary, Vec<Violation>) {
+    let (summary, mut violations) = once(cfg);
+    let (again, _) = once(cfg);
+    let (first, second) = (summary.trace_hash, again.trace_hash);
     if first != second {
         violations.push(Violation {
             invariant: "a seed reproduces exactly",
             detail: format!("trace hashes {first:016x} and {second:016x}"),
         });
     }
-    (first, violations)
+    (summary, violations)
 }
 
 /// Checks one seed (`cfg.paused` must be set).
 pub fn check_seed(cfg: &SimConfig) -> SeedResult {
     assert!(cfg.paused, "only a paused clock reproduces a seed");
-    let (trace_hash, violations) = twice(cfg);
+    let (summary, violations) = twice(cfg);
     let repro = (!violations.is_empty()).then(|| {
         let mut asks = cfg.asks;
         // Halve while the seed still fails with fewer asks.
@@ -72,7 +76,8 @@ pub fn check_seed(cfg: &SimConfig) -> SeedResult {
     SeedResult {
         seed: cfg.seed,
         asks: cfg.asks,
-        trace_hash,
+        trace_hash: summary.trace_hash,
+        summary,
         violations,
         repro,
     }

@@ -18,8 +18,11 @@ use tokio::task::JoinSet;
 
 use crate::checker::{check, Violation};
 use crate::config::{draw_ms, Sabotage, SimConfig};
-use crate::history::{AskEnd, History};
-use crate::model::{exec_of_error, expected_value, fingerprint, handler_error, Answer, Job, Key};
+use crate::history::{AskEnd, DlqSnapshot, History};
+use crate::model::{
+    exec_of_error, expected_ids, expected_value, explicit_ids, fingerprint, handler_error, Answer,
+    Job, Key,
+};
 use crate::net::{Dir, FaultNet, Link, Path};
 use crate::report::{peak_rss_bytes, percentiles, RunReport, Summary};
 
@@ -94,11 +97,14 @@ impl Cluster {
             .handler(move |job: Job, ctx| {
                 let history = Arc::clone(&history);
                 async move {
+                    let ids = *ctx.ids();
                     let key = Key {
                         pool: index,
-                        caller: ctx.ids().caller_id,
+                        caller: ids.caller_id,
                         request: ctx.request_id(),
                     };
+                    let expected = expected_ids(key.caller, key.request);
+                    history.check_ids("handler", expected, ids, false);
                     let exec = history.exec(key, incarnation, job.payload, job.fail);
                     ctx.progress(0.5, "working");
                     tokio::select! {
@@ -221,17 +227,17 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
                 let Some(pool) = net.pool_index(&late.pool) else {
                     return;
                 };
-                let exec = match &late.result {
-                    askpool::LateResult::Reply(Ok(answer)) => Some(answer.exec),
-                    askpool::LateResult::Reply(Err(e)) => exec_of_error(e),
-                    askpool::LateResult::Cancelled(_) => None,
+                let (exec, cancelled) = match &late.result {
+                    askpool::LateResult::Reply(Ok(answer)) => (Some(answer.exec), None),
+                    askpool::LateResult::Reply(Err(e)) => (exec_of_error(e), None),
+                    askpool::LateResult::Cancelled(reason) => (None, Some(*reason)),
                 };
                 let key = Key {
                     pool,
                     caller: late.ids.caller_id,
                     request: late.ids.request_id,
                 };
-                history.late(key, exec);
+                history.late(key, exec, cancelled);
             });
             node
         })
@@ -249,6 +255,8 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
     });
 
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
+    // Its own stream, so that the asks a seed issues do not depend on it.
+    let mut later_rng = SmallRng::seed_from_u64(cfg.seed ^ 0x006c_6174_6572);
     let window = Arc::new(tokio::sync::Semaphore::new(cfg.window as usize));
     let mut asks = JoinSet::new();
     for _ in 0..cfg.asks {
@@ -274,6 +282,9 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
             .random_bool(cfg.cancel)
             .then(|| Duration::from_millis(rng.random_range(0..timeout.as_millis() as u64)));
         let watch = rng.random_bool(cfg.watch_stages);
+        let await_after = later_rng.random_bool(cfg.await_later).then(|| {
+            Duration::from_millis(cfg.faults.delay_ms.end.max(cfg.faults.delay_ms.start) + 5)
+        });
         let node = callers[c as usize].clone();
         let key = Key {
             pool,
@@ -289,10 +300,11 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
         live.issued.fetch_add(1, Ordering::Relaxed);
         asks.spawn(async move {
             let no = history.issue(key, payload, timeout, net.elapsed());
-            let mut handle = node
+            let mut ask = node
                 .ask(
                     pool_name,
                     Job {
+                        ask: no,
                         payload,
                         work,
                         fail,
@@ -300,9 +312,23 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
                 )
                 .request_id(key.request)
                 .fingerprint(fingerprint(payload))
-                .timeout(timeout)
-                .send();
+                .timeout(timeout);
+            let (correlation, causation) = explicit_ids(key.request);
+            if let Some(c) = correlation {
+                ask = ask.correlation_id(c);
+            }
+            if let Some(c) = causation {
+                ask = ask.causation_id(c);
+            }
+            let mut handle = ask.send();
+            let expected = expected_ids(key.caller, key.request);
+            history.check_ids("ask", expected, *handle.ids(), false);
             let mut stages = watch.then(|| handle.stages());
+            let mut cancel_after = cancel_after;
+            if let Some(pause) = await_after {
+                tokio::time::sleep(pause).await;
+                cancel_after = cancel_after.map(|after| after.saturating_sub(pause));
+            }
             let result = match cancel_after {
                 None => Some((&mut handle).await),
                 Some(after) => tokio::select! {
@@ -365,6 +391,10 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
             ),
         });
         asks.abort_all();
+    } else {
+        // Every ask has ended and dropped its handle: nothing it held may
+        // be left, not even a deadline that has yet to come.
+        check_released(&callers, &mut violations);
     }
 
     // Traffic has stopped: let processing deadlines pass, then everything
@@ -372,8 +402,11 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
     tokio::time::sleep(cluster.processing_timeout() + Duration::from_millis(200)).await;
     check_bounds(&cluster, &callers, baseline_tasks, &mut violations);
     if cfg.paused {
-        // On a paused clock an hour costs nothing: every cache must empty.
-        tokio::time::sleep(DEDUP_TTL + Duration::from_secs(1)).await;
+        // On a paused clock an hour costs nothing: every cache must empty,
+        // and every record kept to reconcile a late outcome must be gone.
+        let reconcile_window = caller_config(&cfg, 0).reconcile_window;
+        tokio::time::sleep(DEDUP_TTL.max(reconcile_window) + Duration::from_secs(1)).await;
+        check_settled(&callers, &mut violations);
         for host in cluster.hosts.lock().iter() {
             host.node.evict_expired();
             for pool in host.node.stats().pools {
@@ -390,6 +423,15 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
         }
     }
 
+    for node in &callers {
+        history.dead_letters(DlqSnapshot {
+            caller: node.caller_id(),
+            asks: node.dead_letters().iter().map(|l| l.payload.ask).collect(),
+            dropped: node.stats().dlq_dropped,
+            in_end_order: cfg.paused,
+            seq: 0,
+        });
+    }
     let slack = if cfg.paused {
         Duration::ZERO
     } else {
@@ -456,23 +498,13 @@ fn check_bounds(
             detail,
         });
     };
-    let caller_cfg = caller_config(&cluster.cfg, 0);
     for node in callers {
         let s = node.stats();
         let who = node.caller_id();
-        if s.pending != 0 || s.armed_timers != 0 {
+        if s.pending != 0 || s.armed_timers != 0 || s.queued_deadlines != 0 {
             v(format!(
-                "caller {who:?}: {} pending asks, {} armed timers",
-                s.pending, s.armed_timers
-            ));
-        }
-        if s.dlq_depth > caller_cfg.dlq_capacity {
-            v(format!("caller {who:?}: DLQ holds {}", s.dlq_depth));
-        }
-        if s.timed_out_records > caller_cfg.reconcile_capacity {
-            v(format!(
-                "caller {who:?}: {} timed-out records kept",
-                s.timed_out_records
+                "caller {who:?}: {} pending asks, {} armed timers, {} queued deadlines",
+                s.pending, s.armed_timers, s.queued_deadlines
             ));
         }
     }
@@ -522,6 +554,53 @@ fn check_bounds(
     }
 }
 
+/// Right after the last ask ended: each removed its pending entry, its
+/// timer and its place in the deadline queue when it ended (the queue's
+/// places would otherwise be held until the deadline came).
+fn check_released(callers: &[SimNode], violations: &mut Vec<Violation>) {
+    for node in callers {
+        let s = node.stats();
+        if s.pending != 0 || s.armed_timers != 0 || s.queued_deadlines != 0 {
+            violations.push(Violation {
+                invariant: "an ask that ends releases what it held",
+                detail: format!(
+                    "caller {:?}, all asks ended: {} pending asks, {} armed timers, {} queued deadlines",
+                    node.caller_id(),
+                    s.pending,
+                    s.armed_timers,
+                    s.queued_deadlines
+                ),
+            });
+        }
+    }
+}
+
+/// Long after traffic stopped (past the reconcile window): nothing is
+/// pending, no timer or deadline is queued, and every record kept to
+/// reconcile a late outcome has aged out.
+fn check_settled(callers: &[SimNode], violations: &mut Vec<Violation>) {
+    for node in callers {
+        let s = node.stats();
+        if s.pending != 0
+            || s.armed_timers != 0
+            || s.queued_deadlines != 0
+            || s.timed_out_records != 0
+        {
+            violations.push(Violation {
+                invariant: "pending asks, timers and timeout records return to 0 when traffic stops",
+                detail: format!(
+                    "caller {:?}, past the reconcile window: {} pending asks, {} armed timers, {} queued deadlines, {} timed-out records",
+                    node.caller_id(),
+                    s.pending,
+                    s.armed_timers,
+                    s.queued_deadlines,
+                    s.timed_out_records
+                ),
+            });
+        }
+    }
+}
+
 fn summarize(
     cfg: &SimConfig,
     cluster: &Cluster,
@@ -551,6 +630,8 @@ fn summarize(
         cancelled: get(&live.cancelled),
         frames: net.frames,
         frames_dropped: net.dropped + net.partitioned + net.lost_replies + net.crash_lost,
+        frames_dropped_at_random: net.dropped,
+        frames_partitioned: net.partitioned,
         frames_duplicated: net.duplicated,
         frames_reordered: net.reordered,
         frames_delayed: net.delayed,
@@ -560,7 +641,11 @@ fn summarize(
         retries: caller_stats.iter().map(|s| s.retries).sum(),
         duplicates_suppressed: pools.iter().map(|p| p.duplicate_acks + p.replays).sum(),
         handler_executions: cluster.history.executions(),
+        tombstones: pools.iter().map(|p| p.tombstones).sum(),
+        late_outcomes: caller_stats.iter().map(|s| s.late_outcomes).sum(),
+        replies_ids_checked: cluster.history.replies_checked(),
         dlq_size: caller_stats.iter().map(|s| s.dlq_depth).sum::<usize>() as u64,
+        dlq_dropped: caller_stats.iter().map(|s| s.dlq_dropped).sum(),
         breaker_trips: caller_stats
             .iter()
             .flat_map(|s| s.breakers.iter())

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use askpool::{AckStage, CallerId, ErrorCode, RequestId};
+use askpool::{AckStage, CallerId, CancelReason, CorrelationId, ErrorCode, RequestId};
 use askpool_sim::checker::check;
-use askpool_sim::history::{AskEnd, History, PoolTerminal};
-use askpool_sim::model::{expected_value, Answer, Key};
+use askpool_sim::history::{AskEnd, DlqSnapshot, FirstFrame, History, PoolTerminal};
+use askpool_sim::model::{expected_ids, expected_value, Answer, Key};
 
 fn key(n: u64) -> Key {
     Key {
@@ -94,15 +94,9 @@ fn a_replay_that_differs() {
 }
 
 #[test]
-fn an_ask_that_never_ends_or_ends_twice() {
+fn an_ask_that_never_ends() {
     let h = History::new();
     h.issue(key(1), 5, T, ms(0));
-    assert_eq!(broken(&h), vec!["exactly one outcome per ask"]);
-
-    let h = History::new();
-    let no = h.issue(key(1), 5, T, ms(0));
-    h.end(no, AskEnd::LocalCancel, None, ms(1));
-    h.end(no, AskEnd::LocalCancel, None, ms(2));
     assert_eq!(broken(&h), vec!["exactly one outcome per ask"]);
 }
 
@@ -216,7 +210,7 @@ fn stages_that_go_backwards_or_miss_their_terminal() {
 fn a_late_outcome_without_a_timed_out_ask() {
     let h = History::new();
     let exec = answered(&h, key(1), 5, 0);
-    h.late(key(1), Some(exec));
+    h.late(key(1), Some(exec), None);
     assert_eq!(broken(&h), vec!["late outcomes reconcile once"]);
 
     let h = History::new();
@@ -228,8 +222,138 @@ fn a_late_outcome_without_a_timed_out_ask() {
         message: String::new(),
     };
     h.end(no, timeout, None, T);
-    h.late(key(1), Some(exec));
+    h.late(key(1), Some(exec), None);
     assert_eq!(broken(&h), Vec::<&str>::new());
-    h.late(key(1), Some(exec));
+    h.late(key(1), Some(exec), None);
     assert_eq!(broken(&h), vec!["late outcomes reconcile once"]);
+}
+
+fn timed_out(h: &History, k: Key, at: u64) -> usize {
+    let no = h.issue(k, 5, T, ms(at));
+    let timeout = AskEnd::Error {
+        code: ErrorCode::AskTimeout,
+        exec: None,
+        message: String::new(),
+    };
+    h.end(no, timeout, None, ms(at) + T);
+    no
+}
+
+#[test]
+fn the_answer_to_a_callers_cancel_is_not_a_late_outcome() {
+    for reason in [CancelReason::CallerTimeout, CancelReason::Caller] {
+        let h = History::new();
+        timed_out(&h, key(1), 0);
+        h.late(key(1), None, Some(reason));
+        assert_eq!(
+            broken(&h),
+            vec!["the answer to a caller's own cancel is not a late outcome"]
+        );
+    }
+    // The pool's own cancel (its processing deadline) is one.
+    let h = History::new();
+    timed_out(&h, key(1), 0);
+    h.late(key(1), None, Some(CancelReason::ProcessingTimeout));
+    assert_eq!(broken(&h), Vec::<&str>::new());
+}
+
+fn dlq(h: &History, asks: Vec<usize>, dropped: u64) {
+    h.dead_letters(DlqSnapshot {
+        caller: key(1).caller,
+        asks,
+        dropped,
+        in_end_order: true,
+        seq: 0,
+    });
+}
+
+#[test]
+fn a_timed_out_asks_dead_letter_stays_until_a_late_outcome() {
+    const GONE: &str = "a timed-out ask keeps its dead letter unless a late outcome came";
+    // Kept: fine.
+    let h = History::new();
+    let a = timed_out(&h, key(1), 0);
+    dlq(&h, vec![a], 0);
+    assert_eq!(broken(&h), Vec::<&str>::new());
+
+    // Gone with no late outcome and nothing dropped: broken.
+    let h = History::new();
+    timed_out(&h, key(1), 0);
+    dlq(&h, vec![], 0);
+    assert_eq!(broken(&h), vec![GONE]);
+
+    // Gone because the pool's answer to the timeout's cancel took it.
+    let h = History::new();
+    timed_out(&h, key(1), 0);
+    h.late(key(1), None, Some(CancelReason::CallerTimeout));
+    dlq(&h, vec![], 0);
+    let b = broken(&h);
+    assert!(b.contains(&GONE), "{b:?}");
+
+    // Gone with a genuine late outcome: fine.
+    let h = History::new();
+    let exec = h.exec(key(1), 0, 5, false);
+    timed_out(&h, key(1), 0);
+    h.late(key(1), Some(exec), None);
+    dlq(&h, vec![], 0);
+    assert_eq!(broken(&h), Vec::<&str>::new());
+
+    // Dropped for room: only a letter older than every one left can be.
+    let h = History::new();
+    let old = timed_out(&h, key(1), 0);
+    let new = timed_out(&h, key(2), 200);
+    let _ = old;
+    dlq(&h, vec![new], 1);
+    assert_eq!(broken(&h), Vec::<&str>::new());
+    let h = History::new();
+    let old = timed_out(&h, key(1), 0);
+    timed_out(&h, key(2), 200);
+    dlq(&h, vec![old], 1);
+    assert_eq!(broken(&h), vec![GONE]);
+
+    // A letter of an ask that did not fail.
+    let h = History::new();
+    answered(&h, key(1), 5, 0);
+    dlq(&h, vec![0], 0);
+    assert_eq!(broken(&h), vec!["dead letters are failed asks"]);
+}
+
+#[test]
+fn a_request_after_its_cancel_runs() {
+    let h = History::new();
+    assert!(h.pool_saw(key(1), 0, FirstFrame::Cancel));
+    assert!(!h.pool_saw(key(1), 0, FirstFrame::Request));
+    // Another incarnation forgot the tombstone: it may run the key.
+    assert!(h.pool_saw(key(1), 1, FirstFrame::Request));
+    answered(&h, key(1), 5, 1);
+    assert_eq!(broken(&h), Vec::<&str>::new());
+    h.exec(key(1), 0, 5, false);
+    assert_eq!(broken(&h), vec!["a request after its cancel never runs"]);
+}
+
+#[test]
+fn ids_that_changed_on_the_way() {
+    let h = History::new();
+    let k = key(1);
+    let ids = expected_ids(k.caller, k.request);
+    h.check_ids("reply", ids, ids, true);
+    assert_eq!(broken(&h), Vec::<&str>::new());
+    assert_eq!(h.replies_checked(), 1);
+    let mut forged = ids;
+    forged.correlation_id = CorrelationId::from_u128(7);
+    h.check_ids("reply", ids, forged, true);
+    assert_eq!(broken(&h), vec!["ids propagate unchanged"]);
+}
+
+#[test]
+fn a_late_outcome_that_leaves_its_dead_letter() {
+    let h = History::new();
+    let exec = h.exec(key(1), 0, 5, false);
+    let a = timed_out(&h, key(1), 0);
+    h.late(key(1), Some(exec), None);
+    dlq(&h, vec![a], 0);
+    assert_eq!(
+        broken(&h),
+        vec!["a late outcome takes its ask's dead letter"]
+    );
 }
