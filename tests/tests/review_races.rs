@@ -105,7 +105,9 @@ mod racing {
             seen.fetch_add(1, Ordering::SeqCst);
         });
         let pool = node.pool("p").build().unwrap();
-        let ask = tokio::spawn(node.ask("p", 1).timeout(Duration::from_millis(100)).send());
+        let handle = node.ask("p", 1).timeout(Duration::from_millis(100)).send();
+        let id = handle.request_id();
+        let ask = tokio::spawn(handle);
         let stash = Arc::new(Mutex::new(pool.next_request().await));
         let replier = Arc::clone(&stash);
         tap.set_rule(move |frame| {
@@ -123,6 +125,10 @@ mod racing {
             late.load(Ordering::SeqCst),
             1,
             "the crossing reply is a late outcome"
+        );
+        assert!(
+            node.dead_letter(id).is_none(),
+            "the late outcome took the ask's dead letter"
         );
     }
 }

@@ -240,6 +240,23 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         if self.node.is_closed() {
             return;
         }
+        // The dead letter first: a late outcome reconciled below (or on
+        // another thread as soon as the timeout is on record) takes it.
+        if let Some(reason) = dlq::reason_for(error, self.machine.policy()) {
+            if let Some(payload) = self.payload.take() {
+                let mut dlq = self.node.caller.dlq.lock();
+                dlq.push(DeadLetter {
+                    ids: self.meta.ids,
+                    pool: self.meta.pool.clone(),
+                    payload,
+                    error: error.clone(),
+                    attempts: self.machine.attempts_sent(),
+                    reason,
+                    failed_at: now,
+                });
+                telemetry::dlq_depth(dlq.len());
+            }
+        }
         // Every failure recorded as TIMED_OUT (the ask's timeout, a stage
         // deadline) can still be answered by the pool: keep it to reconcile.
         if AckStage::terminal_for_error(error) == AckStage::TimedOut {
@@ -253,22 +270,6 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 let fingerprint = self.meta.fingerprint;
                 (self.node.caller).reconcile_event(self.meta.ids, fingerprint, event);
             }
-        }
-        let Some(reason) = dlq::reason_for(error, self.machine.policy()) else {
-            return;
-        };
-        if let Some(payload) = self.payload.take() {
-            let mut dlq = self.node.caller.dlq.lock();
-            dlq.push(DeadLetter {
-                ids: self.meta.ids,
-                pool: self.meta.pool.clone(),
-                payload,
-                error: error.clone(),
-                attempts: self.machine.attempts_sent(),
-                reason,
-                failed_at: now,
-            });
-            telemetry::dlq_depth(dlq.len());
         }
     }
 
