@@ -30,6 +30,7 @@ use askpool::{AskError, ErrorClass, ErrorCode, Node, RequestId};
 
 use crate::facade::DurablePromises;
 use crate::model::{Completion, CreateRequest, Millis, Promise, State};
+use crate::rules::MAX_VALUE_BYTES;
 use crate::store::Store;
 
 const POOL_TAG: &str = "askpool:pool";
@@ -217,13 +218,7 @@ where
         Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
     };
     let size = promise.param.len();
-    let ask = node.ask(pool, msg).request_id(id).payload_size(size).send();
-    let promises = promises.clone();
-    let id = key.clone();
-    let run = async move {
-        let outcome = ask.await;
-        record(&promises, &id, outcome)
-    };
+    let run = ask_and_record(node.clone(), promises.clone(), id, pool, msg, size);
     // The ask runs to its end on the runtime whether or not the handle is
     // still awaited: a caller that stops waiting (a timeout around the
     // handle, a cancelled task) must not cancel the ask, or the pool would
@@ -245,6 +240,36 @@ where
     DurableHandle { id: key, inner }
 }
 
+/// Asks `msg` under the durable ask's id and records the outcome. If this
+/// node is asking that id already (its caller stopped waiting and asked
+/// for the outcome again), waits for that ask instead: a second ask of the
+/// id would be refused, and that refusal is no outcome to record.
+async fn ask_and_record<M, R>(
+    node: Node<M, R>,
+    promises: DurablePromises,
+    id: RequestId,
+    pool: String,
+    msg: M,
+    size: usize,
+) -> Result<R, AskError>
+where
+    M: Durable + Clone + Send + 'static,
+    R: Durable + Clone + Send + 'static,
+{
+    let key = id.to_string();
+    while node.is_pending(id) {
+        promises.next_completion_or_poll().await;
+        let p = promises.store().get(&key, now_millis())?;
+        if p.state.is_settled() {
+            return outcome_of(&p);
+        }
+    }
+    // Settled meanwhile, it is replayed: the pool answers from its cache
+    // and `record` from the promise.
+    let outcome = node.ask(pool, msg).request_id(id).payload_size(size).await;
+    record(&promises, &key, outcome)
+}
+
 /// Settles the promise with the ask's outcome, unless the failure is worth
 /// asking again; a promise someone else settled first wins.
 fn record<R: Durable>(
@@ -253,7 +278,7 @@ fn record<R: Durable>(
     outcome: Result<R, AskError>,
 ) -> Result<R, AskError> {
     let (outcome, completion, value) = match outcome {
-        Ok(reply) => match reply.to_bytes() {
+        Ok(reply) => match reply.to_bytes().and_then(storable) {
             Ok(bytes) => (Ok(reply), Completion::Resolve, bytes),
             // Recorded as what a later await would meet: not the reply.
             Err(message) => {
@@ -277,6 +302,17 @@ fn record<R: Durable>(
         return outcome_of(&completed.promise);
     }
     outcome
+}
+
+/// `bytes`, if a promise can hold them.
+fn storable(bytes: Vec<u8>) -> Result<Vec<u8>, String> {
+    if bytes.len() > MAX_VALUE_BYTES {
+        return Err(format!(
+            "it is {} bytes; a promise holds at most {MAX_VALUE_BYTES}",
+            bytes.len()
+        ));
+    }
+    Ok(bytes)
 }
 
 fn outcome_of<R: Durable>(p: &Promise) -> Result<R, AskError> {

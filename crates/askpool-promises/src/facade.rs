@@ -120,6 +120,12 @@ impl DurablePromises {
         }
     }
 
+    /// Returns at the next completion made through this value, or after
+    /// `poll` (a completion made elsewhere is found by looking).
+    pub(crate) async fn next_completion_or_poll(&self) {
+        let _ = tokio::time::timeout(self.poll, self.settled.notified()).await;
+    }
+
     /// The promise once it has settled (resolved, rejected, canceled, or
     /// timed out at its deadline). Needs a tokio runtime.
     pub async fn wait(&self, id: &str) -> Result<Promise> {

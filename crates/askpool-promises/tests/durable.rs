@@ -377,3 +377,82 @@ async fn a_dropped_durable_handle_still_settles_its_promise() {
     assert_eq!(again, "HI");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
 }
+
+/// A caller that stopped waiting asks for the outcome by id while the first
+/// run is still in flight on this node: it joins that run (before, the
+/// second ask of the id was refused as already pending, and the refusal
+/// rejected the promise for good, the real reply thrown away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awaiting_a_durable_ask_still_in_flight_joins_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = promises(&dir.path().join("durable.db"));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let node = N::new();
+    {
+        let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+        node.pool("slow")
+            .handler(move |msg: String, _ctx| {
+                let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
+                async move {
+                    let _permit = gate.acquire().await;
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok(msg.to_uppercase())
+                }
+            })
+            .unwrap();
+    }
+    let ask = node.ask_durable(&store, "slow", "hi".into()).unwrap();
+    let id = ask.id().to_owned();
+    assert!(tokio::time::timeout(Duration::from_millis(20), ask)
+        .await
+        .is_err());
+    let again = node.await_durable(&store, &id).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    gate.add_permits(1);
+    let again = tokio::time::timeout(Duration::from_secs(10), again)
+        .await
+        .expect("in time");
+    assert_eq!(again.unwrap(), "HI");
+    let p = store
+        .store()
+        .get(&id, askpool_promises::now_millis())
+        .unwrap();
+    assert_eq!(
+        (p.state, p.value.as_deref()),
+        (State::Resolved, Some(&b"HI"[..]))
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A reply too large for a promise rejects it with DecodeFailure, once:
+/// asked again later it is not run again (before, the store refused the
+/// completion, the promise stayed pending, and it ran again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_too_large_to_store_rejects_the_promise() {
+    let store = DurablePromises::in_memory();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let node: Node<Vec<u8>, Vec<u8>> = Node::new();
+    {
+        let runs = Arc::clone(&runs);
+        node.pool("big")
+            .dedup(askpool::DedupConfig {
+                terminal_ttl: Duration::from_millis(10),
+                ..askpool::DedupConfig::default()
+            })
+            .handler(move |_msg: Vec<u8>, _ctx| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(vec![0u8; askpool_promises::rules::MAX_VALUE_BYTES + 1]) }
+            })
+            .unwrap();
+    }
+    let ask = node.ask_durable(&store, "big", vec![1]).unwrap();
+    let id = ask.id().to_owned();
+    let first = ask.await.unwrap_err();
+    assert!(matches!(first, AskError::DecodeFailure { .. }), "{first:?}");
+    assert_eq!(store.get(&id).unwrap().state, State::Rejected);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let again = node.await_durable(&store, &id).unwrap().await.unwrap_err();
+    assert!(matches!(again, AskError::DecodeFailure { .. }), "{again:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -243,6 +243,12 @@ where
         }
     }
 
+    /// Whether an ask with this request id is in flight on this node (a
+    /// second one with the same id is refused until it ends).
+    pub fn is_pending(&self, id: RequestId) -> bool {
+        self.shared.caller.pending.get(id).is_some()
+    }
+
     /// The dead letters, oldest first.
     pub fn dead_letters(&self) -> Vec<DeadLetter<M>> {
         self.shared.caller.dlq.lock().iter().cloned().collect()

@@ -59,6 +59,10 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX callbacks_awaited ON callbacks(awaited, id);
     CREATE INDEX callbacks_awaiter ON callbacks(awaiter);",
+    // 2: a task may be in state 2 (Waiting, a resume task of an awaiter's
+    // next suspension): no table changes, but a build that does not know
+    // the state must refuse the file as newer rather than misread it.
+    "-- tasks.state 2: Waiting",
 ];
 
 /// The schema version this build writes.
