@@ -31,6 +31,30 @@ fn upper_node(runs: &Arc<AtomicUsize>) -> N {
     node
 }
 
+/// A node whose pool "slow" upper-cases once `gate` lets it (a permit per
+/// run), counting its runs; the pool keeps replies for `terminal_ttl`.
+fn gated_node(terminal_ttl: Duration) -> (N, Arc<AtomicUsize>, Arc<tokio::sync::Semaphore>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let node = N::new();
+    let (counted, gated) = (Arc::clone(&runs), Arc::clone(&gate));
+    node.pool("slow")
+        .dedup(askpool::DedupConfig {
+            terminal_ttl,
+            ..askpool::DedupConfig::default()
+        })
+        .handler(move |msg: String, _ctx| {
+            let (runs, gate) = (Arc::clone(&counted), Arc::clone(&gated));
+            async move {
+                let _permit = gate.acquire().await;
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(msg.to_uppercase())
+            }
+        })
+        .unwrap();
+    (node, runs, gate)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settled_outcome_survives_the_restart_and_the_handler_ran_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -323,26 +347,7 @@ async fn an_oversize_durable_message_is_refused_before_it_is_stored() {
 async fn a_dropped_durable_handle_still_settles_its_promise() {
     let dir = tempfile::tempdir().unwrap();
     let store = promises(&dir.path().join("durable.db"));
-    let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let node = N::new();
-    {
-        let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
-        node.pool("slow")
-            .dedup(askpool::DedupConfig {
-                terminal_ttl: Duration::from_millis(50),
-                ..askpool::DedupConfig::default()
-            })
-            .handler(move |msg: String, _ctx| {
-                let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
-                async move {
-                    let _permit = gate.acquire().await;
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    Ok(msg.to_uppercase())
-                }
-            })
-            .unwrap();
-    }
+    let (node, runs, gate) = gated_node(Duration::from_millis(50));
     let ask = node.ask_durable(&store, "slow", "hi".into()).unwrap();
     let id = ask.id().to_owned();
     assert!(
@@ -386,22 +391,7 @@ async fn a_dropped_durable_handle_still_settles_its_promise() {
 async fn awaiting_a_durable_ask_still_in_flight_joins_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = promises(&dir.path().join("durable.db"));
-    let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let node = N::new();
-    {
-        let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
-        node.pool("slow")
-            .handler(move |msg: String, _ctx| {
-                let (runs, gate) = (Arc::clone(&runs), Arc::clone(&gate));
-                async move {
-                    let _permit = gate.acquire().await;
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    Ok(msg.to_uppercase())
-                }
-            })
-            .unwrap();
-    }
+    let (node, runs, gate) = gated_node(askpool::DedupConfig::default().terminal_ttl);
     let ask = node.ask_durable(&store, "slow", "hi".into()).unwrap();
     let id = ask.id().to_owned();
     assert!(tokio::time::timeout(Duration::from_millis(20), ask)
