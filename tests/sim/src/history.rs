@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use askpool::{AckStage, AskIds, CallerId, CancelReason, ErrorCode, RequestId};
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::model::{Answer, Key};
 
@@ -143,6 +143,8 @@ pub struct Log {
     /// The dead letters left at the end of the run, per caller (empty when
     /// the run did not look: a hand-made history).
     pub dead_letters: Vec<DlqSnapshot>,
+    /// Keys some attempt of which a pool refused (full, closed).
+    pub refused: FxHashSet<Key>,
     outstanding: FxHashMap<(CallerId, RequestId), u32>,
 }
 
@@ -266,6 +268,44 @@ impl History {
     }
 
     /// Replies whose ids were checked.
+    /// A pool refused an attempt of `key`.
+    pub fn refused(&self, key: Key) {
+        self.log.lock().refused.insert(key);
+    }
+
+    /// Timed-out asks whose key no pool ever refused, and asks answered
+    /// AskCancelled whose key no ask timed out or gave up on: in a run
+    /// without faults or cancels, what nothing explains.
+    pub fn unexplained_ends(&self) -> (u64, u64) {
+        let log = self.log.lock();
+        let timed_out = |a: &AskRecord| matches!(&a.end, Some(AskEnd::Error { code, .. }) if crate::checker::is_timeout(*code));
+        let gave_up: FxHashSet<Key> = log
+            .asks
+            .iter()
+            .filter(|a| timed_out(a) || matches!(a.end, Some(AskEnd::LocalCancel)))
+            .map(|a| a.key)
+            .collect();
+        let timeouts = log
+            .asks
+            .iter()
+            .filter(|a| timed_out(a) && !log.refused.contains(&a.key))
+            .count() as u64;
+        let cancels = log
+            .asks
+            .iter()
+            .filter(|a| {
+                matches!(
+                    &a.end,
+                    Some(AskEnd::Error {
+                        code: ErrorCode::AskCancelled,
+                        ..
+                    })
+                ) && !gave_up.contains(&a.key)
+            })
+            .count() as u64;
+        (timeouts, cancels)
+    }
+
     pub fn replies_checked(&self) -> u64 {
         self.replies_checked.load(Ordering::Relaxed)
     }

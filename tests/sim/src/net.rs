@@ -556,6 +556,13 @@ impl WorkerTransport<Job, Answer> for Link {
             };
             self.net.history.pool_terminal(key, *incarnation, what);
         }
+        if let ToCaller::Refused { ids, .. } = &frame {
+            self.net.history.refused(Key {
+                pool: *pool,
+                caller: ids.caller_id,
+                request: ids.request_id,
+            });
+        }
         let path = Path {
             pool: *pool,
             dir: Dir::ToCaller,

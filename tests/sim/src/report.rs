@@ -50,6 +50,12 @@ pub struct Summary {
     pub timed_out: u64,
     /// Cancelled by the caller, or answered AskCancelled.
     pub cancelled: u64,
+    /// Of the timed-out asks, those whose key no pool ever refused (full,
+    /// closed): in a run without faults, none should be.
+    pub timed_out_unrefused: u64,
+    /// Asks answered AskCancelled whose key no ask timed out or gave up on:
+    /// in a run without faults or cancels, none should be.
+    pub cancelled_unexplained: u64,
     pub frames: u64,
     /// Lost for any reason: dropped, partitioned, replies lost after
     /// execution, sent by a crashed process.
@@ -94,6 +100,8 @@ impl Summary {
             failed,
             timed_out,
             cancelled,
+            timed_out_unrefused,
+            cancelled_unexplained,
             frames,
             frames_dropped,
             frames_dropped_at_random,
@@ -123,6 +131,8 @@ impl Summary {
         self.failed += failed;
         self.timed_out += timed_out;
         self.cancelled += cancelled;
+        self.timed_out_unrefused += timed_out_unrefused;
+        self.cancelled_unexplained += cancelled_unexplained;
         self.frames += frames;
         self.frames_dropped += frames_dropped;
         self.frames_dropped_at_random += frames_dropped_at_random;

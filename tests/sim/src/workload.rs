@@ -622,12 +622,15 @@ fn summarize(
     });
     let net = cluster.net.stats();
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let (timed_out_unrefused, cancelled_unexplained) = cluster.history.unexplained_ends();
     Summary {
         asks: cfg.asks,
         fulfilled: get(&live.fulfilled),
         failed: get(&live.failed),
         timed_out: get(&live.timed_out),
         cancelled: get(&live.cancelled),
+        timed_out_unrefused,
+        cancelled_unexplained,
         frames: net.frames,
         frames_dropped: net.dropped + net.partitioned + net.lost_replies + net.crash_lost,
         frames_dropped_at_random: net.dropped,
