@@ -73,7 +73,8 @@ impl Durable for String {
 /// A durable ask in flight: a future of its outcome, with its promise id.
 /// Started inside a tokio runtime, the ask runs (and its outcome is
 /// recorded) on that runtime even if this handle is dropped; outside one,
-/// the handle drives it and dropping it cancels the ask.
+/// the handle drives it and dropping it cancels the ask. Either way it is
+/// polled in a tokio runtime, as any ask.
 pub struct DurableHandle<R> {
     id: String,
     inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>>,
@@ -240,10 +241,13 @@ where
     DurableHandle { id: key, inner }
 }
 
-/// Asks `msg` under the durable ask's id and records the outcome. If this
-/// node is asking that id already (its caller stopped waiting and asked
-/// for the outcome again), waits for that ask instead: a second ask of the
-/// id would be refused, and that refusal is no outcome to record.
+/// Asks `msg` under the durable ask's id and records the outcome. One ask
+/// of an id at a time: while another is asking it through these promises
+/// (its caller stopped waiting and asked for the outcome again), or this
+/// node has it in flight, this one waits for that ask's outcome instead,
+/// and asks itself only if that ended without one (a transient failure).
+/// A second ask of the id would be refused as already pending, and that
+/// refusal is no outcome to record.
 async fn ask_and_record<M, R>(
     node: Node<M, R>,
     promises: DurablePromises,
@@ -257,17 +261,36 @@ where
     R: Durable + Clone + Send + 'static,
 {
     let key = id.to_string();
-    while node.is_pending(id) {
+    loop {
+        // Held until the outcome is recorded: a waiter that sees it
+        // released finds the promise settled (or asks, after a failure
+        // that left it pending).
+        if let Some(_claim) = promises.claim(&key) {
+            if !node.is_pending(id) {
+                let p = promises.store().get(&key, now_millis())?;
+                if p.state.is_settled() {
+                    return outcome_of(&p);
+                }
+                let outcome = node
+                    .ask(pool.clone(), msg.clone())
+                    .request_id(id)
+                    .payload_size(size)
+                    .await;
+                // Refused as pending after all (an ask of the id not made
+                // through these promises started meanwhile): wait for it.
+                if !(matches!(outcome, Err(AskError::InvalidArgument { .. }))
+                    && node.is_pending(id))
+                {
+                    return record(&promises, &key, outcome);
+                }
+            }
+        }
         promises.next_completion_or_poll().await;
         let p = promises.store().get(&key, now_millis())?;
         if p.state.is_settled() {
             return outcome_of(&p);
         }
     }
-    // Settled meanwhile, it is replayed: the pool answers from its cache
-    // and `record` from the promise.
-    let outcome = node.ask(pool, msg).request_id(id).payload_size(size).await;
-    record(&promises, &key, outcome)
 }
 
 /// Settles the promise with the ask's outcome, unless the failure is worth

@@ -2,8 +2,11 @@
 //! (`wait`) built in, and the durable asks' settings. The surface bindings
 //! wrap: ids are strings, payloads bytes, times milliseconds.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use tokio::sync::Notify;
 
@@ -19,6 +22,9 @@ pub struct DurablePromises {
     /// Woken by every completion made through this value (or a clone), so
     /// waiters in this process hear at once; others find out by polling.
     settled: Arc<Notify>,
+    /// Durable asks being asked through this value (or a clone), by id: one
+    /// asks, others wait for it (see `durable::ask_and_record`).
+    asking: Arc<Mutex<HashSet<String>>>,
     /// How long a durable ask's promise stays pending at most.
     pub timeout: Duration,
     /// How often `wait` looks at the store for completions made elsewhere
@@ -35,6 +41,7 @@ impl DurablePromises {
         Self {
             store,
             settled: Arc::new(Notify::new()),
+            asking: Arc::default(),
             timeout: Duration::from_secs(3600),
             poll: Duration::from_millis(100),
         }
@@ -121,9 +128,20 @@ impl DurablePromises {
     }
 
     /// Returns at the next completion made through this value, or after
-    /// `poll` (a completion made elsewhere is found by looking).
+    /// `poll` (a completion made elsewhere is found by looking). Needs a
+    /// tokio runtime.
     pub(crate) async fn next_completion_or_poll(&self) {
-        let _ = tokio::time::timeout(self.poll, self.settled.notified()).await;
+        let poll = self.poll.max(Duration::from_millis(1));
+        let _ = tokio::time::timeout(poll, self.settled.notified()).await;
+    }
+
+    /// The right to ask durable ask `id` while the guard lives; `None` if
+    /// someone holds it.
+    pub(crate) fn claim(&self, id: &str) -> Option<Claim> {
+        self.asking.lock().insert(id.to_owned()).then(|| Claim {
+            asking: Arc::clone(&self.asking),
+            id: id.to_owned(),
+        })
     }
 
     /// The promise once it has settled (resolved, rejected, canceled, or
@@ -145,6 +163,18 @@ impl DurablePromises {
                 () = tokio::time::sleep(self.poll.min(until_timeout)) => {}
             }
         }
+    }
+}
+
+/// See [`DurablePromises::claim`]; released on drop.
+pub(crate) struct Claim {
+    asking: Arc<Mutex<HashSet<String>>>,
+    id: String,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.asking.lock().remove(&self.id);
     }
 }
 

@@ -446,3 +446,57 @@ async fn a_reply_too_large_to_store_rejects_the_promise() {
     assert!(matches!(again, AskError::DecodeFailure { .. }), "{again:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Two callers await one pending durable ask at the same instant on two
+/// threads: one asks, the other waits for its outcome, and both get the
+/// reply (before, both could find it not pending and ask; the second ask
+/// was refused as already pending and the refusal rejected the promise).
+#[test]
+fn concurrent_awaits_of_one_durable_ask_ask_once() {
+    use askpool_promises::{now_millis, CreateRequest};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    for round in 0..400 {
+        let _entered = rt.enter();
+        let store = DurablePromises::in_memory();
+        let (node, runs, gate) = gated_node(Duration::from_secs(60));
+        let id = RequestId::generate(now_millis() * 1000, &mut rand::rng()).to_string();
+        let request = CreateRequest::new(id.clone(), now_millis() + 60_000)
+            .param(b"hi".to_vec())
+            .key(id.clone())
+            .tag("askpool:pool", "slow");
+        store.store().create(&request, now_millis()).unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let awaits: Vec<_> = (0..2)
+            .map(|_| {
+                let (node, store, id, barrier) = (
+                    node.clone(),
+                    store.clone(),
+                    id.clone(),
+                    Arc::clone(&barrier),
+                );
+                let runtime = rt.handle().clone();
+                std::thread::spawn(move || {
+                    let _entered = runtime.enter();
+                    barrier.wait();
+                    node.await_durable(&store, &id).unwrap()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect();
+        gate.add_permits(10);
+        for handle in awaits {
+            let reply = rt
+                .block_on(tokio::time::timeout(Duration::from_secs(10), handle))
+                .expect("in time");
+            assert_eq!(reply.unwrap(), "HI", "round {round}");
+        }
+        assert_eq!(store.get(&id).unwrap().state, State::Resolved);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "round {round}");
+    }
+}
