@@ -1,9 +1,8 @@
 //! The caller's side: asks, tells, cancellation, stage streams, the DLQ.
 
 use std::str::FromStr;
-use std::time::Duration;
 
-use askpool::{CausationId, CorrelationId, PayloadFingerprint, RequestId, RetryPolicy};
+use askpool::{PayloadFingerprint, RequestId, RetryPolicy, WorkerId};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
@@ -44,37 +43,6 @@ fn retry(max_attempts: Option<f64>) -> Result<Option<RetryPolicy>> {
         .transpose()
 }
 
-/// Applies the options an ask and a tell share to either builder (the two
-/// builders have the same methods, not a common trait).
-macro_rules! apply_options {
-    ($builder:expr, $options:expr) => {{
-        let options = $options;
-        let mut builder = $builder;
-        if let Some(t) = options.timeout {
-            builder = builder.timeout(t);
-        }
-        if let Some(id) = options.request_id {
-            builder = builder.request_id(id);
-        }
-        if let Some(id) = options.correlation_id {
-            builder = builder.correlation_id(id);
-        }
-        if let Some(id) = options.causation_id {
-            builder = builder.causation_id(id);
-        }
-        if let Some(policy) = options.retry {
-            builder = builder.retry(policy);
-        }
-        if let Some(f) = options.fingerprint {
-            builder = builder.fingerprint(f);
-        }
-        if let Some(size) = options.payload_size {
-            builder = builder.payload_size(size);
-        }
-        builder
-    }};
-}
-
 #[napi]
 impl Core {
     /// Asks `pool` with the object in table slot `msg`; returns the task id
@@ -100,14 +68,10 @@ impl Core {
     pub fn ask_with(&mut self, pool: u32, msg: u32, options: AskOptions) -> Result<u32> {
         let msg = self.tok(msg);
         let pool = self.pool_name(pool)?;
-        let mut options = ParsedOptions::parse(options)?;
+        let options = parse_options(options)?;
         let handle = {
             let _enter = self.rt.enter();
-            let mut ask = self.node.ask(pool, msg);
-            if let Some(w) = options.preferred_worker.take() {
-                ask = ask.preferred_worker(w);
-            }
-            apply_options!(ask, options).send()
+            self.node.ask(pool, msg).options(options).send()
         };
         Ok(self.spawn(Task::Ask(handle)))
     }
@@ -117,13 +81,10 @@ impl Core {
     pub fn tell(&mut self, pool: u32, msg: u32, options: Option<AskOptions>) -> Result<u32> {
         let msg = self.tok(msg);
         let pool = self.pool_name(pool)?;
-        let options = match options {
-            Some(options) => ParsedOptions::parse(options)?,
-            None => ParsedOptions::default(),
-        };
+        let options = options.map(parse_options).transpose()?.unwrap_or_default();
         let handle = {
             let _enter = self.rt.enter();
-            apply_options!(self.node.tell(pool, msg), options).send()
+            self.node.tell(pool, msg).options(options).send()
         };
         Ok(self.spawn(Task::Tell(handle)))
     }
@@ -201,29 +162,15 @@ impl Core {
 }
 
 /// The options of an ask or tell, checked and converted (one place for both).
-#[derive(Default)]
-struct ParsedOptions {
-    timeout: Option<Duration>,
-    preferred_worker: Option<String>,
-    request_id: Option<RequestId>,
-    correlation_id: Option<CorrelationId>,
-    causation_id: Option<CausationId>,
-    retry: Option<RetryPolicy>,
-    fingerprint: Option<PayloadFingerprint>,
-    payload_size: Option<usize>,
-}
-
-impl ParsedOptions {
-    fn parse(options: AskOptions) -> Result<Self> {
-        Ok(Self {
-            timeout: opt_millis("timeoutMs", options.timeout_ms)?,
-            preferred_worker: options.preferred_worker,
-            request_id: opt_id("requestId", options.request_id.as_deref())?,
-            correlation_id: opt_id("correlationId", options.correlation_id.as_deref())?,
-            causation_id: opt_id("causationId", options.causation_id.as_deref())?,
-            retry: retry(options.max_attempts)?,
-            fingerprint: options.fingerprint.as_ref().map(fingerprint),
-            payload_size: payload_size(options.payload_size)?,
-        })
-    }
+fn parse_options(options: AskOptions) -> Result<askpool::AskOptions> {
+    Ok(askpool::AskOptions {
+        timeout: opt_millis("timeoutMs", options.timeout_ms)?,
+        preferred_worker: options.preferred_worker.map(WorkerId::from),
+        request_id: opt_id("requestId", options.request_id.as_deref())?,
+        correlation_id: opt_id("correlationId", options.correlation_id.as_deref())?,
+        causation_id: opt_id("causationId", options.causation_id.as_deref())?,
+        retry: retry(options.max_attempts)?,
+        fingerprint: options.fingerprint.as_ref().map(fingerprint),
+        payload_size: payload_size(options.payload_size)?,
+    })
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, PayloadFingerprint,
-    PoolName, RequestId, StageEvent, StageSource, StageStream,
+    PoolName, RequestId, StageEvent, StageSource, StageStream, WorkerId,
 };
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -79,36 +79,44 @@ impl NativeNode {
         timeout: Option<f64>,
         options: Option<AskOptions>,
     ) -> PyResult<Handle> {
-        let size = payload_size(pool.py(), &msg);
-        let mut ask = self.node.ask(self.pool_name(pool)?, Obj::new(msg));
-        if let Some(size) = size {
-            ask = ask.payload_size(size);
-        }
-        if let Some(t) = timeout {
-            ask = ask.timeout(to_py(seconds("timeout", t))?);
-        }
-        let Some((preferred_worker, request_id, correlation_id, causation_id, fingerprint)) =
-            options
-        else {
-            return Ok(ask.send());
-        };
-        if let Some(w) = preferred_worker {
-            ask = ask.preferred_worker(w);
-        }
-        if let Some(id) = request_id {
-            ask = ask.request_id(to_py(parse::<RequestId>("request_id", &id))?);
-        }
-        if let Some(id) = correlation_id {
-            ask = ask.correlation_id(to_py(parse::<CorrelationId>("correlation_id", &id))?);
-        }
-        if let Some(id) = causation_id {
-            ask = ask.causation_id(to_py(parse::<CausationId>("causation_id", &id))?);
-        }
-        if let Some(f) = fingerprint {
-            ask = ask.fingerprint(PayloadFingerprint::from_u128(f));
-        }
-        Ok(ask.send())
+        let (preferred_worker, request_id, correlation_id, causation_id, fingerprint) =
+            options.unwrap_or_default();
+        let mut options = shared_options(
+            payload_size(pool.py(), &msg),
+            timeout,
+            request_id.as_deref(),
+            correlation_id.as_deref(),
+            causation_id.as_deref(),
+        )?;
+        options.preferred_worker = preferred_worker.map(WorkerId::from);
+        options.fingerprint = fingerprint.map(PayloadFingerprint::from_u128);
+        let ask = self.node.ask(self.pool_name(pool)?, Obj::new(msg));
+        Ok(ask.options(options).send())
     }
+}
+
+/// The options an ask and a tell share, checked and converted.
+fn shared_options(
+    payload_size: Option<usize>,
+    timeout: Option<f64>,
+    request_id: Option<&str>,
+    correlation_id: Option<&str>,
+    causation_id: Option<&str>,
+) -> PyResult<askpool::AskOptions> {
+    Ok(askpool::AskOptions {
+        payload_size,
+        timeout: timeout.map(|t| to_py(seconds("timeout", t))).transpose()?,
+        request_id: request_id
+            .map(|id| to_py(parse::<RequestId>("request_id", id)))
+            .transpose()?,
+        correlation_id: correlation_id
+            .map(|id| to_py(parse::<CorrelationId>("correlation_id", id)))
+            .transpose()?,
+        causation_id: causation_id
+            .map(|id| to_py(parse::<CausationId>("causation_id", id)))
+            .transpose()?,
+        ..askpool::AskOptions::default()
+    })
 }
 
 /// The size in bytes of a byte payload (`bytes`, `bytearray`,
@@ -262,23 +270,14 @@ impl NativeNode {
         correlation_id: Option<&str>,
         causation_id: Option<&str>,
     ) -> PyResult<()> {
-        let size = payload_size(py, &msg);
-        let mut tell = self.node.tell(pool, Obj::new(msg));
-        if let Some(size) = size {
-            tell = tell.payload_size(size);
-        }
-        if let Some(t) = timeout {
-            tell = tell.timeout(to_py(seconds("timeout", t))?);
-        }
-        if let Some(id) = request_id {
-            tell = tell.request_id(to_py(parse::<RequestId>("request_id", id))?);
-        }
-        if let Some(id) = correlation_id {
-            tell = tell.correlation_id(to_py(parse::<CorrelationId>("correlation_id", id))?);
-        }
-        if let Some(id) = causation_id {
-            tell = tell.causation_id(to_py(parse::<CausationId>("causation_id", id))?);
-        }
+        let options = shared_options(
+            payload_size(py, &msg),
+            timeout,
+            request_id,
+            correlation_id,
+            causation_id,
+        )?;
+        let tell = self.node.tell(pool, Obj::new(msg)).options(options);
         driver.eager(py, || {
             FutureTask::spawn(&driver.shared, tell.send(), target, request_id_str);
         });

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use askpool::{
-    AskError, AskHandle, CausationId, DedupConfig, Node, NodeConfig, PoolConfig, PoolName,
-    RequestId, RetryPolicy, WorkerPool,
+    AskError, AskHandle, DedupConfig, Node, NodeConfig, PoolConfig, PoolName, RequestId,
+    RetryPolicy, WorkerId, WorkerPool,
 };
 use futures::{FutureExt, StreamExt};
 use parking_lot::{Mutex, MutexGuard};
@@ -261,74 +261,36 @@ impl NativeNode {
         };
         // Adopted first: the handle is released even if the options are bad.
         let msg = Msg::from(payload);
-        let request_id: Option<RequestId> = match &args.request_id {
-            Some(text) => Some(parse_id("request id", text)?),
-            None => None,
+        let options = askpool::AskOptions {
+            timeout: args.timeout_ms.map(millis),
+            preferred_worker: args.preferred_worker.map(WorkerId::from),
+            request_id: args
+                .request_id
+                .as_deref()
+                .map(|text| parse_id("request id", text))
+                .transpose()?,
+            correlation_id: args
+                .correlation_id
+                .as_deref()
+                .map(|text| parse_id("correlation id", text))
+                .transpose()?,
+            causation_id: args
+                .causation_id
+                .as_deref()
+                .map(|text| parse_id("causation id", text))
+                .transpose()?,
+            retry: args.max_attempts.map(|n| RetryPolicy {
+                max_attempts: n.max(1),
+                ..RetryPolicy::default()
+            }),
+            fingerprint,
+            payload_size,
         };
-        let correlation_id = match &args.correlation_id {
-            Some(text) => Some(parse_id("correlation id", text)?),
-            None => None,
-        };
-        let causation_id: Option<CausationId> = match &args.causation_id {
-            Some(text) => Some(parse_id("causation id", text)?),
-            None => None,
-        };
-        let retry = args.max_attempts.map(|n| RetryPolicy {
-            max_attempts: n.max(1),
-            ..RetryPolicy::default()
-        });
         let _rt = runtime().enter();
         let started = if args.one_way {
-            let mut tell = self.node.tell(pool.as_str(), msg);
-            if let Some(ms) = args.timeout_ms {
-                tell = tell.timeout(millis(ms));
-            }
-            if let Some(id) = request_id {
-                tell = tell.request_id(id);
-            }
-            if let Some(id) = correlation_id {
-                tell = tell.correlation_id(id);
-            }
-            if let Some(id) = causation_id {
-                tell = tell.causation_id(id);
-            }
-            if let Some(retry) = retry {
-                tell = tell.retry(retry);
-            }
-            if let Some(f) = fingerprint {
-                tell = tell.fingerprint(f);
-            }
-            if let Some(size) = payload_size {
-                tell = tell.payload_size(size);
-            }
-            Started::Tell(tell.send())
+            Started::Tell(self.node.tell(pool.as_str(), msg).options(options).send())
         } else {
-            let mut ask = self.node.ask(pool.as_str(), msg);
-            if let Some(ms) = args.timeout_ms {
-                ask = ask.timeout(millis(ms));
-            }
-            if let Some(worker) = args.preferred_worker {
-                ask = ask.preferred_worker(worker.as_str());
-            }
-            if let Some(id) = request_id {
-                ask = ask.request_id(id);
-            }
-            if let Some(id) = correlation_id {
-                ask = ask.correlation_id(id);
-            }
-            if let Some(id) = causation_id {
-                ask = ask.causation_id(id);
-            }
-            if let Some(retry) = retry {
-                ask = ask.retry(retry);
-            }
-            if let Some(f) = fingerprint {
-                ask = ask.fingerprint(f);
-            }
-            if let Some(size) = payload_size {
-                ask = ask.payload_size(size);
-            }
-            Started::Ask(ask.send())
+            Started::Ask(self.node.ask(pool.as_str(), msg).options(options).send())
         };
         let id = match &started {
             Started::Ask(h) => h.request_id(),

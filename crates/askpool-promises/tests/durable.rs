@@ -31,6 +31,15 @@ fn upper_node(runs: &Arc<AtomicUsize>) -> N {
     node
 }
 
+/// The durable ask `id` resolved with "HI".
+fn assert_resolved_hi(promises: &DurablePromises, id: &str) {
+    let p = promises.get(id).unwrap();
+    assert_eq!(
+        (p.state, p.value.as_deref()),
+        (State::Resolved, Some(&b"HI"[..]))
+    );
+}
+
 /// A node whose pool "slow" upper-cases once `gate` lets it (a permit per
 /// run), counting its runs; the pool keeps replies for `terminal_ttl`.
 fn gated_node(terminal_ttl: Duration) -> (N, Arc<AtomicUsize>, Arc<tokio::sync::Semaphore>) {
@@ -302,14 +311,7 @@ async fn a_restarted_caller_joins_the_run_in_progress() {
         .unwrap();
     assert_eq!(reply, "HI");
     assert_eq!(starts.load(Ordering::SeqCst), 1, "the handler started once");
-    let p = promises(&path)
-        .store()
-        .get(&id, askpool_promises::now_millis())
-        .unwrap();
-    assert_eq!(
-        (p.state, p.value.as_deref()),
-        (State::Resolved, Some(&b"HI"[..]))
-    );
+    assert_resolved_hi(&promises(&path), &id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,13 +371,10 @@ async fn a_dropped_durable_handle_still_settles_its_promise() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    let p = tokio::time::timeout(Duration::from_secs(10), settled)
+    tokio::time::timeout(Duration::from_secs(10), settled)
         .await
         .expect("the promise settles without a waiter");
-    assert_eq!(
-        (p.state, p.value.as_deref()),
-        (State::Resolved, Some(&b"HI"[..]))
-    );
+    assert_resolved_hi(&store, &id);
     // Past the pool's record of the request: only the promise remembers.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let again = node.await_durable(&store, &id).unwrap().await.unwrap();
@@ -404,14 +403,7 @@ async fn awaiting_a_durable_ask_still_in_flight_joins_it() {
         .await
         .expect("in time");
     assert_eq!(again.unwrap(), "HI");
-    let p = store
-        .store()
-        .get(&id, askpool_promises::now_millis())
-        .unwrap();
-    assert_eq!(
-        (p.state, p.value.as_deref()),
-        (State::Resolved, Some(&b"HI"[..]))
-    );
+    assert_resolved_hi(&store, &id);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 

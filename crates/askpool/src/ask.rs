@@ -32,21 +32,30 @@ use crate::node::{Node, NodeShared};
 use crate::pending::{Arrivals, AskSlot, SlotEvent, StageSource, StageStream};
 use crate::telemetry;
 
+/// The options of an ask or a tell, as plain data: what a binding parses
+/// once and hands to either builder ([`AskBuilder::options`],
+/// [`TellBuilder::options`]). `None` is the node's default.
+#[derive(Clone, Debug, Default)]
+pub struct AskOptions {
+    pub timeout: Option<Duration>,
+    /// Ignored by a tell.
+    pub preferred_worker: Option<WorkerId>,
+    pub request_id: Option<RequestId>,
+    pub correlation_id: Option<CorrelationId>,
+    pub causation_id: Option<CausationId>,
+    pub retry: Option<RetryPolicy>,
+    pub fingerprint: Option<PayloadFingerprint>,
+    /// The payload's size in bytes, where the caller knows it.
+    pub payload_size: Option<usize>,
+}
+
 /// Options of one ask; `send()` (or `.await`) sends it.
 #[must_use = "an ask is sent by .send() or .await"]
 pub struct AskBuilder<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> {
     node: &'a Node<M, R>,
     pool: PoolName,
     payload: M,
-    timeout: Option<Duration>,
-    preferred_worker: Option<WorkerId>,
-    request_id: Option<RequestId>,
-    correlation_id: Option<CorrelationId>,
-    causation_id: Option<CausationId>,
-    retry: Option<RetryPolicy>,
-    fingerprint: Option<PayloadFingerprint>,
-    /// The payload's size in bytes, where the caller knows it.
-    payload_size: Option<usize>,
+    options: AskOptions,
     /// A tell: done at the Ack, no reply wanted.
     one_way: bool,
 }
@@ -57,50 +66,49 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
             node,
             pool,
             payload,
-            timeout: None,
-            preferred_worker: None,
-            request_id: None,
-            correlation_id: None,
-            causation_id: None,
-            retry: None,
-            fingerprint: None,
-            payload_size: None,
+            options: AskOptions::default(),
             one_way: false,
         }
     }
 
+    /// Sets every option at once (replacing those set before).
+    pub fn options(mut self, options: AskOptions) -> Self {
+        self.options = options;
+        self
+    }
+
     /// Fails the ask with `AskTimeout` after `timeout` (default: the node's).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+        self.options.timeout = Some(timeout);
         self
     }
     /// Routes to this worker while it is alive, else to any worker of the pool.
     pub fn preferred_worker(mut self, worker: impl Into<WorkerId>) -> Self {
-        self.preferred_worker = Some(worker.into());
+        self.options.preferred_worker = Some(worker.into());
         self
     }
     /// Uses this request id instead of a fresh one: the way to retry an ask
     /// across a caller restart and still be deduplicated.
     pub fn request_id(mut self, id: RequestId) -> Self {
-        self.request_id = Some(id);
+        self.options.request_id = Some(id);
         self
     }
     pub fn correlation_id(mut self, id: CorrelationId) -> Self {
-        self.correlation_id = Some(id);
+        self.options.correlation_id = Some(id);
         self
     }
     pub fn causation_id(mut self, id: CausationId) -> Self {
-        self.causation_id = Some(id);
+        self.options.causation_id = Some(id);
         self
     }
     /// Overrides the node's retry policy for this ask.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Some(policy);
+        self.options.retry = Some(policy);
         self
     }
     /// Guards the request id against reuse with another payload.
     pub fn fingerprint(mut self, fingerprint: PayloadFingerprint) -> Self {
-        self.fingerprint = Some(fingerprint);
+        self.options.fingerprint = Some(fingerprint);
         self
     }
     /// The payload's size in bytes, where the caller knows it (a byte
@@ -109,7 +117,7 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
     /// fails at once with `OversizePayload` and nothing is sent. An
     /// in-process object has no size and is not checked.
     pub fn payload_size(mut self, bytes: usize) -> Self {
-        self.payload_size = Some(bytes);
+        self.options.payload_size = Some(bytes);
         self
     }
 
@@ -163,17 +171,18 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
 impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     fn start(b: AskBuilder<'_, M, R>) -> Self {
         let node = Arc::clone(&b.node.shared);
+        let options = b.options;
         let now = node.clock.now();
-        let request_id = b
+        let request_id = options
             .request_id
             .unwrap_or_else(|| node.ids.request_id(node.clock.wall_micros(now)));
         let mut ids = AskIds::new(request_id, node.caller_id);
-        if let Some(c) = b.correlation_id {
+        if let Some(c) = options.correlation_id {
             ids.correlation_id = c;
         }
-        ids.causation_id = b.causation_id;
-        let timeout = b.timeout.unwrap_or(node.config.default_timeout);
-        let policy = b.retry.unwrap_or_else(|| node.retry_policy(&b.pool));
+        ids.causation_id = options.causation_id;
+        let timeout = options.timeout.unwrap_or(node.config.default_timeout);
+        let policy = options.retry.unwrap_or_else(|| node.retry_policy(&b.pool));
         let span = tracing::debug_span!(
             "ask",
             request_id = %request_id,
@@ -188,16 +197,16 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             meta: RequestMeta {
                 ids,
                 pool: b.pool,
-                preferred_worker: b.preferred_worker,
+                preferred_worker: options.preferred_worker,
                 budget: timeout,
                 attempt: 0,
-                fingerprint: b.fingerprint,
+                fingerprint: options.fingerprint,
                 expects_reply: !b.one_way,
             },
             rng: SmallRng::seed_from_u64(jitter_seed(request_id, node.caller_id)),
             slot: Arc::new(AskSlot::new(
                 node.config.track_stages.then_some(now),
-                b.fingerprint,
+                options.fingerprint,
                 b.one_way,
                 &span,
             )),
@@ -213,7 +222,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             finished: false,
             node,
         };
-        if let Err(e) = handle.admit(policy, b.payload_size, now) {
+        if let Err(e) = handle.admit(policy, options.payload_size, now) {
             // A refused ask never reached the wire; its stage stream ends.
             handle.slot.record_terminal(AckStage::Rejected, now);
             handle.early = Some(Err(e));
@@ -649,6 +658,15 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> TellBuilder<'a, M
         let mut inner = AskBuilder::new(node, pool, payload);
         inner.one_way = true;
         Self { inner }
+    }
+    /// Sets every option at once (replacing those set before); a tell has
+    /// no preferred worker.
+    pub fn options(mut self, options: AskOptions) -> Self {
+        self.inner = self.inner.options(AskOptions {
+            preferred_worker: None,
+            ..options
+        });
+        self
     }
     /// Fails the tell with `AskTimeout` if the pool has not accepted it by then.
     pub fn timeout(mut self, timeout: Duration) -> Self {
