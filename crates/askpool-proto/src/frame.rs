@@ -4,7 +4,8 @@
 //! `R`; nothing here serializes. A cross-process transport encodes them.
 
 use std::fmt;
-use std::sync::Arc;
+
+use smol_str::SmolStr;
 use std::time::Duration;
 
 use crate::ack::Progress;
@@ -15,12 +16,16 @@ use crate::ids::{AskIds, CallerId};
 macro_rules! name {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
+        ///
+        /// Up to 23 bytes the name is stored inline (no allocation, and a
+        /// clone is a copy, not a reference count that every ask on every
+        /// core would write); a longer one is shared.
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(Arc<str>);
+        pub struct $name(SmolStr);
 
         impl $name {
             pub fn new(name: impl AsRef<str>) -> Self {
-                Self(Arc::from(name.as_ref()))
+                Self(SmolStr::new(name.as_ref()))
             }
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -33,7 +38,7 @@ macro_rules! name {
         }
         impl From<String> for $name {
             fn from(s: String) -> Self {
-                Self(Arc::from(s))
+                Self(SmolStr::from(s))
             }
         }
         impl From<&$name> for $name {
