@@ -136,6 +136,35 @@ async def test_a_reused_request_id_with_another_payload_is_payload_mismatch() ->
         assert node.stats()["pools"]["once"]["handler_runs"] == 1
 
 
+async def test_a_reused_request_id_with_other_bytes_is_payload_mismatch() -> None:
+    # Byte payloads are fingerprinted by their bytes (as in every binding):
+    # no `fingerprint` needed for the reuse to be refused.
+    async with Node() as node:
+        pool = node.pool("once")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        for i, (first, other) in enumerate(
+            [(b"a", b"b"), (bytearray(b"a"), bytearray(b"b")), (memoryview(b"a"), memoryview(b"b"))]
+        ):
+            rid = f"{i + 1:032x}"
+            assert await node.ask("once", first, timeout=5, request_id=rid) is first
+            # The same bytes again are a duplicate: the cached reply.
+            assert await node.ask("once", bytes(first), timeout=5, request_id=rid) is first
+            with pytest.raises(askpool.PayloadMismatchError):
+                await node.ask("once", other, timeout=5, request_id=rid)
+            with pytest.raises(askpool.PayloadMismatchError):
+                await asyncio.to_thread(node.ask_sync, "once", other, timeout=5, request_id=rid)
+        # A tell's reused id is checked too.
+        rid = f"{9:032x}"
+        assert await node.tell("once", b"a", request_id=rid) == rid
+        with pytest.raises(askpool.PayloadMismatchError):
+            await node.tell("once", b"b", request_id=rid)
+        assert node.stats()["pools"]["once"]["handler_runs"] == 4
+
+
 async def test_a_full_pool_refuses_with_buffer_full() -> None:
     release = asyncio.Event()
     async with Node() as node:
