@@ -75,15 +75,45 @@ function fromNative(error) {
   return fromInfo({ code: rest.slice(0, colon), message: rest.slice(colon + 1) });
 }
 
-/** What a handler's throw becomes: [code or null, name, message]. */
+// `read()` as a string, or `fallback` when reading or converting it throws
+// (a getter that throws, an object with no primitive value, a revoked proxy).
+function text(read, fallback) {
+  try {
+    return String(read());
+  } catch {
+    return fallback;
+  }
+}
+
+/**
+ * What a handler's throw becomes: [code or null, name, message], all
+ * strings. Never throws, whatever was thrown: the request must be answered.
+ */
 function describeThrown(thrown) {
-  if (thrown instanceof AskError && byCode.has(thrown.code)) {
-    return [thrown.code, thrown.name, thrown.message];
+  let kind;
+  try {
+    kind =
+      thrown instanceof AskError && byCode.has(thrown.code)
+        ? thrown.code
+        : thrown instanceof Error
+          ? null
+          : undefined;
+  } catch {
+    kind = undefined; // a revoked proxy: not even its prototype can be read
   }
-  if (thrown instanceof Error) {
-    return [null, thrown.name || 'Error', String(thrown.message)];
+  if (kind !== undefined) {
+    const name = text(() => thrown.name || 'Error', 'Error');
+    return [kind, name, text(() => thrown.message, `<the ${name}'s message could not be read>`)];
   }
-  return [null, typeof thrown, String(thrown)];
+  const type = typeof thrown;
+  return [
+    null,
+    type,
+    text(
+      () => thrown,
+      text(() => Object.prototype.toString.call(thrown), `<a thrown ${type} with no text>`),
+    ),
+  ];
 }
 
 module.exports = {
