@@ -26,6 +26,15 @@ const EVENTS = 1024;
 function encode(value) {
   return Buffer.from(JSON.stringify(value === undefined ? null : value), 'utf8');
 }
+// `encode` for a value the caller gave: one JSON cannot hold (a BigInt, a
+// cycle) is INVALID_ARGUMENT, before anything is stored or sent.
+function encodeArg(value, what) {
+  try {
+    return encode(value);
+  } catch (e) {
+    throw new InvalidArgumentError(`invalid argument: ${what} must be JSON: ${e?.message}`, { cause: e });
+  }
+}
 function decode(buffer) {
   return buffer == null || buffer.length === 0 ? undefined : JSON.parse(buffer.toString('utf8'));
 }
@@ -48,7 +57,7 @@ function call(fn) {
   try {
     return fn();
   } catch (e) {
-    throw fromNative(e);
+    throw e instanceof errors.AskError ? e : fromNative(e);
   }
 }
 
@@ -286,9 +295,11 @@ class DurablePromises {
     this.#core = core;
   }
   create(id, options = {}) {
-    const timeoutMs = options.timeoutMs ?? 3_600_000;
+    const timeoutMs = options?.timeoutMs ?? 3_600_000;
     return promiseOf(
-      call(() => this.#core.promiseCreate(String(id), timeoutMs, encode(options.param), options.key)),
+      call(() =>
+        this.#core.promiseCreate(String(id), timeoutMs, encodeArg(options?.param, 'a promise param'), options?.key),
+      ),
     );
   }
   get(id) {
@@ -305,7 +316,7 @@ class DurablePromises {
   }
   #complete(id, how, value, options) {
     return promiseOf(
-      call(() => this.#core.promiseComplete(String(id), how, encode(value), options.key)),
+      call(() => this.#core.promiseComplete(String(id), how, encodeArg(value, 'a promise value'), options?.key)),
     );
   }
   /**
@@ -317,7 +328,7 @@ class DurablePromises {
   }
   /** Waits until the promise settles (polling the store); resolves to it. */
   async await(id, options = {}) {
-    const every = options.pollMs ?? 10;
+    const every = options?.pollMs ?? 10;
     for (;;) {
       const p = this.get(id);
       if (p.state !== 'PENDING') return p;
@@ -405,7 +416,7 @@ class Node {
   /** Opens (or creates) the SQLite file durable asks and promises live in. */
   openPromises(path, options = {}) {
     const file = storePath(path);
-    call(() => this.#core.openPromises(file, options.timeoutMs));
+    call(() => this.#core.openPromises(file, options?.timeoutMs));
     return this;
   }
 
@@ -418,13 +429,16 @@ class Node {
     const name = typeof pool === 'string' ? pool : pool?.name;
     let task;
     try {
-      const bytes = encode(msg);
+      if (typeof name !== 'string') {
+        throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
+      }
+      const bytes = encodeArg(msg, "a durable ask's message");
       const slot = this.#table.put(msg);
-      task = call(() => this.#core.askDurable(String(name), slot, bytes, options.id));
+      task = call(() => this.#core.askDurable(name, slot, bytes, options?.id));
     } catch (e) {
       this.#schedule();
       const result = Promise.reject(e);
-      return new DurableAsk(options.id ?? '', result);
+      return new DurableAsk(options?.id ?? '', result);
     }
     const id = this.#core.requestId(task);
     return new DurableAsk(id, this.#await(task, undefined, false));
