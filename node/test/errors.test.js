@@ -13,6 +13,20 @@ test('one AskError subclass per code of the taxonomy', () => {
   assert.deepEqual(classes.map((c) => c.code).sort(), [...errorCodes].sort());
 });
 
+test('every code has its class: transient, permanent or poison', () => {
+  const byClass = (k) =>
+    classes
+      .filter((c) => c.errorClass === k)
+      .map((c) => c.code)
+      .sort();
+  assert.deepEqual(byClass('TRANSIENT'), ['ASK_TIMEOUT', 'BUFFER_FULL', 'DEADLINE_EXCEEDED', 'UNAVAILABLE']);
+  assert.deepEqual(byClass('POISON'), ['DECODE_FAILURE']);
+  assert.equal(byClass('PERMANENT').length, 10);
+  assert.equal(new askpool.DecodeFailureError('x').errorClass, 'POISON');
+  assert.equal(new askpool.AskTimeoutError('x').errorClass, 'TRANSIENT');
+  assert.equal(new HandlerFailedError('x').errorClass, 'PERMANENT');
+});
+
 // The mapping every binding shares (askpool-proto `AskError::from_handler`):
 // an error that is just a message keeps its code; one that describes an ask
 // (its timeout, route, buffer, payload, cancellation) would misreport the

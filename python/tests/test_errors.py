@@ -45,6 +45,20 @@ def test_transient_codes_are_marked() -> None:
     assert transient == {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ASK_TIMEOUT", "BUFFER_FULL"}
 
 
+def test_every_code_has_its_error_class() -> None:
+    # DESIGN section 6: each code is Transient (retry), Permanent (don't) or
+    # Poison (to the dead-letter queue), as in every binding.
+    classes = {c: cls.error_class for c, cls in ERRORS.items()}
+    transient = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ASK_TIMEOUT", "BUFFER_FULL"}
+    assert {c for c, k in classes.items() if k == "TRANSIENT"} == transient
+    assert {c for c, k in classes.items() if k == "POISON"} == {"DECODE_FAILURE"}
+    assert {c for c, k in classes.items() if k == "PERMANENT"} == set(ERRORS) - transient - {
+        "DECODE_FAILURE"
+    }
+    assert from_native("DECODE_FAILURE", "text", None, None).error_class == "POISON"
+    assert all(cls.transient == (cls.error_class == "TRANSIENT") for cls in ERRORS.values())
+
+
 async def test_unknown_pool_is_no_route_a_lookup_error() -> None:
     async with Node() as node:
         with pytest.raises(askpool.NoRouteError) as info:
