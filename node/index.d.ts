@@ -107,9 +107,14 @@ export type ErrorCode =
   | 'ASK_CANCELLED'
   | 'HANDLER_FAILED';
 
+/** TRANSIENT: retrying may help; PERMANENT: it will not; POISON: dead-lettered. */
+export type ErrorClass = 'TRANSIENT' | 'PERMANENT' | 'POISON';
 export class AskError extends Error {
   readonly code: ErrorCode;
+  /** The code's class in the taxonomy. */
+  readonly errorClass: ErrorClass;
   static readonly code: string;
+  static readonly errorClass: ErrorClass;
   constructor(message?: string, options?: { cause?: unknown });
 }
 export class UnavailableError extends AskError {}

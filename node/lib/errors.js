@@ -6,23 +6,28 @@ class AskError extends Error {
     super(message, options);
     this.name = new.target.name;
     this.code = new.target.code;
+    this.errorClass = new.target.errorClass;
   }
 }
 AskError.code = 'ASK_ERROR';
+// The code's class in the taxonomy (DESIGN section 6): TRANSIENT (retry),
+// PERMANENT (don't) or POISON (to the dead-letter queue).
+AskError.errorClass = 'PERMANENT';
 
 const byCode = new Map();
 
-function define(name, code) {
+function define(name, code, errorClass = 'PERMANENT') {
   const cls = { [name]: class extends AskError {} }[name];
   cls.code = code;
+  cls.errorClass = errorClass;
   byCode.set(code, cls);
   return cls;
 }
 
-const UnavailableError = define('UnavailableError', 'UNAVAILABLE');
-const DeadlineExceededError = define('DeadlineExceededError', 'DEADLINE_EXCEEDED');
-const AskTimeoutError = define('AskTimeoutError', 'ASK_TIMEOUT');
-const BufferFullError = define('BufferFullError', 'BUFFER_FULL');
+const UnavailableError = define('UnavailableError', 'UNAVAILABLE', 'TRANSIENT');
+const DeadlineExceededError = define('DeadlineExceededError', 'DEADLINE_EXCEEDED', 'TRANSIENT');
+const AskTimeoutError = define('AskTimeoutError', 'ASK_TIMEOUT', 'TRANSIENT');
+const BufferFullError = define('BufferFullError', 'BUFFER_FULL', 'TRANSIENT');
 const NoRouteError = define('NoRouteError', 'NO_ROUTE');
 const InvalidArgumentError = define('InvalidArgumentError', 'INVALID_ARGUMENT');
 const ValidationError = define('ValidationError', 'VALIDATION_ERROR');
@@ -30,7 +35,7 @@ const PayloadMismatchError = define('PayloadMismatchError', 'PAYLOAD_MISMATCH');
 const PermissionDeniedError = define('PermissionDeniedError', 'PERMISSION_DENIED');
 const OversizePayloadError = define('OversizePayloadError', 'OVERSIZE_PAYLOAD');
 const FailedPreconditionError = define('FailedPreconditionError', 'FAILED_PRECONDITION');
-const DecodeFailureError = define('DecodeFailureError', 'DECODE_FAILURE');
+const DecodeFailureError = define('DecodeFailureError', 'DECODE_FAILURE', 'POISON');
 const InternalError = define('InternalError', 'INTERNAL');
 const AskCancelledError = define('AskCancelledError', 'ASK_CANCELLED');
 
@@ -75,15 +80,45 @@ function fromNative(error) {
   return fromInfo({ code: rest.slice(0, colon), message: rest.slice(colon + 1) });
 }
 
-/** What a handler's throw becomes: [code or null, name, message]. */
+// `read()` as a string, or `fallback` when reading or converting it throws
+// (a getter that throws, an object with no primitive value, a revoked proxy).
+function text(read, fallback) {
+  try {
+    return String(read());
+  } catch {
+    return fallback;
+  }
+}
+
+/**
+ * What a handler's throw becomes: [code or null, name, message], all
+ * strings. Never throws, whatever was thrown: the request must be answered.
+ */
 function describeThrown(thrown) {
-  if (thrown instanceof AskError && byCode.has(thrown.code)) {
-    return [thrown.code, thrown.name, thrown.message];
+  let kind;
+  try {
+    kind =
+      thrown instanceof AskError && byCode.has(thrown.code)
+        ? thrown.code
+        : thrown instanceof Error
+          ? null
+          : undefined;
+  } catch {
+    kind = undefined; // a revoked proxy: not even its prototype can be read
   }
-  if (thrown instanceof Error) {
-    return [null, thrown.name || 'Error', String(thrown.message)];
+  if (kind !== undefined) {
+    const name = text(() => thrown.name || 'Error', 'Error');
+    return [kind, name, text(() => thrown.message, `<the ${name}'s message could not be read>`)];
   }
-  return [null, typeof thrown, String(thrown)];
+  const type = typeof thrown;
+  return [
+    null,
+    type,
+    text(
+      () => thrown,
+      text(() => Object.prototype.toString.call(thrown), `<a thrown ${type} with no text>`),
+    ),
+  ];
 }
 
 module.exports = {

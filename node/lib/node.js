@@ -26,6 +26,15 @@ const EVENTS = 1024;
 function encode(value) {
   return Buffer.from(JSON.stringify(value === undefined ? null : value), 'utf8');
 }
+// `encode` for a value the caller gave: one JSON cannot hold (a BigInt, a
+// cycle) is INVALID_ARGUMENT, before anything is stored or sent.
+function encodeArg(value, what) {
+  try {
+    return encode(value);
+  } catch (e) {
+    throw new InvalidArgumentError(`invalid argument: ${what} must be JSON: ${e?.message}`, { cause: e });
+  }
+}
 function decode(buffer) {
   return buffer == null || buffer.length === 0 ? undefined : JSON.parse(buffer.toString('utf8'));
 }
@@ -48,7 +57,7 @@ function call(fn) {
   try {
     return fn();
   } catch (e) {
-    throw fromNative(e);
+    throw e instanceof errors.AskError ? e : fromNative(e);
   }
 }
 
@@ -104,6 +113,17 @@ function nativeAskOptions(o, msg) {
 }
 
 const NO_OPTIONS = Object.freeze({});
+
+// An AbortSignal, or a signal that works like one (addEventListener('abort')).
+function isSignal(signal) {
+  return (
+    signal instanceof AbortSignal ||
+    (typeof signal === 'object' &&
+      typeof signal.aborted === 'boolean' &&
+      typeof signal.addEventListener === 'function' &&
+      typeof signal.removeEventListener === 'function')
+  );
+}
 
 /** What a handler gets besides the message. Valid while the handler runs. */
 class Context {
@@ -275,9 +295,11 @@ class DurablePromises {
     this.#core = core;
   }
   create(id, options = {}) {
-    const timeoutMs = options.timeoutMs ?? 3_600_000;
+    const timeoutMs = options?.timeoutMs ?? 3_600_000;
     return promiseOf(
-      call(() => this.#core.promiseCreate(String(id), timeoutMs, encode(options.param), options.key)),
+      call(() =>
+        this.#core.promiseCreate(String(id), timeoutMs, encodeArg(options?.param, 'a promise param'), options?.key),
+      ),
     );
   }
   get(id) {
@@ -294,7 +316,7 @@ class DurablePromises {
   }
   #complete(id, how, value, options) {
     return promiseOf(
-      call(() => this.#core.promiseComplete(String(id), how, encode(value), options.key)),
+      call(() => this.#core.promiseComplete(String(id), how, encodeArg(value, 'a promise value'), options?.key)),
     );
   }
   /**
@@ -306,7 +328,7 @@ class DurablePromises {
   }
   /** Waits until the promise settles (polling the store); resolves to it. */
   async await(id, options = {}) {
-    const every = options.pollMs ?? 10;
+    const every = options?.pollMs ?? 10;
     for (;;) {
       const p = this.get(id);
       if (p.state !== 'PENDING') return p;
@@ -375,9 +397,9 @@ class Node {
 
   /** Like `ask`, returning an AskHandle (`requestId`, `cancel()`, `stages()`, `result`). */
   askHandle(pool, msg, options = {}) {
-    const started = this.#start(pool, msg, options, 1);
+    const started = this.#start(pool, msg, options ?? NO_OPTIONS, 1);
     if (started.task < 0) {
-      return new AskHandle(this, -1, options.requestId ?? '', -1, started.result);
+      return new AskHandle(this, -1, options?.requestId ?? '', -1, started.result);
     }
     const requestId = this.#core.requestId(started.task);
     const stream = this.#core.openStages(started.task);
@@ -388,13 +410,13 @@ class Node {
 
   /** A one-way message; resolves to its request id once the pool accepted it. */
   tell(pool, msg, options = {}) {
-    return this.#start(pool, msg, options, 2).result;
+    return this.#start(pool, msg, options ?? NO_OPTIONS, 2).result;
   }
 
   /** Opens (or creates) the SQLite file durable asks and promises live in. */
   openPromises(path, options = {}) {
     const file = storePath(path);
-    call(() => this.#core.openPromises(file, options.timeoutMs));
+    call(() => this.#core.openPromises(file, options?.timeoutMs));
     return this;
   }
 
@@ -407,13 +429,16 @@ class Node {
     const name = typeof pool === 'string' ? pool : pool?.name;
     let task;
     try {
-      const bytes = encode(msg);
+      if (typeof name !== 'string') {
+        throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
+      }
+      const bytes = encodeArg(msg, "a durable ask's message");
       const slot = this.#table.put(msg);
-      task = call(() => this.#core.askDurable(String(name), slot, bytes, options.id));
+      task = call(() => this.#core.askDurable(name, slot, bytes, options?.id));
     } catch (e) {
       this.#schedule();
       const result = Promise.reject(e);
-      return new DurableAsk(options.id ?? '', result);
+      return new DurableAsk(options?.id ?? '', result);
     }
     const id = this.#core.requestId(task);
     return new DurableAsk(id, this.#await(task, undefined, false));
@@ -517,14 +542,17 @@ class Node {
   // kind: 0 ask (returns the promise itself when options are absent), 1
   // askHandle, 2 tell. Returns { task, result } otherwise.
   #start(pool, msg, options, kind) {
-    const signal = options?.signal;
+    const signal = options?.signal ?? undefined;
     let task;
     try {
+      if (signal !== undefined && !isSignal(signal)) {
+        throw new InvalidArgumentError('invalid argument: signal must be an AbortSignal');
+      }
       if (signal?.aborted) throw aborted(signal);
       const ref = this.#ref(pool);
       const slot = this.#table.put(msg);
       if (kind === 2) {
-        task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options, msg)));
+        task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options ?? NO_OPTIONS, msg)));
       } else if (options === undefined && !isBytes(msg)) {
         task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
       } else {
@@ -712,18 +740,20 @@ class Node {
     let reply;
     try {
       reply = this.#handlers[pool](msg, ctx);
+      // A `then` that throws (or a getter of it, or a revoked proxy) fails
+      // the request like a throw; if it answered first, that answer stands.
+      if (reply !== null && typeof reply === 'object' && typeof reply.then === 'function') {
+        reply.then(
+          (value) => this.#answer(request, value, false),
+          (e) => this.#answer(request, e, true),
+        );
+        return;
+      }
     } catch (e) {
       this.#fail(request, e);
       return;
     }
-    if (reply !== null && typeof reply === 'object' && typeof reply.then === 'function') {
-      reply.then(
-        (value) => this.#answer(request, value, false),
-        (e) => this.#answer(request, e, true),
-      );
-    } else {
-      this.#reply(request, reply);
-    }
+    this.#reply(request, reply);
   }
 
   // The answer of an async handler, sent from a promise reaction: a failure
@@ -737,16 +767,20 @@ class Node {
     }
   }
 
+  // The request's record, taken; undefined if it was already answered (a
+  // thenable that calls back twice: the first answer stands).
   #end(request) {
     const r = this.#requests[request];
+    if (r === undefined) return undefined;
     this.#requests[request] = undefined;
     r.ctx._end();
     return r;
   }
 
   #reply(request, value) {
-    const { durable } = this.#end(request);
-    if (this.#closed) return;
+    const r = this.#end(request);
+    if (r === undefined || this.#closed) return;
+    const { durable } = r;
     if (durable) {
       let bytes;
       try {
@@ -782,8 +816,7 @@ class Node {
   }
 
   #fail(request, thrown) {
-    this.#end(request);
-    if (this.#closed) return;
+    if (this.#end(request) === undefined || this.#closed) return;
     const [code, name, message] = describeThrown(thrown);
     this.#core.fail(request, code, name, message);
     this.#schedule();

@@ -89,6 +89,40 @@ test('durable asks without a store, or with a bad id, fail with typed errors', a
   }
 });
 
+test('values JSON cannot hold, bad pools and null options: typed errors, nothing held', async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('p').handle((m) => {
+    runs += 1;
+    return m;
+  });
+  const tmp = tempFile();
+  try {
+    node.openPromises(tmp.file, null);
+    const cyclic = {};
+    cyclic.self = cyclic;
+    for (const msg of [10n, cyclic]) {
+      await assert.rejects(node.askDurable('p', msg).result, {
+        code: 'INVALID_ARGUMENT',
+        message: /durable ask's message must be JSON/,
+      });
+      assert.throws(() => node.promises.create('c', { param: msg }), { code: 'INVALID_ARGUMENT' });
+    }
+    await assert.rejects(node.askDurable(null, 1).result, { code: 'INVALID_ARGUMENT' });
+    assert.equal(runs, 0, 'nothing was sent');
+    assert.equal(node.stats().objects, 0, 'no payload is held');
+    // Null options are no options.
+    assert.equal(await node.askDurable('p', 1, null), 1);
+    assert.equal(node.promises.create('n', null).state, 'PENDING');
+    assert.throws(() => node.promises.resolve('n', 1n, null), { code: 'INVALID_ARGUMENT' });
+    assert.equal(node.promises.resolve('n', 1, null).state, 'RESOLVED');
+    assert.equal((await node.promises.await('n', null)).value, 1);
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});
+
 test('a durable ask survives a restart: two processes, one SQLite file', () => {
   const tmp = tempFile();
   try {

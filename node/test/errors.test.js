@@ -13,6 +13,20 @@ test('one AskError subclass per code of the taxonomy', () => {
   assert.deepEqual(classes.map((c) => c.code).sort(), [...errorCodes].sort());
 });
 
+test('every code has its class: transient, permanent or poison', () => {
+  const byClass = (k) =>
+    classes
+      .filter((c) => c.errorClass === k)
+      .map((c) => c.code)
+      .sort();
+  assert.deepEqual(byClass('TRANSIENT'), ['ASK_TIMEOUT', 'BUFFER_FULL', 'DEADLINE_EXCEEDED', 'UNAVAILABLE']);
+  assert.deepEqual(byClass('POISON'), ['DECODE_FAILURE']);
+  assert.equal(byClass('PERMANENT').length, 10);
+  assert.equal(new askpool.DecodeFailureError('x').errorClass, 'POISON');
+  assert.equal(new askpool.AskTimeoutError('x').errorClass, 'TRANSIENT');
+  assert.equal(new HandlerFailedError('x').errorClass, 'PERMANENT');
+});
+
 // The mapping every binding shares (askpool-proto `AskError::from_handler`):
 // an error that is just a message keeps its code; one that describes an ask
 // (its timeout, route, buffer, payload, cancellation) would misreport the
@@ -84,6 +98,133 @@ test('a handler throw reaches the caller with its name and message', async () =>
   const err2 = await node.ask('strings', 1).catch((e) => e);
   assert.equal(err2.handlerName, 'string');
   assert.equal(err2.handlerMessage, 'plain string');
+  await node.close();
+});
+
+// The process warnings emitted while `run` runs (askpool reports there what
+// it could not deliver).
+async function collectWarnings(run) {
+  const warnings = [];
+  const onWarning = (w) => warnings.push(w.message);
+  process.on('warning', onWarning);
+  try {
+    await run();
+    // Warnings are emitted on the next tick.
+    await new Promise((r) => setImmediate(r));
+  } finally {
+    process.off('warning', onWarning);
+  }
+  return warnings;
+}
+
+// What a handler may throw or return that has no usable text or no usable
+// `then`: each still answers its request (HANDLER_FAILED at once, not a
+// timeout), and nothing stays held in the addon.
+test('a handler throwing or returning odd things still answers, and holds nothing', async () => {
+  const node = new Node({ breaker: false });
+  const revoked = () => {
+    const { proxy, revoke } = Proxy.revocable({}, {});
+    revoke();
+    return proxy;
+  };
+  const odd = {
+    nullPrototype: () => {
+      throw Object.create(null);
+    },
+    toStringThrows: () => {
+      throw {
+        toString() {
+          throw new Error('no text');
+        },
+      };
+    },
+    messageGetterThrows: () => {
+      const e = new Error('x');
+      Object.defineProperty(e, 'message', {
+        get() {
+          throw new Error('no message');
+        },
+      });
+      throw e;
+    },
+    nameNotAString: () => {
+      const e = new Error('named by a number');
+      e.name = 42;
+      throw e;
+    },
+    asyncNullPrototype: async () => {
+      throw Object.create(null);
+    },
+    revokedProxyThrown: () => {
+      throw revoked();
+    },
+    thenThrows: () => ({
+      then() {
+        throw new Error('then failed');
+      },
+    }),
+    thenGetterThrows: () =>
+      Object.defineProperty({}, 'then', {
+        get() {
+          throw new Error('then getter failed');
+        },
+      }),
+    revokedProxyReturned: revoked,
+  };
+  const warnings = await collectWarnings(async () => {
+    for (const [name, handler] of Object.entries(odd)) {
+      node.pool(name).handle(handler);
+      const err = await node.ask(name, 1, { timeoutMs: 5_000, maxAttempts: 1 }).catch((e) => e);
+      assert.ok(err instanceof HandlerFailedError, `${name}: ${err?.name}: ${err?.message}`);
+      assert.equal(typeof err.handlerName, 'string', name);
+      assert.equal(typeof err.handlerMessage, 'string', name);
+    }
+    node.pool('thenAnswersTwice').handle(() => ({
+      then(ok, fail) {
+        ok('first');
+        fail(new Error('second'));
+        throw new Error('third');
+      },
+    }));
+    assert.equal(await node.ask('thenAnswersTwice', 1, { timeoutMs: 5_000 }), 'first');
+    await new Promise((r) => setImmediate(r));
+    const stats = node.stats();
+    assert.equal(stats.requests, 0, 'no request is left with a handler');
+    assert.equal(stats.outstanding, 0);
+  });
+  assert.deepEqual(warnings, []);
+  await node.close();
+});
+
+test('INVALID_ARGUMENT: a signal that is not an AbortSignal, before anything is sent', async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('p').handle((m) => {
+    runs += 1;
+    return m;
+  });
+  const warnings = await collectWarnings(async () => {
+    for (const signal of [5, {}, 'abort']) {
+      await assert.rejects(node.ask('p', 1, { signal }), { code: 'INVALID_ARGUMENT' });
+      await assert.rejects(node.askHandle('p', 1, { signal }).result, { code: 'INVALID_ARGUMENT' });
+    }
+    assert.equal(runs, 0, 'nothing was sent');
+    assert.equal(node.stats().outstanding, 0);
+    // The count of pending asks is right: a real ask still holds and settles.
+    assert.equal(await node.ask('p', 2, {}), 2);
+    assert.equal(node.stats().outstanding, 0);
+  });
+  assert.deepEqual(warnings, []);
+  await node.close();
+});
+
+test('null options are no options: ask, askHandle and tell', async () => {
+  const node = new Node();
+  node.pool('p').handle((m) => m);
+  assert.equal(await node.ask('p', 1, null), 1);
+  assert.equal(await node.askHandle('p', 2, null), 2);
+  assert.match(await node.tell('p', 3, null), /^[0-9a-f]{32}$/);
+  await assert.rejects(node.askHandle('missing', 1, null).result, { code: 'NO_ROUTE' });
   await node.close();
 });
 

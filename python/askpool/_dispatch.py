@@ -20,17 +20,43 @@ Handler = Callable[[Any, "_native.Context"], Awaitable[Any]]
 _running: set[asyncio.Task[None]] = set()
 
 
-def failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
+#: What asyncio lets out of a task and out of the loop.
+_LEAVES_THE_LOOP = (KeyboardInterrupt, SystemExit)
+
+
+def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
     """``(type_name, message, code)`` for a handler's exception; ``None``
-    when the handler was cancelled."""
+    when the handler was cancelled. Never raises: an exception whose
+    ``str()`` fails is still described by its type."""
     if isinstance(exc, asyncio.CancelledError):
         return None
     code = exc.code if isinstance(exc, AskpoolError) else None
-    return (type(exc).__name__, str(exc), code)
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception as e:  # noqa: BLE001 - the handler's error wins
+        message = f"<str() failed: {type(e).__name__}>"
+    return (name, message, code)
+
+
+def _reraise(exc: BaseException) -> None:
+    raise exc
+
+
+def failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
+    """The description of the exception of a handler that raised before
+    awaiting (answered by the extension). A ``SystemExit`` or
+    ``KeyboardInterrupt`` then leaves the loop, as from any task."""
+    if isinstance(exc, _LEAVES_THE_LOOP):
+        try:
+            asyncio.get_running_loop().call_soon(_reraise, exc)
+        except RuntimeError:  # no loop: nowhere to leave
+            pass
+    return _describe(exc)
 
 
 def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:
-    described = failure(exc)
+    described = _describe(exc)
     if described is None:
         reply.cancelled()
     else:
@@ -68,7 +94,9 @@ async def _finish(coro: Coroutine[Any, Any, Any], first: Any, reply: _native.Rep
         value = await _Resume(coro, first)
     except BaseException as exc:
         _answer_failure(reply, exc)
-        if not isinstance(exc, Exception):
+        # Answered: only what asyncio lets out of any task goes on (another
+        # BaseException would only be logged as never retrieved).
+        if isinstance(exc, _LEAVES_THE_LOOP):
             raise
     else:
         reply.ok(value)

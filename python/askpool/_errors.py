@@ -9,27 +9,34 @@ class AskpoolError(Exception):
     """Base of every askpool error; ``code`` is the taxonomy's stable name."""
 
     code: str = "INTERNAL"
+    #: The code's class in the taxonomy: "TRANSIENT" (retry), "PERMANENT"
+    #: (don't) or "POISON" (to the dead-letter queue).
+    error_class: str = "PERMANENT"
     #: Whether retrying can change the result (the error class is Transient).
     transient: bool = False
 
 
 class UnavailableError(AskpoolError, ConnectionError):
     code = "UNAVAILABLE"
+    error_class = "TRANSIENT"
     transient = True
 
 
 class DeadlineExceededError(AskpoolError, TimeoutError):
     code = "DEADLINE_EXCEEDED"
+    error_class = "TRANSIENT"
     transient = True
 
 
 class AskTimeoutError(AskpoolError, TimeoutError):
     code = "ASK_TIMEOUT"
+    error_class = "TRANSIENT"
     transient = True
 
 
 class BufferFullError(AskpoolError, RuntimeError):
     code = "BUFFER_FULL"
+    error_class = "TRANSIENT"
     transient = True
 
 
@@ -63,6 +70,7 @@ class FailedPreconditionError(AskpoolError, RuntimeError):
 
 class DecodeFailureError(AskpoolError, ValueError):
     code = "DECODE_FAILURE"
+    error_class = "POISON"
 
 
 class InternalError(AskpoolError, RuntimeError):

@@ -45,6 +45,20 @@ def test_transient_codes_are_marked() -> None:
     assert transient == {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ASK_TIMEOUT", "BUFFER_FULL"}
 
 
+def test_every_code_has_its_error_class() -> None:
+    # DESIGN section 6: each code is Transient (retry), Permanent (don't) or
+    # Poison (to the dead-letter queue), as in every binding.
+    classes = {c: cls.error_class for c, cls in ERRORS.items()}
+    transient = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "ASK_TIMEOUT", "BUFFER_FULL"}
+    assert {c for c, k in classes.items() if k == "TRANSIENT"} == transient
+    assert {c for c, k in classes.items() if k == "POISON"} == {"DECODE_FAILURE"}
+    assert {c for c, k in classes.items() if k == "PERMANENT"} == set(ERRORS) - transient - {
+        "DECODE_FAILURE"
+    }
+    assert from_native("DECODE_FAILURE", "text", None, None).error_class == "POISON"
+    assert all(cls.transient == (cls.error_class == "TRANSIENT") for cls in ERRORS.values())
+
+
 async def test_unknown_pool_is_no_route_a_lookup_error() -> None:
     async with Node() as node:
         with pytest.raises(askpool.NoRouteError) as info:
@@ -80,6 +94,99 @@ async def test_handler_exception_after_an_await() -> None:
         with pytest.raises(askpool.HandlerError) as info:
             await node.ask("bad", 1, timeout=5)
         assert (info.value.type_name, info.value.message) == ("ZeroDivisionError", "later")
+
+
+def _loop_reports() -> list[dict[str, Any]]:
+    """What the running loop's exception handler is given from now on."""
+    reported: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+    return reported
+
+
+class _UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+@pytest.mark.parametrize("awaits", [False, True])
+async def test_an_exception_whose_str_raises_still_names_its_type(awaits: bool) -> None:
+    reported = _loop_reports()
+    async with Node() as node:
+        pool = node.pool("odd")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if awaits:
+                await asyncio.sleep(0)
+            raise _UnprintableError()
+
+        for _ in range(2):
+            with pytest.raises(askpool.HandlerError) as info:
+                await node.ask("odd", 1, timeout=5)
+            assert info.value.type_name == "_UnprintableError"
+            assert "str() failed" in info.value.message
+        await asyncio.sleep(0.05)
+        assert node.stats()["pools"]["odd"]["in_flight"] == 0
+    # Answered, so nothing for the loop to report ("Task exception was
+    # never retrieved").
+    assert reported == []
+
+
+@pytest.mark.parametrize("awaits", [False, True])
+@pytest.mark.parametrize("exc_type", [GeneratorExit, BaseException])
+async def test_a_handler_raising_a_base_exception_is_answered_and_not_reported(
+    awaits: bool, exc_type: type[BaseException]
+) -> None:
+    reported = _loop_reports()
+    async with Node() as node:
+        pool = node.pool("base")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if awaits:
+                await asyncio.sleep(0)
+            raise exc_type("odd")
+
+        with pytest.raises(askpool.HandlerError) as info:
+            await node.ask("base", 1, timeout=5)
+        assert info.value.type_name == exc_type.__name__
+        with pytest.raises(askpool.HandlerError):
+            await node.ask("base", 2, timeout=5)
+        await asyncio.sleep(0.05)
+    assert reported == []
+
+
+@pytest.mark.parametrize("awaits", [False, True])
+@pytest.mark.parametrize("exc_type", [SystemExit])  # KeyboardInterrupt alike; pytest traps it
+def test_system_exit_in_a_handler_leaves_the_loop_as_in_any_task(
+    awaits: bool, exc_type: type[BaseException]
+) -> None:
+    # asyncio lets SystemExit and KeyboardInterrupt out of a task and out of
+    # the loop; a handler's does the same whether or not it awaited (after
+    # its caller got its answer), instead of becoming a reply and nothing else.
+    answered: list[BaseException] = []
+
+    async def main() -> None:
+        async with Node() as node:
+            pool = node.pool("quits")
+
+            @pool.handler
+            async def handle(msg: Any, ctx: Context) -> Any:
+                if awaits:
+                    await asyncio.sleep(0)
+                raise exc_type()
+
+            try:
+                await node.ask("quits", 1, timeout=5)
+            except askpool.HandlerError as e:
+                answered.append(e)
+            await asyncio.sleep(1)
+
+    with pytest.raises(exc_type):
+        asyncio.run(main())
+    if not awaits:
+        # Answered at once, inside `ask`: the caller saw its answer first.
+        assert [type(e) for e in answered] == [askpool.HandlerError]
 
 
 async def test_handler_raising_a_taxonomy_error_keeps_its_code() -> None:
@@ -134,6 +241,35 @@ async def test_a_reused_request_id_with_another_payload_is_payload_mismatch() ->
             await node.ask("once", "b", timeout=5, request_id=rid, fingerprint=2)
         assert isinstance(info.value, ValueError)
         assert node.stats()["pools"]["once"]["handler_runs"] == 1
+
+
+async def test_a_reused_request_id_with_other_bytes_is_payload_mismatch() -> None:
+    # Byte payloads are fingerprinted by their bytes (as in every binding):
+    # no `fingerprint` needed for the reuse to be refused.
+    async with Node() as node:
+        pool = node.pool("once")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        for i, (first, other) in enumerate(
+            [(b"a", b"b"), (bytearray(b"a"), bytearray(b"b")), (memoryview(b"a"), memoryview(b"b"))]
+        ):
+            rid = f"{i + 1:032x}"
+            assert await node.ask("once", first, timeout=5, request_id=rid) is first
+            # The same bytes again are a duplicate: the cached reply.
+            assert await node.ask("once", bytes(first), timeout=5, request_id=rid) is first
+            with pytest.raises(askpool.PayloadMismatchError):
+                await node.ask("once", other, timeout=5, request_id=rid)
+            with pytest.raises(askpool.PayloadMismatchError):
+                await asyncio.to_thread(node.ask_sync, "once", other, timeout=5, request_id=rid)
+        # A tell's reused id is checked too.
+        rid = f"{9:032x}"
+        assert await node.tell("once", b"a", request_id=rid) == rid
+        with pytest.raises(askpool.PayloadMismatchError):
+            await node.tell("once", b"b", request_id=rid)
+        assert node.stats()["pools"]["once"]["handler_runs"] == 4
 
 
 async def test_a_full_pool_refuses_with_buffer_full() -> None:

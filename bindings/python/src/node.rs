@@ -82,33 +82,46 @@ impl NativeNode {
         let (preferred_worker, request_id, correlation_id, causation_id, fingerprint) =
             options.unwrap_or_default();
         let mut options = shared_options(
-            payload_size(pool.py(), &msg),
+            pool.py(),
+            &msg,
             timeout,
             request_id.as_deref(),
             correlation_id.as_deref(),
             causation_id.as_deref(),
         )?;
         options.preferred_worker = preferred_worker.map(WorkerId::from);
-        options.fingerprint = fingerprint.map(PayloadFingerprint::from_u128);
+        if let Some(given) = fingerprint {
+            options.fingerprint = Some(PayloadFingerprint::from_u128(given));
+        }
         let ask = self.node.ask(self.pool_name(pool)?, Obj::new(msg));
         Ok(ask.options(options).send())
     }
 }
 
-/// The options an ask and a tell share, checked and converted.
+/// The options an ask and a tell share, checked and converted. A byte
+/// payload sent under a given request id is fingerprinted by its bytes (as
+/// in every binding): reusing the id for other bytes is `PayloadMismatch`,
+/// not the other payload's reply. A generated id cannot be reused: no digest.
 fn shared_options(
-    payload_size: Option<usize>,
+    py: Python<'_>,
+    msg: &Py<PyAny>,
     timeout: Option<f64>,
     request_id: Option<&str>,
     correlation_id: Option<&str>,
     causation_id: Option<&str>,
 ) -> PyResult<askpool::AskOptions> {
+    let request_id = request_id
+        .map(|id| to_py(parse::<RequestId>("request_id", id)))
+        .transpose()?;
+    let fingerprint = match request_id {
+        Some(_) => payload_fingerprint(py, msg)?,
+        None => None,
+    };
     Ok(askpool::AskOptions {
-        payload_size,
+        payload_size: payload_size(py, msg),
+        fingerprint,
         timeout: timeout.map(|t| to_py(seconds("timeout", t))).transpose()?,
-        request_id: request_id
-            .map(|id| to_py(parse::<RequestId>("request_id", id)))
-            .transpose()?,
+        request_id,
         correlation_id: correlation_id
             .map(|id| to_py(parse::<CorrelationId>("correlation_id", id)))
             .transpose()?,
@@ -134,6 +147,25 @@ fn payload_size(py: Python<'_>, msg: &Py<PyAny>) -> Option<usize> {
         return msg.getattr(intern!(py, "nbytes")).ok()?.extract().ok();
     }
     None
+}
+
+/// The fingerprint of a byte payload's bytes; `None` for other objects.
+fn payload_fingerprint(py: Python<'_>, msg: &Py<PyAny>) -> PyResult<Option<PayloadFingerprint>> {
+    let msg = msg.bind(py);
+    if let Ok(bytes) = msg.cast::<PyBytes>() {
+        return Ok(Some(askpool_dedup::fingerprint(bytes.as_bytes())));
+    }
+    if let Ok(array) = msg.cast::<PyByteArray>() {
+        return Ok(Some(askpool_dedup::fingerprint(&array.to_vec())));
+    }
+    if msg.is_instance_of::<PyMemoryView>() {
+        // No buffer protocol in the stable ABI of 3.9: a copy, only for asks
+        // that name their request id.
+        let bytes = msg.call_method0(intern!(py, "tobytes"))?;
+        let bytes = bytes.cast::<PyBytes>()?;
+        return Ok(Some(askpool_dedup::fingerprint(bytes.as_bytes())));
+    }
+    Ok(None)
 }
 
 fn request_id_str(
@@ -270,13 +302,7 @@ impl NativeNode {
         correlation_id: Option<&str>,
         causation_id: Option<&str>,
     ) -> PyResult<()> {
-        let options = shared_options(
-            payload_size(py, &msg),
-            timeout,
-            request_id,
-            correlation_id,
-            causation_id,
-        )?;
+        let options = shared_options(py, &msg, timeout, request_id, correlation_id, causation_id)?;
         let tell = self.node.tell(pool, Obj::new(msg)).options(options);
         driver.eager(py, || {
             FutureTask::spawn(&driver.shared, tell.send(), target, request_id_str);

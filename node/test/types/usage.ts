@@ -66,6 +66,7 @@ export async function usage(): Promise<void> {
     } else if (e instanceof AskError) {
       const code: ErrorCode = e.code;
       void code;
+      if (e.errorClass === 'TRANSIENT') void 0; // retry
     }
   }
   const requestId: string = await node.tell('orders', { id: 3, items: [] }, { fingerprint: 'order-3' });
