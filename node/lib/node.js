@@ -383,8 +383,12 @@ class Node {
 
   /** Declares a pool hosted by this node. */
   pool(name, options = {}) {
-    const id = call(() => this.#core.createPool(String(name), options));
-    return new Pool(this, id, String(name));
+    // String(undefined) would name a pool "undefined" that no ask could mean.
+    if (typeof name !== 'string') {
+      throw new InvalidArgumentError('invalid argument: a pool name is a string');
+    }
+    const id = call(() => this.#core.createPool(name, options ?? {}));
+    return new Pool(this, id, name);
   }
 
   /** Asks `pool` with `msg`; resolves to the handler's reply (the same object). */

@@ -379,3 +379,18 @@ test('maxPayloadBytes: null lifts the bound; the default is 16 MiB', async () =>
   await zero.close();
   await node.close();
 });
+
+test('a pool name is a string of 1 to 255 bytes', async () => {
+  const node = new Node();
+  for (const bad of [undefined, null, 7, Symbol('s'), {}]) {
+    assert.throws(() => node.pool(bad), { code: 'INVALID_ARGUMENT', name: 'InvalidArgumentError' });
+  }
+  for (const bad of ['', 'x'.repeat(256)]) {
+    assert.throws(() => node.pool(bad), { code: 'INVALID_ARGUMENT' }, JSON.stringify(bad.length));
+  }
+  // Asking a name of a megabyte: NO_ROUTE, and the message stays short.
+  const err = await node.ask('z'.repeat(1 << 20), 1).catch((e) => e);
+  assert.equal(err.code, 'NO_ROUTE');
+  assert.ok(err.message.length < 600, `${err.message.length} chars`);
+  await node.close();
+});

@@ -92,12 +92,50 @@ class DeadLetter(NamedTuple):
     reason: str
 
 
+def _check_count(what: str, n: Optional[int], minimum: int) -> None:
+    """A count option: an int (not a bool) from ``minimum`` to 2**63 - 1, or
+    None. Anything else is ``InvalidArgumentError`` naming the option,
+    rather than the ``TypeError`` or ``OverflowError`` a comparison or the
+    native conversion would raise."""
+    if n is None:
+        return
+    from ._errors import InvalidArgumentError
+
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise InvalidArgumentError(f"{what} must be an int, not {type(n).__name__}")
+    if not minimum <= n < 2**63:
+        raise InvalidArgumentError(f"{what} must be from {minimum} to 2**63 - 1, not {n}")
+
+
+def _check_seconds(what: str, t: Optional[float]) -> None:
+    """A duration option: a positive finite number of seconds, or None."""
+    if t is None:
+        return
+    from ._errors import InvalidArgumentError
+
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise InvalidArgumentError(f"{what} must be a number of seconds, not {type(t).__name__}")
+    if not 0 < t < float("inf"):
+        raise InvalidArgumentError(f"{what} must be a positive, finite number of seconds, not {t}")
+
+
+def _check_pool_name(name: object) -> None:
+    from ._errors import InvalidArgumentError
+
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"a pool name is a str, not {type(name).__name__}")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= 255:
+        raise InvalidArgumentError(f"a pool name is 1 to 255 bytes, not {size}")
+
+
 class AskHandle(asyncio.Future[Any]):
     """An ask in flight: an asyncio future of the reply. Cancelling it (or
     the task awaiting it) sends the protocol cancel to the pool."""
 
-    __slots__ = ("_native",)
+    __slots__ = ("_native", "_stages_taken")
     _native: _native.NativeAsk
+    _stages_taken: bool
 
     @property
     def request_id(self) -> str:
@@ -113,9 +151,19 @@ class AskHandle(asyncio.Future[Any]):
         self._native.cancel()
         return super().cancel(msg)
 
-    async def stages(self) -> AsyncIterator[StageEvent]:
+    def stages(self) -> AsyncIterator[StageEvent]:
         """The ask's stage events as they happen, ending after the terminal
-        one. Empty on a node made with ``track_stages=False``."""
+        one. Empty on a node made with ``track_stages=False``. One stream
+        per ask: a second call raises ``InvalidArgumentError`` (two
+        iterators would each get part of the events)."""
+        if getattr(self, "_stages_taken", False):
+            from ._errors import InvalidArgumentError
+
+            raise InvalidArgumentError("stages() of an ask can be read once")
+        self._stages_taken = True
+        return self._stage_events()
+
+    async def _stage_events(self) -> AsyncIterator[StageEvent]:
         loop = _running_loop("AskHandle.stages()")
         driver = _driver(loop)
         while True:
@@ -163,15 +211,11 @@ class Pool:
         reply_cache: Optional[int] = None,
         reply_ttl: Optional[float] = None,
     ) -> None:
-        from ._errors import InvalidArgumentError
-
-        if concurrency < 1:
-            raise InvalidArgumentError(f"concurrency must be at least 1, not {concurrency}")
-        for what, n in (("max_in_flight", max_in_flight), ("reply_cache", reply_cache)):
-            if n is not None and n < 1:
-                raise InvalidArgumentError(f"{what} must be at least 1, not {n}")
-        if reply_ttl is not None and not reply_ttl > 0:
-            raise InvalidArgumentError(f"reply_ttl must be a positive number of seconds, not {reply_ttl}")
+        _check_pool_name(name)
+        _check_count("concurrency", concurrency, 1)
+        _check_count("max_in_flight", max_in_flight, 1)
+        _check_count("reply_cache", reply_cache, 1)
+        _check_seconds("reply_ttl", reply_ttl)
         self._node = node
         self.name = name
         self.concurrency = concurrency
@@ -250,12 +294,9 @@ class Node:
         promises: Optional[Promises] = None,
         max_payload_bytes: Optional[int] = _native.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
-        if max_payload_bytes is not None and max_payload_bytes < 0:
-            from ._errors import InvalidArgumentError
-
-            raise InvalidArgumentError(
-                f"max_payload_bytes must be a number of bytes >= 0 or None, not {max_payload_bytes}"
-            )
+        _check_seconds("default_timeout", default_timeout)
+        _check_count("dlq_capacity", dlq_capacity, 0)
+        _check_count("max_payload_bytes", max_payload_bytes, 0)
         self._native = _native.NativeNode(
             default_timeout, dlq_capacity, track_stages, circuit_breaker, max_payload_bytes
         )

@@ -191,6 +191,22 @@ async def test_stages_are_empty_when_not_tracked() -> None:
         assert await handle_ == 1
 
 
+async def _identity(msg: Any, ctx: Context) -> Any:
+    return msg
+
+
+async def test_stages_can_be_read_once() -> None:
+    async with Node() as node:
+        node.pool("p").handler(_identity)
+        handle_ = node.ask("p", 1, timeout=5)
+        events = handle_.stages()
+        # A second stream would take part of the first one's events.
+        with pytest.raises(askpool.InvalidArgumentError):
+            handle_.stages()
+        assert [e.stage async for e in events][-1] == "FULFILLED"
+        assert await handle_ == 1
+
+
 async def test_a_handler_must_be_async_and_registered_once() -> None:
     async with Node() as node:
         pool = node.pool("p", concurrency=2)

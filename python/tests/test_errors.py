@@ -387,6 +387,50 @@ async def test_bad_pool_options_are_invalid_argument_errors() -> None:
             await node.ask("p", 1, timeout=1)
 
 
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("p", {"concurrency": "3"}),
+        ("p", {"concurrency": 1.5}),
+        ("p", {"concurrency": True}),
+        ("p", {"max_in_flight": 2**70}),
+        ("p", {"reply_ttl": "1"}),
+        ("p", {"reply_ttl": float("inf")}),
+        (None, {}),
+        (7, {}),
+        ("", {}),
+        ("x" * 256, {}),
+        ("\u00e9" * 128, {}),  # 256 bytes in UTF-8
+    ],
+)
+async def test_bad_pool_names_and_option_types_are_invalid_argument_errors(
+    name: Any, options: dict[str, Any]
+) -> None:
+    async with Node() as node:
+        with pytest.raises(askpool.InvalidArgumentError):
+            node.pool(name, **options)
+        node.pool("x" * 255).handler(_noop)  # the longest name is fine
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"dlq_capacity": -1},
+        {"dlq_capacity": "9"},
+        {"max_payload_bytes": 2**70},
+        {"max_payload_bytes": "big"},
+        {"default_timeout": -1},
+        {"default_timeout": 0},
+        {"default_timeout": "5"},
+        {"default_timeout": float("nan")},
+    ],
+)
+def test_bad_node_options_are_invalid_argument_errors(options: dict[str, Any]) -> None:
+    with pytest.raises(askpool.InvalidArgumentError) as raised:
+        Node(**options)
+    assert next(iter(options)) in str(raised.value)
+
+
 async def test_a_panic_in_a_pool_worker_fails_that_request_and_the_pool_goes_on() -> None:
     reports: list[dict[str, Any]] = []
     asyncio.get_running_loop().set_exception_handler(lambda loop, context: reports.append(context))

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use askpool::{
-    AskError, CancelReason, CausationId, CorrelationId, ErrorCode, Node, NodeConfig,
-    PayloadFingerprint, RequestId, RetryPolicy, WorkerTransport,
+    AskError, CancelReason, CausationId, CorrelationId, ErrorCode, InProcessTransport, Node,
+    NodeConfig, PayloadFingerprint, PoolName, RequestId, RetryPolicy, WorkerTransport,
 };
 use askpool_tests::{Fate, FrameKind, Tap};
 use tokio::sync::Notify;
@@ -558,6 +558,66 @@ async fn dropped_request_fails_instead_of_hanging() {
     drop(pool.next_request().await.unwrap());
     assert_eq!(ask.await.unwrap_err().code(), ErrorCode::Internal);
     assert_eq!(pool.stats().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pool_names_are_bounded_and_errors_stay_short() {
+    let node: TestNode = Node::new();
+    for bad in [String::new(), "x".repeat(PoolName::MAX_LEN + 1)] {
+        let err = node.pool(bad.as_str()).build().err().expect("refused");
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{bad:?}");
+    }
+    let longest = "y".repeat(PoolName::MAX_LEN);
+    node.pool(longest.as_str())
+        .handler(|m: u64, _ctx| async move { Ok(format!("{m}")) })
+        .unwrap();
+    assert_eq!(node.ask(longest.as_str(), 1).await.unwrap(), "1");
+    // Asking a name of a megabyte: the error names it, cut at MAX_LEN
+    // bytes (on a char boundary), not a megabyte long.
+    let huge = format!(
+        "{}é{}",
+        "z".repeat(PoolName::MAX_LEN - 1),
+        "z".repeat(1 << 20)
+    );
+    let err = node.ask(huge.as_str(), 1).await.unwrap_err();
+    let AskError::NoRoute { pool } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(pool, &format!("{}...", "z".repeat(PoolName::MAX_LEN - 1)));
+    assert!(err.to_string().len() < 2 * PoolName::MAX_LEN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zero_timeout_is_invalid_and_files_no_dead_letter() {
+    let node: TestNode = Node::new();
+    let _pool = node.pool("p").build().unwrap();
+    for err in [
+        node.ask("p", 1).timeout(Duration::ZERO).await.unwrap_err(),
+        node.tell("p", 1).timeout(Duration::ZERO).await.unwrap_err(),
+    ] {
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    }
+    assert!(node.dead_letters().is_empty());
+    assert_eq!(node.stats().pending, 0);
+    let zero = NodeConfig {
+        default_timeout: Duration::ZERO,
+        ..NodeConfig::default()
+    };
+    let err = TestNode::try_with_transport(Arc::new(InProcessTransport::new()), zero.clone())
+        .err()
+        .expect("refused");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    // The infallible constructor falls back to the default timeout and
+    // keeps the rest of the config (breakers stay off).
+    let node = TestNode::with_config(NodeConfig {
+        breaker: None,
+        ..zero
+    });
+    node.pool("p")
+        .handler(|m: u64, _ctx| async move { Ok(format!("{m}")) })
+        .unwrap();
+    assert_eq!(node.ask("p", 4).await.unwrap(), "4");
+    assert!(node.stats().breakers.is_empty());
 }
 
 #[tokio::test(start_paused = true)]

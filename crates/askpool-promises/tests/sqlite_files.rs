@@ -52,6 +52,17 @@ fn no_file_path_is_an_invalid_argument() {
         );
     }
     assert!(!std::path::Path::new(":memory:").exists());
+    // A directory, or a file in a folder that does not exist: a bad path,
+    // not a storage failure.
+    let dir = tempfile::tempdir().unwrap();
+    for path in [dir.path().to_owned(), dir.path().join("missing/p.db")] {
+        match SqliteStore::open(&path) {
+            Err(PromiseError::InvalidArgument { message }) => {
+                assert!(message.contains(&*path.to_string_lossy()), "{message}")
+            }
+            other => panic!("{path:?}: {:?}", other.err()),
+        }
+    }
 }
 
 #[test]

@@ -63,6 +63,38 @@ name!(
     /// Name of a worker pool (a process group).
     PoolName
 );
+
+impl PoolName {
+    /// Longest name a pool may have, in bytes.
+    pub const MAX_LEN: usize = 255;
+
+    /// A pool's name must say something and stay short: it is a label on
+    /// metrics and in every error about the pool.
+    pub fn validate(&self) -> Result<(), AskError> {
+        let len = self.as_str().len();
+        if len == 0 || len > Self::MAX_LEN {
+            return Err(AskError::InvalidArgument {
+                message: format!("a pool name is 1 to {} bytes, not {len}", Self::MAX_LEN),
+            });
+        }
+        Ok(())
+    }
+
+    /// The name as an error shows it: at most [`MAX_LEN`](Self::MAX_LEN)
+    /// bytes, so that asking a name of megabytes does not make an error of
+    /// megabytes.
+    pub fn for_error(&self) -> String {
+        let s = self.as_str();
+        if s.len() <= Self::MAX_LEN {
+            return s.to_owned();
+        }
+        let mut end = Self::MAX_LEN;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}...", &s[..end])
+    }
+}
 name!(
     /// Name of one worker inside a pool.
     WorkerId

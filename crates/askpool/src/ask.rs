@@ -291,6 +291,13 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         now: Timestamp,
     ) -> Result<(), AskError> {
         policy.validate()?;
+        // A zero budget could not even make its first attempt: it would
+        // only fill the dead-letter queue with asks never sent.
+        if self.meta.budget.is_zero() {
+            return Err(AskError::InvalidArgument {
+                message: "an ask's timeout must be positive".into(),
+            });
+        }
         if let (Some(size), Some(limit)) = (payload_size, self.node.config.max_payload_bytes) {
             if size > limit {
                 return Err(AskError::OversizePayload { size, limit });

@@ -120,20 +120,33 @@ where
     /// A node on a shared transport: nodes on one transport ask each other's
     /// pools.
     ///
-    /// An invalid breaker configuration is replaced by the default one and
-    /// reported with `tracing::warn!`; use [`try_with_transport`] to get the
-    /// error instead.
+    /// An invalid breaker configuration or a zero `default_timeout` is
+    /// replaced by the default one and reported with `tracing::warn!`; use
+    /// [`try_with_transport`] to get the error instead.
     ///
     /// [`try_with_transport`]: Self::try_with_transport
     pub fn with_transport(transport: Arc<dyn WorkerTransport<M, R>>, config: NodeConfig) -> Self {
         match Self::try_with_transport(Arc::clone(&transport), config.clone()) {
             Ok(node) => node,
             Err(error) => {
-                tracing::warn!(%error, "invalid node config; using the default breaker");
+                tracing::warn!(%error, "invalid node config; using the defaults in its place");
+                let defaults = NodeConfig::default();
+                let default_timeout = if config.default_timeout.is_zero() {
+                    defaults.default_timeout
+                } else {
+                    config.default_timeout
+                };
                 Self::try_with_transport(
                     transport,
                     NodeConfig {
-                        breaker: Some(BreakerConfig::default()),
+                        breaker: config.breaker.map(|b| {
+                            if b.validate().is_ok() {
+                                b
+                            } else {
+                                BreakerConfig::default()
+                            }
+                        }),
+                        default_timeout,
                         ..config
                     },
                 )
@@ -147,6 +160,11 @@ where
         transport: Arc<dyn WorkerTransport<M, R>>,
         config: NodeConfig,
     ) -> Result<Self, AskError> {
+        if config.default_timeout.is_zero() {
+            return Err(AskError::InvalidArgument {
+                message: "default_timeout must be positive".into(),
+            });
+        }
         let breakers = Breakers::new(config.breaker)?;
         telemetry::describe();
         let seed = config.seed.unwrap_or_else(rand::random);
@@ -318,6 +336,7 @@ where
         name: PoolName,
         config: PoolConfig,
     ) -> Result<Arc<PoolShared<M, R>>, AskError> {
+        name.validate()?;
         config.validate()?;
         if self.shared.is_closed() {
             return Err(AskError::node_closed());

@@ -103,7 +103,7 @@ impl<M: Send + 'static, R: Send + 'static> WorkerTransport<M, R> for InProcessTr
                 Ok(())
             }
             None => Err(AskError::NoRoute {
-                pool: frame.pool().to_string(),
+                pool: frame.pool().for_error(),
             }),
         }
     }

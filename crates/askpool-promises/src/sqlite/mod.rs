@@ -98,6 +98,22 @@ impl SqliteStore {
                 path.as_os_str()
             )));
         }
+        // SQLite reports both as "unable to open database file", which
+        // would reach the caller as a storage failure: they are a bad path.
+        if path.is_dir() {
+            return Err(PromiseError::invalid(format!(
+                "a SQLite store needs a file path, and {} is a directory",
+                path.display()
+            )));
+        }
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if !parent.is_dir() {
+                return Err(PromiseError::invalid(format!(
+                    "the folder of the SQLite store {} does not exist",
+                    path.display()
+                )));
+            }
+        }
         let mut conn = Connection::open(&path).map_err(|e| map_err(&path, e))?;
         conn.busy_timeout(options.busy_timeout)
             .map_err(|e| map_err(&path, e))?;
