@@ -71,21 +71,26 @@
 //! from the chain or the one that moves the queue past it, whichever is
 //! last. Removing an entry drops its state at once, under its lock; only the
 //! empty node shell waits for the epoch to pass, so the epoch garbage never
-//! holds an `S` (no `'static` bound, exact drop counts). A shell the
-//! collector frees goes to a small per-thread cache of node blocks (at most
-//! 128 per thread) that the next insert on that thread reuses: the collector
-//! frees in bursts that otherwise send the system allocator down its slow
-//! paths. A full cache hands 64 blocks at a time to a list shared by the
-//! threads (at most 1,024 blocks, the rest back to the allocator), which an
-//! empty cache draws from: the collector runs on whichever thread pins, not
-//! always one that inserts (in a duplicate storm the thread that finds the
-//! key allocates nothing). A spare node allocated for an insert that lost its
-//! race goes to the cache too.
+//! holds an `S` (no `'static` bound, exact drop counts). A thread hands
+//! the shells it retires to crossbeam's collector 256 at a time, as one
+//! deferred function (later than retired is as safe: a thread that could
+//! still reach a shell was pinned when it was retired, so the collector
+//! waits for it); a deferred function per shell cost more than the rest of
+//! its reclamation. A shell the collector frees goes to a small per-thread
+//! cache of node blocks (at most 512 per thread) that the next insert on
+//! that thread reuses, instead of the system allocator. A full cache hands
+//! 256 blocks at a time to a list shared by the threads (at most 1,024
+//! blocks, the rest back to the allocator), which an empty cache draws
+//! from: the collector runs on whichever thread pins, not always one that
+//! inserts (in a duplicate storm the thread that finds the key allocates
+//! nothing). A spare node allocated for an insert that lost its race goes
+//! to the cache too.
 //!
 //! **Epoch garbage.** Callers hold a pin only for the duration of one call
 //! (never while a user closure of `ExactlyOnceDedup` runs), so crossbeam's
-//! collector, which frees up to 8 bags of 64 objects every 128 pins, keeps
-//! up: each evicting insert retires one node. The garbage is counted in the
+//! collector, which frees up to 8 bags every 128 pins (and a thread's
+//! batch of 256 shells goes to it as a bag of its own), keeps up: each
+//! evicting insert retires one node. The garbage is counted in the
 //! memory bound and measured: `tests/alloc_bound.rs` streams 10 million
 //! unique terminal entries through a table of 100,000 under a counting
 //! global allocator; live bytes stay under the stated ceiling of 12 MiB the

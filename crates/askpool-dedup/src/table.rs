@@ -139,7 +139,7 @@ fn prefetch<T>(p: *const T) {
 /// The caller must own one of the node's memberships and have made the node
 /// unreachable through it (unlinked it from its chain, or moved the queue's
 /// head and tail past it).
-#[inline]
+#[inline(always)]
 unsafe fn release<S>(ptr: Shared<'_, Node<S>>, guard: &Guard) {
     let refs = &ptr.deref().refs;
     // A count of 1 is the caller's own membership, and no membership is
@@ -163,11 +163,8 @@ unsafe fn retire<S>(ptr: Shared<'_, Node<S>>, guard: &Guard) {
     {
         // A node holds no state by now (dropped when it was removed) and
         // its other fields need no drop: its block is all that is left.
-        let raw = ptr.as_raw().cast_mut();
-        guard.defer_unchecked(move || {
-            let block = NonNull::new_unchecked(raw.cast::<u8>());
-            node_pool::give(block, Layout::new::<Node<S>>());
-        });
+        let block = NonNull::new_unchecked(ptr.as_raw().cast_mut().cast::<u8>());
+        node_pool::retire(block, Layout::new::<Node<S>>(), guard);
     }
 }
 
