@@ -139,3 +139,68 @@ async fn two_live_nodes_never_share_a_caller_id_on_one_transport() {
     let again: TestNode = Node::try_with_transport(transport, seeded).unwrap();
     assert_eq!(again.caller_id(), id);
 }
+
+/// Requests cancelled while they waited in a pool's queue (their callers
+/// timed out) stayed there with their payloads until a worker reached them,
+/// and no longer counted against `max_in_flight`: behind a stuck worker the
+/// queue grew by one per ask, without bound (999 after 1,000 asks here).
+#[tokio::test(start_paused = true)]
+async fn a_queue_behind_a_stuck_worker_stays_within_its_bound() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        breaker: None,
+        ..NodeConfig::default()
+    });
+    let max = 4;
+    let stuck = node
+        .pool("stuck")
+        .max_in_flight(max)
+        .handler(|m: u64, _| async move {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(format!("{m}"))
+        })
+        .unwrap();
+    // A pull pool nobody pulls, asked with a preferred worker (its inbox).
+    let idle = node.pool("idle").max_in_flight(max).build().unwrap();
+    let _w = idle.worker("w").unwrap();
+    for i in 0..1_000 {
+        let ms = Duration::from_millis(10);
+        let err = node.ask("stuck", i).timeout(ms).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::AskTimeout);
+        let err = node.ask("idle", i).timeout(ms).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::AskTimeout);
+        let err = (node.ask("idle", i).preferred_worker("w").timeout(ms))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::AskTimeout);
+    }
+    for pool in [stuck.stats(), idle.stats()] {
+        assert!(pool.queued <= 2 * 2 * max, "{pool:?}");
+        assert_eq!(pool.in_flight, 0);
+    }
+    // The live requests among them still reach their worker.
+    let ask = node.ask("idle", 7).preferred_worker("w").send();
+    let request = _w.next_request().await.unwrap();
+    assert_eq!(request.message, 7);
+    request.reply("seven".into());
+    assert_eq!(ask.await.unwrap(), "seven");
+}
+
+/// A closed pool's stats said `queued: 1` (more with named workers): the
+/// markers that stop its workers were counted as requests.
+#[tokio::test(start_paused = true)]
+async fn a_closed_pool_has_nothing_queued() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let _w1 = pool.worker("w1").unwrap();
+    let _w2 = pool.worker("w2").unwrap();
+    let ask = node.ask("p", 1).send();
+    let preferring = node.ask("p", 2).preferred_worker("w1").send();
+    assert_eq!(pool.stats().queued, 2);
+    pool.close();
+    for ask in [ask, preferring] {
+        assert_eq!(ask.await.unwrap_err().code(), ErrorCode::AskCancelled);
+    }
+    assert!(pool.next_request().await.is_none());
+    let stats = pool.stats();
+    assert_eq!((stats.queued, stats.in_flight), (0, 0), "{stats:?}");
+}
