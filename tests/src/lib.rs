@@ -216,7 +216,11 @@ where
     fn deregister_pool(&self, pool: &PoolName) {
         self.inner.deregister_pool(pool)
     }
-    fn register_caller(&self, caller: CallerId, endpoint: Arc<dyn CallerEndpoint<R>>) {
+    fn register_caller(
+        &self,
+        caller: CallerId,
+        endpoint: Arc<dyn CallerEndpoint<R>>,
+    ) -> Result<(), AskError> {
         self.inner.register_caller(caller, endpoint)
     }
     fn deregister_caller(&self, caller: CallerId) {

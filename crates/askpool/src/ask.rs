@@ -140,6 +140,10 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> IntoFuture for As
 /// The first attempt goes out when the handle is created. Like every Rust
 /// future, the handle does its later work (re-sends, the timeout) while it is
 /// polled: await it, or `tokio::spawn` it to let it run in the background.
+/// Its timers are tokio's: it may be moved to (or polled from) another tokio
+/// runtime, even after the one it started on was dropped; polled where no
+/// tokio runtime is current while it has to wait for a timer, it fails with
+/// `FailedPrecondition` (and cancels the ask at the pool).
 #[must_use = "dropping an AskHandle cancels the ask"]
 pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     node: Arc<NodeShared<M, R>>,
@@ -148,8 +152,9 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     meta: RequestMeta,
     payload: Option<M>,
     rng: SmallRng,
-    /// A timer of the ask's own, for re-sends and stage deadlines.
-    timer: Option<(Timestamp, Pin<Box<Sleep>>)>,
+    /// A timer of the ask's own, for re-sends and stage deadlines, and the
+    /// runtime whose timer driver it is registered with.
+    timer: Option<(Timestamp, tokio::runtime::Id, Pin<Box<Sleep>>)>,
     /// The ask's place in the node's deadline queue, once it waits for
     /// nothing but its deadline (most asks: in process the Ack arrives
     /// inside the send), and whether that deadline came.
@@ -467,12 +472,12 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// nothing else is left to wait for and no timer of its own exists,
     /// waits in the node's deadline queue; anything else on a timer of its
     /// own.
-    fn poll_wakeup(&mut self, at: Timestamp, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_wakeup(&mut self, at: Timestamp, cx: &mut Context<'_>) -> Poll<Result<(), AskError>> {
         if self.timer.is_none() && at == self.machine.deadline() {
             let caller = &self.node.caller;
             if self.queued_deadline.is_some() {
                 if self.deadline_fired {
-                    return Poll::Ready(());
+                    return Poll::Ready(Ok(()));
                 }
                 // Its sweeper may have gone with a runtime since.
                 caller.deadlines.keep_alive(&caller.weak_self);
@@ -487,12 +492,28 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         self.poll_timer(at, cx)
     }
 
-    /// Points the timer at `at` and polls it.
-    fn poll_timer(&mut self, at: Timestamp, cx: &mut Context<'_>) -> Poll<()> {
+    /// Points the timer at `at` and polls it. A tokio timer belongs to the
+    /// runtime it was made on and panics when polled after that runtime
+    /// shut down, so a handle polled on another runtime (moved, or its
+    /// first runtime dropped) makes its timer again on the current one.
+    /// Outside any tokio runtime there is no timer to wait on: the ask
+    /// fails with `FailedPrecondition` instead of panicking.
+    fn poll_timer(&mut self, at: Timestamp, cx: &mut Context<'_>) -> Poll<Result<(), AskError>> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Poll::Ready(Err(AskError::FailedPrecondition {
+                message: "an ask that waits for a timer must be polled inside a tokio runtime"
+                    .into(),
+            }));
+        };
+        let runtime = runtime.id();
         let deadline = self.node.clock.instant(at);
         match &mut self.timer {
-            Some((armed_at, sleep)) => {
-                if *armed_at != at {
+            Some((armed_at, armed_on, sleep)) => {
+                if *armed_on != runtime {
+                    *sleep = Box::pin(tokio::time::sleep_until(deadline));
+                    *armed_on = runtime;
+                    *armed_at = at;
+                } else if *armed_at != at {
                     sleep.as_mut().reset(deadline);
                     *armed_at = at;
                 }
@@ -502,11 +523,12 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                     .caller
                     .armed_timers
                     .fetch_add(1, Ordering::Relaxed);
-                self.timer = Some((at, Box::pin(tokio::time::sleep_until(deadline))));
+                let sleep = Box::pin(tokio::time::sleep_until(deadline));
+                self.timer = Some((at, runtime, sleep));
             }
         }
-        let (_, sleep) = self.timer.as_mut().expect("armed above");
-        sleep.as_mut().poll(cx)
+        let (_, _, sleep) = self.timer.as_mut().expect("armed above");
+        sleep.as_mut().poll(cx).map(Ok)
     }
 }
 
@@ -597,9 +619,17 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 continue;
             }
             match this.poll_wakeup(at, cx) {
-                Poll::Ready(()) => {
+                Poll::Ready(Ok(())) => {
                     floor = at;
                     clock = LazyNow::default();
+                }
+                Poll::Ready(Err(error)) => {
+                    // Nothing can wake the ask: end it, and cancel it at
+                    // the pool (best effort), as dropping it would.
+                    let now = clock.get(&this.node, floor);
+                    let step = this.machine.cancel();
+                    let _ = this.perform(step, now);
+                    return this.finish(Err(error), now);
                 }
                 Poll::Pending => return Poll::Pending,
             }

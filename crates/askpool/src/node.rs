@@ -121,7 +121,9 @@ where
     /// pools.
     ///
     /// An invalid breaker configuration or a zero `default_timeout` is
-    /// replaced by the default one and reported with `tracing::warn!`; use
+    /// replaced by the default one, and a `seed` whose caller id another
+    /// live node already has on `transport` is dropped (the node gets a
+    /// random seed), each reported with `tracing::warn!`; use
     /// [`try_with_transport`] to get the error instead.
     ///
     /// [`try_with_transport`]: Self::try_with_transport
@@ -136,26 +138,36 @@ where
                 } else {
                     config.default_timeout
                 };
-                Self::try_with_transport(
-                    transport,
-                    NodeConfig {
-                        breaker: config.breaker.map(|b| {
-                            if b.validate().is_ok() {
-                                b
-                            } else {
-                                BreakerConfig::default()
-                            }
-                        }),
-                        default_timeout,
-                        ..config
-                    },
-                )
-                .expect("the default config is valid")
+                let fixed = NodeConfig {
+                    breaker: config.breaker.map(|b| {
+                        if b.validate().is_ok() {
+                            b
+                        } else {
+                            BreakerConfig::default()
+                        }
+                    }),
+                    default_timeout,
+                    ..config
+                };
+                match Self::try_with_transport(Arc::clone(&transport), fixed.clone()) {
+                    Ok(node) => node,
+                    // The seed's caller id is taken on this transport.
+                    Err(_) => Self::try_with_transport(
+                        transport,
+                        NodeConfig {
+                            seed: None,
+                            ..fixed
+                        },
+                    )
+                    .expect("the default config is valid and a random caller id is free"),
+                }
             }
         }
     }
 
-    /// A node on a shared transport, or the error in `config`.
+    /// A node on a shared transport, or the error in `config`
+    /// (`InvalidArgument` also when another live node on `transport` has
+    /// the caller id of `config.seed`).
     pub fn try_with_transport(
         transport: Arc<dyn WorkerTransport<M, R>>,
         config: NodeConfig,
@@ -177,7 +189,7 @@ where
             config.reconcile_capacity,
             config.reconcile_window,
         );
-        transport.register_caller(caller_id, caller.clone());
+        transport.register_caller(caller_id, caller.clone())?;
         Ok(Self {
             shared: Arc::new(NodeShared {
                 clock,

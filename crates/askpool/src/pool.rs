@@ -122,6 +122,8 @@ pub(crate) struct PoolShared<M, R> {
     /// Acks waiting for the end of the tick (`batch_acks`), per caller.
     ack_buffer: Mutex<FxHashMap<CallerId, Vec<AskIds>>>,
     flush_scheduled: AtomicBool,
+    /// A pass of `drop_cancelled` runs.
+    compacting: AtomicBool,
 }
 
 /// Which entry of a key a step may change.
@@ -173,6 +175,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             weak_self: weak_self.clone(),
             ack_buffer: Mutex::default(),
             flush_scheduled: AtomicBool::new(false),
+            compacting: AtomicBool::new(false),
         })
     }
 
@@ -458,7 +461,11 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             let inbox = (item.request.meta.preferred_worker.as_ref()).and_then(|w| workers.get(w));
             if let Some(inbox) = inbox {
                 match inbox.push(Work::Item(item)) {
-                    Ok(()) => return,
+                    Ok(()) => {
+                        // Under the read lock, as the push (see above).
+                        self.drop_cancelled(&inbox.signal, &inbox.tx, &inbox.rx);
+                        return;
+                    }
                     Err(Work::Item(back)) => item = back,
                     Err(Work::Closed) => unreachable!(),
                 }
@@ -470,11 +477,45 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
         // The pool holds the receiver too, so this send cannot fail.
         let _ = self.work.push(&self.queue_tx, Work::Item(item));
+        self.drop_cancelled(&self.work, &self.queue_tx, &self.queue_rx);
         // Closed since the check above: `close` may have drained the queue
         // before this push landed, leaving the item behind its sentinel.
         if self.is_closed() {
             self.cancel_queued();
         }
+    }
+
+    /// Keeps a queue within twice `max_in_flight`. A request cancelled
+    /// while it waits (its caller timed out or gave up) stays in the queue,
+    /// payload and all, until a worker reaches it and skips it; meanwhile
+    /// its entry is terminal, so it no longer counts against
+    /// `max_in_flight` and the pool admits another. With workers that are
+    /// stuck (or gone, or a pull pool nobody pulls) the queue grew without
+    /// bound. Live requests are in-progress entries, at most
+    /// `max_in_flight`, so a queue that holds twice that holds at least
+    /// as many cancelled ones: one pass takes everything queued, drops
+    /// those, and puts the live ones back in their order (after anything
+    /// pushed meanwhile). Each pass drops at least `max_in_flight` items.
+    fn drop_cancelled(
+        &self,
+        signal: &QueueSignal,
+        tx: &flume::Sender<Work<M>>,
+        rx: &flume::Receiver<Work<M>>,
+    ) {
+        let bound = self.config.max_in_flight.saturating_mul(2);
+        if signal.len() < bound || self.compacting.swap(true, Ordering::Acquire) {
+            return;
+        }
+        for _ in 0..signal.len() {
+            match signal.take(rx) {
+                None => break,
+                Some(Work::Item(item)) if item.request.cancel.is_cancelled() => {}
+                Some(work) => {
+                    let _ = signal.push(tx, work);
+                }
+            }
+        }
+        self.compacting.store(false, Ordering::Release);
     }
 
     /// Cancels every request in the shared queue (the pool is closed) and
@@ -609,13 +650,16 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         PoolStats {
             name: self.name.to_string(),
             in_flight: self.table.in_progress(),
-            queued: self.queue_rx.len()
-                + self
-                    .workers
-                    .read()
-                    .values()
-                    .map(|w| w.tx.len())
-                    .sum::<usize>(),
+            // A closed pool cancelled what it held; its queues hold only
+            // the markers that stop its workers.
+            queued: if self.is_closed() {
+                0
+            } else {
+                self.queue_rx.len()
+                    + (self.workers.read().values())
+                        .map(|w| w.tx.len())
+                        .sum::<usize>()
+            },
             dedup: self.table.stats(),
             admitted: c.admitted.count(),
             handler_runs: c.handler_runs.count(),

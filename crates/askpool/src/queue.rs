@@ -141,6 +141,11 @@ impl QueueSignal {
         Some(item)
     }
 
+    /// Items pushed and not yet taken (a hint: see the module docs).
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
     /// Wakes the inbox's worker if it waits; whether it did.
     fn wake_owner(&self) -> bool {
         match &self.owner {

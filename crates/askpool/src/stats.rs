@@ -10,7 +10,10 @@ pub struct PoolStats {
     pub name: String,
     /// Requests admitted and not yet finished (InProgress entries).
     pub in_flight: usize,
-    /// Admitted requests waiting for a worker.
+    /// Places held in the pool's queues: admitted requests waiting for a
+    /// worker, plus requests cancelled while they waited, not yet skipped
+    /// by a worker (a queue holds at most `2 * max_in_flight`, beyond
+    /// which the cancelled ones are dropped). 0 once the pool is closed.
     pub queued: usize,
     pub dedup: DedupStats,
     /// Requests admitted for the first time.

@@ -37,7 +37,14 @@ pub trait WorkerTransport<M, R>: Send + Sync {
         endpoint: Arc<dyn PoolEndpoint<M>>,
     ) -> Result<(), AskError>;
     fn deregister_pool(&self, pool: &PoolName);
-    fn register_caller(&self, caller: CallerId, endpoint: Arc<dyn CallerEndpoint<R>>);
+    /// Registers a caller; `InvalidArgument` if `caller` is already
+    /// registered (two live nodes with one caller id would receive each
+    /// other's replies, and the first to close would unregister both).
+    fn register_caller(
+        &self,
+        caller: CallerId,
+        endpoint: Arc<dyn CallerEndpoint<R>>,
+    ) -> Result<(), AskError>;
     fn deregister_caller(&self, caller: CallerId);
     fn send_to_pool(&self, frame: ToWorker<M>) -> Result<(), AskError>;
     fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError>;
@@ -86,9 +93,23 @@ impl<M: Send + 'static, R: Send + 'static> WorkerTransport<M, R> for InProcessTr
         self.pools.change(|pools| pools.remove(pool));
     }
 
-    fn register_caller(&self, caller: CallerId, endpoint: Arc<dyn CallerEndpoint<R>>) {
-        self.callers
-            .change(|callers| callers.insert(caller, endpoint));
+    fn register_caller(
+        &self,
+        caller: CallerId,
+        endpoint: Arc<dyn CallerEndpoint<R>>,
+    ) -> Result<(), AskError> {
+        self.callers.change(|callers| {
+            if callers.contains_key(&caller) {
+                return Err(AskError::InvalidArgument {
+                    message: format!(
+                        "caller id {caller} is already registered on this transport \
+                         (two live nodes with the same NodeConfig::seed?)"
+                    ),
+                });
+            }
+            callers.insert(caller, endpoint);
+            Ok(())
+        })
     }
 
     fn deregister_caller(&self, caller: CallerId) {

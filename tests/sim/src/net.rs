@@ -495,7 +495,11 @@ impl WorkerTransport<Job, Answer> for Link {
     fn deregister_pool(&self, pool: &PoolName) {
         self.net.inner.deregister_pool(pool)
     }
-    fn register_caller(&self, caller: CallerId, endpoint: Arc<dyn CallerEndpoint<Answer>>) {
+    fn register_caller(
+        &self,
+        caller: CallerId,
+        endpoint: Arc<dyn CallerEndpoint<Answer>>,
+    ) -> Result<(), AskError> {
         let tap = Arc::new(CallerTap {
             inner: endpoint,
             history: Arc::clone(&self.net.history),

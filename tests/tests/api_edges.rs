@@ -1,0 +1,206 @@
+//! The public API misused the way a tokio user would: handles polled on
+//! another runtime (or on none), two nodes on one transport, pools closed
+//! under load. Each test failed before its fix.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use askpool::{
+    AskError, ErrorCode, InProcessTransport, Node, NodeConfig, RetryPolicy, WorkerTransport,
+};
+use askpool_tests::{FrameKind, Tap};
+
+type TestNode = Node<u64, String>;
+
+fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+    let waker = futures::task::noop_waker();
+    Pin::new(f).poll(&mut Context::from_waker(&waker))
+}
+
+/// Re-sends every 50 ms: an ask refused `BufferFull` waits on a timer of
+/// its own (not the node's deadline queue).
+fn resend_often() -> RetryPolicy {
+    RetryPolicy {
+        max_attempts: 1_000,
+        initial_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(50),
+        jitter: 0.0,
+        ..RetryPolicy::default()
+    }
+}
+
+/// An ask whose re-send timer was armed on a runtime that is then dropped,
+/// awaited on another runtime, ends by its own timeout (before: tokio
+/// panicked "A Tokio 1.x context was found, but it is being shutdown").
+#[test]
+fn a_retry_timer_survives_the_runtime_it_was_armed_on() {
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let node: TestNode = Node::new();
+    let _pool = node.pool("p").max_in_flight(1).build().unwrap();
+    let _fills_the_pool = node.ask("p", 0).send();
+    let mut ask = node
+        .ask("p", 1)
+        .timeout(Duration::from_millis(300))
+        .retry(resend_often())
+        .send();
+    first.block_on(async { assert!(poll_once(&mut ask).is_pending()) });
+    assert_eq!(node.stats().armed_timers, 1, "a timer of its own");
+    drop(first);
+    let outcome = second.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), &mut ask)
+            .await
+            .expect("the ask's own timeout, not the guard")
+    });
+    // Refused until its deadline: the last refusal or the timeout.
+    assert!(
+        matches!(
+            outcome,
+            Err(AskError::BufferFull { .. } | AskError::AskTimeout { .. })
+        ),
+        "{outcome:?}"
+    );
+    let stats = node.stats();
+    assert_eq!((stats.pending, stats.armed_timers), (1, 0));
+}
+
+/// An ask that has to wait for a timer, polled where no tokio runtime is
+/// current (`futures::executor::block_on`), fails with a typed error and
+/// cancels itself at the pool (before: tokio panicked "there is no reactor
+/// running").
+#[test]
+fn an_ask_polled_outside_any_runtime_fails_typed_instead_of_panicking() {
+    let tap = Tap::in_process();
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node: TestNode = Node::with_transport(transport, NodeConfig::default());
+    let pool = node.pool("p").max_in_flight(1).build().unwrap();
+    let _fills_the_pool = node.ask("p", 0).send();
+    let outcome = futures::executor::block_on(
+        node.ask("p", 1)
+            .timeout(Duration::from_secs(5))
+            .retry(resend_often())
+            .send(),
+    );
+    assert_eq!(
+        outcome.as_ref().map_err(AskError::code),
+        Err(ErrorCode::FailedPrecondition),
+        "{outcome:?}"
+    );
+    let stats = node.stats();
+    assert_eq!((stats.pending, stats.armed_timers), (1, 0));
+    assert_eq!(
+        tap.sent(FrameKind::Cancel).len(),
+        1,
+        "cancelled at the pool"
+    );
+    // An ask that needs no timer still works there.
+    drop(pool);
+}
+
+/// Two nodes built with one seed on one transport had one caller id: the
+/// second registration replaced the first, whose replies then went to the
+/// second node (its asks timed out), and closing either unregistered both.
+#[tokio::test(start_paused = true)]
+async fn two_live_nodes_never_share_a_caller_id_on_one_transport() {
+    let transport: Arc<dyn WorkerTransport<u64, String>> = Arc::new(InProcessTransport::new());
+    let seeded = NodeConfig {
+        seed: Some(1),
+        ..NodeConfig::default()
+    };
+    let host: TestNode = Node::with_transport(transport.clone(), NodeConfig::default());
+    host.pool("p")
+        .handler(|m: u64, _| async move { Ok(format!("{m}")) })
+        .unwrap();
+    let a: TestNode = Node::try_with_transport(transport.clone(), seeded.clone()).unwrap();
+    let err = Node::<u64, String>::try_with_transport(transport.clone(), seeded.clone())
+        .err()
+        .expect("the seed's caller id is taken");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    // The infallible constructor gives the second node a caller id of its own.
+    let b: TestNode = Node::with_transport(transport.clone(), seeded.clone());
+    assert_ne!(a.caller_id(), b.caller_id());
+    let timeout = Duration::from_secs(1);
+    assert_eq!(a.ask("p", 1).timeout(timeout).await.unwrap(), "1");
+    assert_eq!(b.ask("p", 2).timeout(timeout).await.unwrap(), "2");
+    b.shutdown();
+    assert_eq!(a.ask("p", 3).timeout(timeout).await.unwrap(), "3");
+    // Once `a` is gone, its seed (a restarted caller) may register again.
+    let id = a.caller_id();
+    drop(a);
+    let again: TestNode = Node::try_with_transport(transport, seeded).unwrap();
+    assert_eq!(again.caller_id(), id);
+}
+
+/// Requests cancelled while they waited in a pool's queue (their callers
+/// timed out) stayed there with their payloads until a worker reached them,
+/// and no longer counted against `max_in_flight`: behind a stuck worker the
+/// queue grew by one per ask, without bound (999 after 1,000 asks here).
+#[tokio::test(start_paused = true)]
+async fn a_queue_behind_a_stuck_worker_stays_within_its_bound() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        breaker: None,
+        ..NodeConfig::default()
+    });
+    let max = 4;
+    let stuck = node
+        .pool("stuck")
+        .max_in_flight(max)
+        .handler(|m: u64, _| async move {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(format!("{m}"))
+        })
+        .unwrap();
+    // A pull pool nobody pulls, asked with a preferred worker (its inbox).
+    let idle = node.pool("idle").max_in_flight(max).build().unwrap();
+    let _w = idle.worker("w").unwrap();
+    for i in 0..1_000 {
+        let ms = Duration::from_millis(10);
+        let err = node.ask("stuck", i).timeout(ms).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::AskTimeout);
+        let err = node.ask("idle", i).timeout(ms).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::AskTimeout);
+        let err = (node.ask("idle", i).preferred_worker("w").timeout(ms))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::AskTimeout);
+    }
+    for pool in [stuck.stats(), idle.stats()] {
+        assert!(pool.queued <= 2 * 2 * max, "{pool:?}");
+        assert_eq!(pool.in_flight, 0);
+    }
+    // The live requests among them still reach their worker.
+    let ask = node.ask("idle", 7).preferred_worker("w").send();
+    let request = _w.next_request().await.unwrap();
+    assert_eq!(request.message, 7);
+    request.reply("seven".into());
+    assert_eq!(ask.await.unwrap(), "seven");
+}
+
+/// A closed pool's stats said `queued: 1` (more with named workers): the
+/// markers that stop its workers were counted as requests.
+#[tokio::test(start_paused = true)]
+async fn a_closed_pool_has_nothing_queued() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let _w1 = pool.worker("w1").unwrap();
+    let _w2 = pool.worker("w2").unwrap();
+    let ask = node.ask("p", 1).send();
+    let preferring = node.ask("p", 2).preferred_worker("w1").send();
+    assert_eq!(pool.stats().queued, 2);
+    pool.close();
+    for ask in [ask, preferring] {
+        assert_eq!(ask.await.unwrap_err().code(), ErrorCode::AskCancelled);
+    }
+    assert!(pool.next_request().await.is_none());
+    let stats = pool.stats();
+    assert_eq!((stats.queued, stats.in_flight), (0, 0), "{stats:?}");
+}
