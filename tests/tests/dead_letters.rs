@@ -110,14 +110,27 @@ async fn the_dlq_is_bounded_and_drops_the_oldest() {
     assert_eq!(node.stats().dlq_depth, 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_dead_letter_replays_with_its_request_id() {
+/// A node whose pool "p" is full for good (its one request, `stuck`, is
+/// never pulled), and the request id of the ask (payload 7) that was
+/// dead-lettered for it.
+async fn a_dead_letter_of_a_full_pool() -> (
+    TestNode,
+    askpool::WorkerPool<u64, String>,
+    askpool::AskHandle<u64, String>,
+    askpool::RequestId,
+) {
     let node: TestNode = Node::with_config(config(10));
     let pool = node.pool("p").max_in_flight(1).build().unwrap();
     let stuck = node.ask("p", 0).send();
     let handle = node.ask("p", 7).send();
     let id = handle.request_id();
     handle.await.unwrap_err();
+    (node, pool, stuck, id)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_letter_replays_with_its_request_id() {
+    let (node, pool, stuck, id) = a_dead_letter_of_a_full_pool().await;
     assert!(node.dead_letter(id).is_some());
     // Free the pool, then replay.
     let r = pool.next_request().await.unwrap();
@@ -143,6 +156,40 @@ async fn a_dead_letter_replays_with_its_request_id() {
         node.replay_dead_letter(id).unwrap_err().code(),
         ErrorCode::FailedPrecondition
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_replay_puts_its_letter_back() {
+    let (node, pool, stuck, id) = a_dead_letter_of_a_full_pool().await;
+    assert_eq!(
+        node.dead_letter(id).unwrap().reason,
+        DeadLetterReason::RetriesExhausted
+    );
+    // Its pool is gone: the replay fails NoRoute (permanent), and the
+    // letter, with its payload, is back in the queue with that error.
+    pool.close();
+    let err = node.replay_dead_letter(id).unwrap().await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NoRoute);
+    let letter = node.dead_letter(id).expect("the letter is back");
+    assert_eq!(letter.payload, 7);
+    assert_eq!(letter.error.code(), ErrorCode::NoRoute);
+    assert_eq!(letter.reason, DeadLetterReason::RetriesExhausted);
+    assert_eq!(node.stats().dlq_depth, 1);
+    // Refused before it was sent (its id is pending on this node): back too.
+    let _q = node.pool("q").build().unwrap();
+    let _pending = node.ask("q", 1).request_id(id).send();
+    let err = node.replay_dead_letter(id).unwrap().await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert_eq!(node.dead_letter(id).expect("back again").payload, 7);
+    // A replay its caller cancels gives the letter up, as asked.
+    drop(_pending);
+    let _p = node.pool("p").build().unwrap();
+    let mut replay = node.replay_dead_letter(id).unwrap();
+    replay.cancel();
+    assert_eq!(replay.await.unwrap_err().code(), ErrorCode::AskCancelled);
+    assert!(node.dead_letter(id).is_none());
+    drop(stuck);
+    assert_eq!(node.stats().pending, 0);
 }
 
 #[tokio::test(start_paused = true)]

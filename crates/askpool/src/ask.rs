@@ -26,7 +26,7 @@ use rand::SeedableRng;
 use tokio::time::Sleep;
 
 use crate::breakers::Verdict;
-use crate::dlq::{self, DeadLetter};
+use crate::dlq::{self, DeadLetter, DeadLetterReason};
 use crate::expiry::ExpiryKey;
 use crate::node::{Node, NodeShared};
 use crate::pending::{Arrivals, AskSlot, SlotEvent, StageSource, StageStream};
@@ -58,6 +58,9 @@ pub struct AskBuilder<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> 
     options: AskOptions,
     /// A tell: done at the Ack, no reply wanted.
     one_way: bool,
+    /// A dead letter's replay: if it fails in any way, the letter goes back
+    /// to the queue (with this reason unless the new error has its own).
+    refile: Option<DeadLetterReason>,
 }
 
 impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M, R> {
@@ -68,7 +71,14 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
             payload,
             options: AskOptions::default(),
             one_way: false,
+            refile: None,
         }
+    }
+
+    /// Makes this ask the replay of a dead letter filed for `reason`.
+    pub(crate) fn refile_on_failure(mut self, reason: DeadLetterReason) -> Self {
+        self.refile = Some(reason);
+        self
     }
 
     /// Sets every option at once (replacing those set before).
@@ -167,6 +177,8 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     registered: bool,
     /// The pool's circuit-breaker permit, reported when the ask ends.
     permit: Option<BreakerPermit>,
+    /// Set on a dead letter's replay (see `AskBuilder::refile`).
+    refile: Option<DeadLetterReason>,
     /// Whether the ask's end was reported to the breaker.
     settled: bool,
     span: tracing::Span,
@@ -222,6 +234,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             early: None,
             registered: false,
             permit: None,
+            refile: b.refile,
             settled: false,
             span,
             finished: false,
@@ -230,6 +243,11 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         if let Err(e) = handle.admit(policy, options.payload_size, now) {
             // A refused ask never reached the wire; its stage stream ends.
             handle.slot.record_terminal(AckStage::Rejected, now);
+            if let Some(reason) = handle.refile {
+                // A replay refused at once (breaker open, id pending, node
+                // closing) keeps its letter.
+                handle.file_dead_letter(&e, reason, now);
+            }
             handle.early = Some(Err(e));
             handle.payload = None;
             return handle;
@@ -256,20 +274,10 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
         // The dead letter first: a late outcome reconciled below (or on
         // another thread as soon as the timeout is on record) takes it.
-        if let Some(reason) = dlq::reason_for(error, self.machine.policy()) {
-            if let Some(payload) = self.payload.take() {
-                let mut dlq = self.node.caller.dlq.lock();
-                dlq.push(DeadLetter {
-                    ids: self.meta.ids,
-                    pool: self.meta.pool.clone(),
-                    payload,
-                    error: error.clone(),
-                    attempts: self.machine.attempts_sent(),
-                    reason,
-                    failed_at: now,
-                });
-                telemetry::dlq_depth(dlq.len());
-            }
+        // A replay's letter goes back whatever the error (a pool gone since
+        // is `NoRoute`, permanent): its payload is nowhere else.
+        if let Some(reason) = dlq::reason_for(error, self.machine.policy()).or(self.refile) {
+            self.file_dead_letter(error, reason, now);
         }
         // Every failure recorded as TIMED_OUT (the ask's timeout, a stage
         // deadline) can still be answered by the pool: keep it to reconcile.
@@ -285,6 +293,23 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 (self.node.caller).reconcile_event(self.meta.ids, fingerprint, event);
             }
         }
+    }
+
+    fn file_dead_letter(&mut self, error: &AskError, reason: DeadLetterReason, now: Timestamp) {
+        let Some(payload) = self.payload.take() else {
+            return;
+        };
+        let mut dlq = self.node.caller.dlq.lock();
+        dlq.push(DeadLetter {
+            ids: self.meta.ids,
+            pool: self.meta.pool.clone(),
+            payload,
+            error: error.clone(),
+            attempts: self.machine.attempts_sent(),
+            reason,
+            failed_at: now,
+        });
+        telemetry::dlq_depth(dlq.len());
     }
 
     /// Checks that the ask may start (valid policy, payload within bounds,

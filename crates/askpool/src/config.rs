@@ -48,6 +48,12 @@ pub struct NodeConfig {
     pub pool_retry: HashMap<PoolName, RetryPolicy>,
     /// Seed of request ids and retry jitter. `None` draws one from the OS.
     /// With a seed and a paused tokio clock, runs are reproducible.
+    ///
+    /// For tests and simulations: a seed fixes the caller id and the ids'
+    /// nonces, so a node restarted with the same seed asks with the ids of
+    /// its previous run, and a pool that still caches those answers them
+    /// from its cache (unless the asks carry fingerprints). Two live nodes
+    /// on one transport cannot share a seed (`InvalidArgument`).
     pub seed: Option<u64>,
     /// Most dead letters kept; the oldest is dropped (and counted) when full.
     pub dlq_capacity: usize,

@@ -290,7 +290,10 @@ where
 
     /// Takes a dead letter out of the queue and asks it again, with its
     /// request id, ids and pool (a pool that finished it answers from its
-    /// cache). `FailedPrecondition` if there is no such letter.
+    /// cache). If the replay fails, however it fails (its pool is gone:
+    /// `NoRoute`), the letter goes back to the queue with the new error;
+    /// a replay cancelled by its caller does not. `FailedPrecondition` if
+    /// there is no such letter.
     pub fn replay_dead_letter(&self, id: RequestId) -> Result<AskHandle<M, R>, AskError> {
         let taken = {
             let mut dlq = self.shared.caller.dlq.lock();
@@ -303,6 +306,7 @@ where
         })?;
         let mut ask = self
             .ask(letter.pool, letter.payload)
+            .refile_on_failure(letter.reason)
             .request_id(letter.ids.request_id)
             .correlation_id(letter.ids.correlation_id);
         if let Some(causation) = letter.ids.causation_id {
