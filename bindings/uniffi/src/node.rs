@@ -138,11 +138,19 @@ fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
 }
 
+/// Parses an id given as text; an error shows at most the first 64 chars
+/// of it (an id of megabytes must not make an error of megabytes).
 pub(crate) fn parse_id<T: std::str::FromStr>(what: &str, text: &str) -> Result<T, NativeError> {
     text.parse().map_err(|_| {
-        NativeError::from(AskError::InvalidArgument {
-            message: format!("{what} {text:?} is not 32 hex digits"),
-        })
+        let message = match text.char_indices().nth(64) {
+            Some((cut, _)) => format!(
+                "{what} {:?}... ({} bytes) is not 32 hex digits",
+                &text[..cut],
+                text.len()
+            ),
+            None => format!("{what} {text:?} is not 32 hex digits"),
+        };
+        NativeError::from(AskError::InvalidArgument { message })
     })
 }
 

@@ -90,7 +90,14 @@ sealed class AskException(message: String, val code: String, val errorClass: Err
             // The mapping every binding shares: a message-only code is kept,
             // one describing an ask (timeout, route, ...) becomes HandlerFailed.
             is AskException -> askpool.ffi.handlerFault(e.toFault(), e.javaClass.name, e.message ?: "")
-            else -> Fault.HandlerFailed(e.javaClass.name, e.message ?: "")
+            else -> Fault.HandlerFailed(e.javaClass.name, messageOf(e))
+        }
+
+        /** [e]'s message, "" if none; a `message` getter that throws does not stop the failure. */
+        fun messageOf(e: Throwable): String = try {
+            e.message ?: ""
+        } catch (t: Throwable) {
+            "(its message threw ${t.javaClass.name})"
         }
 
         /** Runs a synchronous native call, mapping its errors and panics. */

@@ -5,7 +5,9 @@ import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
 import kotlinx.coroutines.channels.Channel
 import kotlinx.coroutines.flow.Flow
-import kotlinx.coroutines.flow.receiveAsFlow
+import kotlinx.coroutines.flow.emitAll
+import kotlinx.coroutines.flow.flow
+import java.util.concurrent.atomic.AtomicBoolean
 import kotlin.time.Duration
 import kotlin.time.Duration.Companion.microseconds
 
@@ -30,8 +32,19 @@ class AskHandle internal constructor(private val node: Node) : Completion {
     private val result = CompletableDeferred<Any?>()
     private val stageEvents = Channel<StageEvent>(Channel.UNLIMITED)
 
-    /** The ask's stages, ending after the terminal one; one collector. */
-    val stages: Flow<StageEvent> = stageEvents.receiveAsFlow()
+    private val stagesTaken = AtomicBoolean()
+
+    /**
+     * The ask's stages, ending after the terminal one. Collected once: a
+     * second collection throws [AskException.InvalidArgument] (two
+     * collectors would each get part of the events).
+     */
+    val stages: Flow<StageEvent> = flow {
+        if (!stagesTaken.compareAndSet(false, true)) {
+            throw AskException.InvalidArgument("the stages of an ask can be collected once")
+        }
+        emitAll(stageEvents)
+    }
 
     /** The reply. Cancelling the awaiting coroutine cancels the ask. */
     suspend fun await(): Any? = try {

@@ -52,7 +52,7 @@ fun <M, R> Node.askDurable(
     id: String? = null,
 ): DurableAsk<R> {
     val handle = durableHandle()
-    val askId = startDurable(handle) { native.askDurable(promises.native, pool, codec.encode(msg), id, it) }
+    val askId = startDurable(handle) { token -> promises.held(::storeClosed) { native.askDurable(it, pool, codec.encode(msg), id, token) } }
     handle.requestId = askId
     return DurableAsk(askId, handle, replyCodec)
 }
@@ -69,12 +69,15 @@ fun Node.askDurable(promises: Promises, pool: String, msg: ByteArray, id: String
 suspend fun <R> Node.awaitDurable(promises: Promises, id: String, replyCodec: DurableCodec<R>): R {
     val handle = durableHandle()
     handle.requestId = id
-    startDurable(handle) { native.awaitDurable(promises.native, id, it) }
+    startDurable(handle) { token -> promises.held(::storeClosed) { native.awaitDurable(it, id, token) } }
     return decode(handle.await(), replyCodec)
 }
 
 suspend fun Node.awaitDurable(promises: Promises, id: String): ByteArray =
     awaitDurable(promises, id, DurableCodec.BYTES)
+
+/** What a durable ask of a closed store throws. */
+private fun storeClosed() = AskException.FailedPrecondition("the promise store is closed")
 
 private fun Node.durableHandle(): AskHandle {
     checkOpen()

@@ -199,8 +199,29 @@ class Pool internal constructor(
         ) {
             Fault.AskCancelled(CancelCause.WORKER)
         } else {
-            Fault.HandlerFailed(e.javaClass.name, e.message ?: "")
+            Fault.HandlerFailed(e.javaClass.name, AskException.messageOf(e))
         }
+
+    /**
+     * Fails [request] with [fault]. Whatever describing the handler's
+     * throw does (a `message` getter that throws, an error on the way), the
+     * request is answered: unanswered, its caller would wait for its timeout
+     * and the pool's worker, its message with it, would be held for good.
+     */
+    private inline fun fail(request: Long, fault: () -> Fault) {
+        val f = try {
+            fault()
+        } catch (t: Throwable) {
+            Fault.Internal("the handler's exception could not be described: ${t.javaClass.name}")
+        }
+        try {
+            requestFail(request, f)
+        } catch (t: Throwable) {
+            // The fault itself was refused (say, a panic on its way): the
+            // request still gets an answer.
+            requestFail(request, Fault.Internal("the handler's failure could not be sent: ${t.javaClass.name}"))
+        }
+    }
 
     /**
      * Runs the handler on the pool's dispatcher. A thread already running on
@@ -227,9 +248,9 @@ class Pool internal constructor(
                     else -> Hot.reply(request, HandleTable.put(reply), coroutineContext[ContinuationInterceptor])
                 }
             } catch (e: CancellationException) {
-                requestFail(request, cancelFault(e, context, coroutineContext[Job]))
+                fail(request) { cancelFault(e, context, coroutineContext[Job]) }
             } catch (e: Throwable) {
-                requestFail(request, AskException.fromHandler(e))
+                fail(request) { AskException.fromHandler(e) }
             } finally {
                 running.finish(request)
             }

@@ -41,6 +41,8 @@ sealed class PromiseException(message: String, val code: String) : RuntimeExcept
     /** Another connection holds the file's lock; worth retrying. */
     class Locked(message: String) : PromiseException(message, "Locked")
     class InvalidArgument(message: String) : PromiseException(message, "InvalidArgument")
+    /** The store was [Promises.close]d. */
+    class Closed(message: String = "promise store closed") : PromiseException(message, "Closed")
     /** Any other storage failure. */
     class Storage(message: String, code: String) : PromiseException(message, code)
 
@@ -80,26 +82,45 @@ sealed class PromiseException(message: String, val code: String) : RuntimeExcept
  * ```
  */
 class Promises private constructor(internal val native: NativePromises) : AutoCloseable {
+    @Volatile internal var closed = false
+        private set
+
+    /**
+     * Runs [body] with the native store, held for the call: a store closed
+     * before (or while) it runs throws [closedError] instead. The generated
+     * code does not check a closed object passed as an argument (a durable
+     * ask's store): its freed handle would be used.
+     */
+    internal inline fun <T> held(closedError: () -> Throwable, body: (NativePromises) -> T): T {
+        if (closed) throw closedError()
+        return try {
+            native.callWithHandle { body(native) }
+        } catch (e: IllegalStateException) {
+            if (closed) throw closedError()
+            throw e
+        }
+    }
+
     /** Creates a promise pending for [timeout]; with [key] a repeat returns the same promise. */
     fun create(
         id: String,
         timeout: Duration,
         param: ByteArray = ByteArray(0),
         key: String? = null,
-    ): DurablePromise = call { native.create(id, param, timeout.millis(), key) }
+    ): DurablePromise = call { it.create(id, param, timeout.millis(), key) }
 
     /** @throws PromiseException.NotFound */
-    fun get(id: String): DurablePromise = call { native.get(id) }
+    fun get(id: String): DurablePromise = call { it.get(id) }
 
     /** Settles [id] as resolved; with the [key] of an earlier completion, a repeat replays it. */
     fun resolve(id: String, value: ByteArray = ByteArray(0), key: String? = null): DurablePromise =
-        call { native.resolve(id, value, key) }
+        call { it.resolve(id, value, key) }
 
     fun reject(id: String, value: ByteArray = ByteArray(0), key: String? = null): DurablePromise =
-        call { native.reject(id, value, key) }
+        call { it.reject(id, value, key) }
 
     fun cancel(id: String, value: ByteArray = ByteArray(0), key: String? = null): DurablePromise =
-        call { native.cancel(id, value, key) }
+        call { it.cancel(id, value, key) }
 
     /**
      * Deletes the promises settled more than [olderThan] ago (after timing
@@ -110,21 +131,34 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
      * @throws IllegalArgumentException [olderThan] is negative.
      */
     fun prune(olderThan: Duration): Long =
-        PromiseException.native { native.prune(olderThan.millis("a retention")) }.toLong()
+        store { PromiseException.native { it.prune(olderThan.millis("a retention")) } }.toLong()
 
     /**
      * Suspends until [id] settles (or times out). Completions by this store
      * wake it at once; another process's are seen by polling.
      */
-    suspend fun await(id: String): DurablePromise = try {
-        DurablePromise(native.wait(id))
-    } catch (e: PromiseFault.Store) {
-        throw PromiseException.of(e)
+    suspend fun await(id: String): DurablePromise {
+        if (closed) throw PromiseException.Closed()
+        return try {
+            DurablePromise(native.wait(id))
+        } catch (e: PromiseFault.Store) {
+            throw PromiseException.of(e)
+        } catch (e: IllegalStateException) {
+            if (closed) throw PromiseException.Closed()
+            throw e
+        }
     }
 
-    override fun close() = native.close()
+    /** Closes the store; every call after throws [PromiseException.Closed]. Idempotent. */
+    override fun close() {
+        closed = true
+        native.close()
+    }
 
-    private inline fun call(op: () -> PromiseRecord) = DurablePromise(PromiseException.native(op))
+    private inline fun <T> store(body: (NativePromises) -> T): T = held({ PromiseException.Closed() }, body)
+
+    private inline fun call(op: (NativePromises) -> PromiseRecord) =
+        DurablePromise(store { PromiseException.native { op(it) } })
 
     companion object {
         /**
