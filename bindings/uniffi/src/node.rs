@@ -231,11 +231,17 @@ impl NativeNode {
         }
     }
 
-    /// A small id for `pool`, for [`ask`](Self::ask).
+    /// A small id for `pool`, for [`ask`](Self::ask); -1 when the name gets
+    /// none (ask it by name with [`ask_with`](Self::ask_with)): names are
+    /// kept for the node's life, so a program asking ever new names (most
+    /// of them no pool's) would grow the table without bound.
     pub fn pool_id(&self, pool: String) -> i64 {
         let mut ids = self.pool_ids.lock();
         if let Some(&id) = ids.get(&pool) {
             return id;
+        }
+        if ids.len() >= MAX_POOL_IDS || PoolName::from(pool.as_str()).validate().is_err() {
+            return -1;
         }
         let mut names = Vec::clone(&self.pool_names.load());
         let id = names.len() as i64;
@@ -419,6 +425,9 @@ pub(crate) fn ask_in_runtime(
     drop(nodes);
     released_len() as u64
 }
+
+/// Most pool names a node gives ids to (see [`NativeNode::pool_id`]).
+pub(crate) const MAX_POOL_IDS: usize = 1_024;
 
 impl NativeNode {
     pub(crate) fn node(&self) -> &Node<Msg, Msg> {

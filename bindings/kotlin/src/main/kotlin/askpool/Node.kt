@@ -115,7 +115,10 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         // cross as bytes, sized against [NodeOptions.maxPayloadBytes].
         if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
         checkOpen()
-        val poolId = poolIds[pool] ?: call { native.poolId(pool) }.also { poolIds[pool] = it }
+        val poolId = poolIds[pool] ?: call { native.poolId(pool) }.also { if (it >= 0) poolIds[pool] = it }
+        // A name the native side gives no id (past its bound, or no pool
+        // name at all) is asked by name.
+        if (poolId < 0) return send(pool, msg, options).await()
         val timeoutMs = options.timeout?.let { millis(it) } ?: 0
         return suspendCancellableCoroutine { cont ->
             val token = completions.register(cont)

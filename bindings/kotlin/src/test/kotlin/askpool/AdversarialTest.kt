@@ -110,6 +110,24 @@ class AdversarialTest {
     }
 
     @Test
+    fun `asking ever new pool names keeps the name table bounded`() = runBlocking {
+        Node().use { node ->
+            // Each name the fast path met used to be kept for the node's life.
+            repeat(1_100) { i ->
+                val e = failure { node.ask("nowhere-$i", "x") }
+                assertTrue(e is AskException.NoRoute, "ask nowhere-$i: $e")
+            }
+            assertEquals(-1L, node.native.poolId("one-more"), "no id past the bound")
+            // A pool made after the bound is still asked (by name), with identity.
+            node.pool("late") { m, _ -> m }
+            val msg = Any()
+            assertTrue(node.ask("late", msg) === msg)
+            settled(node)
+        }
+        noHandles()
+    }
+
+    @Test
     fun `pool close then reuse of the name, close twice`() = runBlocking {
         Node().use { node ->
             val p = node.pool("p") { _, _ -> "one" }
