@@ -37,7 +37,13 @@ export declare class Core {
    * thread; the wrapper then calls `drain`.
    */
   constructor(wake: WakeFn, options?: NodeOptions | undefined | null)
-  /** A small number standing for a pool name, so asks pass no string. */
+  /**
+   * A small number standing for a pool name, so asks pass no string.
+   * Names are kept for the node's life, so past [`MAX_POOL_REFS`] names
+   * (or for a name no pool can have) the name gets [`SCRATCH_REF`]: it
+   * stands for this name until the next call, and the wrapper, which
+   * asks right after, does not keep it.
+   */
   poolRef(name: string): number
   /**
    * Polls the woken futures and writes what happened into `buf` (four

@@ -19,6 +19,8 @@ const CANCELLED = 7;
 const REQUEST_BYTES = 8;
 const ASK_OK_BYTES = 9;
 const DURABLE = 0x8000_0000;
+// Core.poolRef's reference for a name it keeps no reference for.
+const SCRATCH_REF = 0xffff_ffff;
 
 const EVENTS = 1024;
 
@@ -538,7 +540,10 @@ class Node {
     let r = this.#poolRefs.get(name);
     if (r === undefined) {
       r = this.#core.poolRef(name);
-      this.#poolRefs.set(name, r);
+      // The addon gives at most 1,024 names a reference of their own; any
+      // other name gets one that stands for it only until the next call
+      // (the ask right after this), so it is not kept.
+      if (r !== SCRATCH_REF) this.#poolRefs.set(name, r);
     }
     return r;
   }

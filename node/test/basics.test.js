@@ -394,3 +394,27 @@ test('a pool name is a string of 1 to 255 bytes', async () => {
   assert.ok(err.message.length < 600, `${err.message.length} chars`);
   await node.close();
 });
+
+test('asking ever new pool names keeps the name table bounded', async () => {
+  const native = require('../lib/native');
+  const core = new native.Core(() => {});
+  const refs = new Set();
+  for (let i = 0; i < 1100; i++) refs.add(core.poolRef(`nowhere-${i}`));
+  // 1,024 names get a reference of their own; the rest share the scratch one.
+  assert.equal(refs.size, 1025);
+  assert.ok(refs.has(0xffff_ffff));
+  assert.equal(core.poolRef(''), 0xffff_ffff, 'no reference for a name no pool can have');
+  assert.equal(core.poolRef('nowhere-7'), 7, 'a kept name keeps its reference');
+  core.close();
+  // Through the wrapper: past the bound, names are still asked by name.
+  const node = new Node();
+  for (let i = 0; i < 1100; i++) {
+    await assert.rejects(node.ask(`gone-${i}`, i), { code: 'NO_ROUTE' });
+  }
+  const msg = {};
+  node.pool('late').handle((m) => m);
+  assert.equal(await node.ask('late', msg), msg);
+  assert.equal(await node.askHandle('late', msg, {}).result, msg);
+  await assert.rejects(node.ask('gone-1099', 1), (e) => e.code === 'NO_ROUTE' && e.message.includes('gone-1099'));
+  await node.close();
+});

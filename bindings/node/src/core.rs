@@ -27,6 +27,12 @@ use crate::slots::Slots;
 use crate::tok::{FreeList, Tok};
 use crate::wake::{Shared, TaskWaker, WakeFn};
 
+/// Most pool names a node gives references to (see `Core::pool_ref`).
+const MAX_POOL_REFS: usize = 1_024;
+/// The reference of a name that got none of its own, valid until the next
+/// `pool_ref` call (the wrapper asks right after it).
+const SCRATCH_REF: u32 = u32::MAX;
+
 /// Event kinds written by `drain`, four words each: `[kind, a, b, c]`.
 pub mod event {
     /// `a` = object slot no longer referenced by Rust.
@@ -112,6 +118,8 @@ pub struct Core {
     pub(crate) pools: Slots<HostedPool>,
     pool_names: Vec<PoolName>,
     pool_refs: HashMap<String, u32>,
+    /// The name [`SCRATCH_REF`] stands for (see `pool_ref`).
+    scratch_name: Option<PoolName>,
     /// Objects referenced by the last drain's events, kept until the next.
     held: Vec<Tok>,
     errors: Vec<AskError>,
@@ -265,6 +273,7 @@ impl Core {
             pools: Slots::default(),
             pool_names: Vec::new(),
             pool_refs: HashMap::new(),
+            scratch_name: None,
             held: Vec::new(),
             errors: Vec::new(),
             stages: Vec::new(),
@@ -277,13 +286,22 @@ impl Core {
     }
 
     /// A small number standing for a pool name, so asks pass no string.
+    /// Names are kept for the node's life, so past [`MAX_POOL_REFS`] names
+    /// (or for a name no pool can have) the name gets [`SCRATCH_REF`]: it
+    /// stands for this name until the next call, and the wrapper, which
+    /// asks right after, does not keep it.
     #[napi(catch_unwind)]
     pub fn pool_ref(&mut self, name: String) -> u32 {
         if let Some(&r) = self.pool_refs.get(&name) {
             return r;
         }
+        let pool = PoolName::new(&name);
+        if self.pool_names.len() >= MAX_POOL_REFS || pool.validate().is_err() {
+            self.scratch_name = Some(pool);
+            return SCRATCH_REF;
+        }
         let r = self.pool_names.len() as u32;
-        self.pool_names.push(PoolName::new(&name));
+        self.pool_names.push(pool);
         self.pool_refs.insert(name, r);
         r
     }
@@ -427,9 +445,12 @@ impl Core {
     }
 
     pub(crate) fn pool_name(&self, pool_ref: u32) -> Result<PoolName> {
-        self.pool_names
-            .get(pool_ref as usize)
-            .cloned()
+        let name = if pool_ref == SCRATCH_REF {
+            self.scratch_name.as_ref()
+        } else {
+            self.pool_names.get(pool_ref as usize)
+        };
+        name.cloned()
             .ok_or_else(|| errors::invalid(format!("unknown pool reference {pool_ref}")))
     }
 
