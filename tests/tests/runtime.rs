@@ -621,6 +621,38 @@ async fn a_zero_timeout_is_invalid_and_files_no_dead_letter() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_running_handler_is_told_when_its_pool_closes() {
+    let node: TestNode = Node::new();
+    let started = Arc::new(Notify::new());
+    let told = Arc::clone(&started);
+    let pool = node
+        .pool("p")
+        .handler(move |_m: u64, ctx| {
+            let told = Arc::clone(&told);
+            async move {
+                told.notify_one();
+                assert!(!ctx.is_cancelled());
+                ctx.cancelled().await;
+                assert!(ctx.is_cancelled());
+                Ok("stopped".to_string())
+            }
+        })
+        .unwrap();
+    let ask = node.ask("p", 1).timeout(Duration::from_secs(60)).send();
+    let ask = tokio::spawn(ask);
+    started.notified().await;
+    pool.close();
+    // The handler hears of the close at once and answers; before, it ran
+    // on until the caller's timeout, told nothing.
+    let reply = tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .expect("answered at the close, not at the timeout")
+        .unwrap();
+    assert_eq!(reply.unwrap(), "stopped");
+    assert_eq!(node.stats().pending, 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn explicit_request_id_already_pending_is_refused() {
     let node: TestNode = Node::new();
     let _pool = node.pool("p").build().unwrap();

@@ -486,8 +486,11 @@ where
     }
 
     /// Closes the pool: it leaves the transport (new asks get `NoRoute`),
-    /// its queued requests are cancelled, its workers stop. Its dedup state
-    /// is gone with it, as after a worker-process restart.
+    /// its queued requests are cancelled, its workers stop. Handlers still
+    /// running are not interrupted but see their context cancelled
+    /// (`RequestContext::is_cancelled`); a reply they still give reaches
+    /// its caller. Its dedup state is gone with it, as after a
+    /// worker-process restart.
     pub fn close(&self) {
         self.node.remove_pool(&self.shared.name);
     }

@@ -124,6 +124,8 @@ pub(crate) struct PoolShared<M, R> {
     flush_scheduled: AtomicBool,
     /// A pass of `drop_cancelled` runs.
     compacting: AtomicBool,
+    /// Set when the pool closes: running handlers see it in their context.
+    closing: CancelSignal,
 }
 
 /// Which entry of a key a step may change.
@@ -176,6 +178,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             ack_buffer: Mutex::default(),
             flush_scheduled: AtomicBool::new(false),
             compacting: AtomicBool::new(false),
+            closing: CancelSignal::default(),
         })
     }
 
@@ -642,6 +645,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             self.cancel_item(item, CancelReason::Shutdown);
         }
         self.expiries.close();
+        // Handlers still running are not stopped, but told, as on a cancel:
+        // nothing else would (the processing-timeout sweep just ended).
+        self.closing.cancel();
+    }
+
+    pub(crate) fn closing(&self) -> &CancelSignal {
+        &self.closing
     }
 
     pub(crate) fn stats(&self) -> PoolStats {

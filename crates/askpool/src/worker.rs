@@ -15,6 +15,7 @@ use askpool_proto::{
 use futures::FutureExt;
 use tracing::Instrument;
 
+use crate::cancel::CancelSignal;
 use crate::pool::{Admitted, PoolShared, Work, WorkItem, WorkerQueue};
 use crate::queue::{QueueSignal, WorkerWake};
 
@@ -29,17 +30,22 @@ pub(crate) struct WorkerInbox<M> {
 #[derive(Clone)]
 pub struct RequestContext {
     request: Arc<Admitted>,
-    progress: Arc<dyn ProgressSink>,
+    pool: Arc<dyn PoolLink>,
 }
 
-/// Where progress reports of a request go (its pool).
-pub(crate) trait ProgressSink: Send + Sync {
+/// What a running request reaches of its pool: where its progress reports
+/// go, and the signal of the pool's close.
+pub(crate) trait PoolLink: Send + Sync {
     fn progress(&self, ids: AskIds, progress: Progress);
+    fn closing(&self) -> &CancelSignal;
 }
 
-impl<M: Send + 'static, R: Clone + Send + 'static> ProgressSink for PoolShared<M, R> {
+impl<M: Send + 'static, R: Clone + Send + 'static> PoolLink for PoolShared<M, R> {
     fn progress(&self, ids: AskIds, progress: Progress) {
         PoolShared::progress(self, ids, progress);
+    }
+    fn closing(&self) -> &CancelSignal {
+        PoolShared::closing(self)
     }
 }
 
@@ -61,13 +67,18 @@ impl RequestContext {
         self.request.meta.attempt
     }
     /// Whether the request was cancelled (by its caller, a timeout, or the
-    /// pool). Cancel does not interrupt a handler; it may check and stop early.
+    /// pool), or its pool closed (the node shut down) while it runs. Cancel
+    /// does not interrupt a handler; it may check and stop early (a reply
+    /// it still gives goes to its caller).
     pub fn is_cancelled(&self) -> bool {
-        self.request.cancel.is_cancelled()
+        self.request.cancel.is_cancelled() || self.pool.closing().is_cancelled()
     }
-    /// Completes when the request is cancelled.
+    /// Completes when [`is_cancelled`](Self::is_cancelled) becomes true.
     pub async fn cancelled(&self) {
-        self.request.cancel.cancelled().await
+        tokio::select! {
+            () = self.request.cancel.cancelled() => {}
+            () = self.pool.closing().cancelled() => {}
+        }
     }
     /// Reports partial progress to the caller (an `AskProgress` frame).
     pub fn progress(&self, fraction: f32, note: impl Into<String>) {
@@ -78,7 +89,7 @@ impl RequestContext {
     /// `ctx.report(Progress::new(0.45, "2300/5000").with("shard", "7"))`.
     pub fn report(&self, mut progress: Progress) {
         progress.fraction = progress.fraction.clamp(0.0, 1.0);
-        self.progress.progress(self.request.meta.ids, progress);
+        self.pool.progress(self.request.meta.ids, progress);
     }
 }
 
@@ -158,7 +169,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
             message: item.payload,
             context: RequestContext {
                 request: Arc::clone(&item.request),
-                progress: Arc::clone(pool) as Arc<dyn ProgressSink>,
+                pool: Arc::clone(pool) as Arc<dyn PoolLink>,
             },
             responder: Responder {
                 pool: Arc::clone(pool),
