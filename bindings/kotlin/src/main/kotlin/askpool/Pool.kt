@@ -177,8 +177,9 @@ class Pool internal constructor(
 
     override fun cancelled(request: Long) {
         JvmThreads.stayAttached()
-        // Null if the request has not started: its start finds the cancel.
-        running.cancel(request)?.let {
+        // Null if the request has not started (its start finds the cancel),
+        // or has been answered already (the runtime no longer knows it).
+        running.cancel(request) { requestInfo(it) != null }?.let {
             it.markCancelled()
             it.cancelJob()
         }

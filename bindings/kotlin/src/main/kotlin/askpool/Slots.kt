@@ -189,15 +189,24 @@ internal class RequestTable {
         }
     }
 
-    /** The running request to cancel, or null (then its start will find the cancel). */
-    fun cancel(request: Long): RequestContext? {
+    /**
+     * The running request to cancel, or null. A cancel for a request not in
+     * the table is kept for its start only while [unanswered] says the
+     * runtime still waits for that request's answer: a cancel that crossed
+     * the handler's reply (and its [finish]) would otherwise stay here for
+     * good, one entry per such race.
+     */
+    fun cancel(request: Long, unanswered: (Long) -> Boolean): RequestContext? {
         val s = stripe(request)
         synchronized(s) {
             val context = s.get(request)
-            if (context == null) s.put(request, CANCELLED_EARLY)
+            if (context == null && unanswered(request)) s.put(request, CANCELLED_EARLY)
             return context as? RequestContext
         }
     }
+
+    /** Entries held: running requests and cancels waiting for their start. */
+    fun entries(): Int = stripes.sumOf { synchronized(it) { it.entries } }
 
     fun finish(request: Long) {
         val s = stripe(request)

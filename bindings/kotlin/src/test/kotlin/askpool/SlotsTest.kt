@@ -58,7 +58,7 @@ class SlotsTest {
                     model[key] = context
                 }
                 1 -> {
-                    val found = table.cancel(key)
+                    val found = table.cancel(key) { true }
                     assertSame(model[key], found)
                     if (found == null) early.add(key)
                 }
@@ -69,7 +69,25 @@ class SlotsTest {
             }
             assertEquals(model.size, table.size())
         }
-        for (key in model.keys) assertSame(model[key], table.cancel(key))
+        for (key in model.keys) assertSame(model[key], table.cancel(key) { true })
         assertFalse(model.isEmpty())
+    }
+
+    @Test
+    fun `a cancel that crosses the reply leaves nothing behind`() {
+        val table = RequestTable()
+        val context = RequestContext(9)
+        assertFalse(table.start(9, context))
+        table.finish(9)
+        // The runtime's cancel arrives after the handler answered and
+        // finished: the runtime no longer knows the request.
+        assertNull(table.cancel(9) { false })
+        assertEquals(0, table.entries())
+        // A cancel before its start is kept for the start, then gone with it.
+        assertNull(table.cancel(10) { true })
+        assertEquals(1, table.entries())
+        assertTrue(table.start(10, RequestContext(10)))
+        table.finish(10)
+        assertEquals(0, table.entries())
     }
 }
