@@ -90,8 +90,18 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         return pool
     }
 
-    /** Closes the pool [name] (see [Pool.close]). */
-    internal fun closePool(name: String) = call { native.closePool(name) }
+    /**
+     * Closes [pool] (see [Pool.close]) and lets go of it: kept until the
+     * node closed, every pool closed and made again stayed reachable.
+     * Nothing if it was closed already (its name may be another pool's now).
+     */
+    internal fun closePool(pool: Pool) {
+        checkOpen()
+        if (pools[pool.name] !== pool) return
+        call { native.closePool(pool.name) }
+        pools.remove(pool.name, pool)
+        Pool.forget(pool)
+    }
 
     /** Cancels the ask under [token]; nothing to do once the node is closed. Never throws. */
     internal fun cancelAsk(token: Long) {

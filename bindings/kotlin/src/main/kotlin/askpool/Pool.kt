@@ -135,7 +135,7 @@ class Pool internal constructor(
      * Stops the pool: new asks get `NoRoute`, queued ones are cancelled.
      * @throws AskException.Unavailable if the node is closed.
      */
-    fun close() = node.closePool(name)
+    fun close() = node.closePool(this)
 
     internal val id = ids.getAndIncrement()
 
@@ -151,6 +151,9 @@ class Pool internal constructor(
             byId.remove(pool.id)
         }
 
+        /** Pools registered (made and not yet closed), in every node. */
+        fun registered(): Int = byId.size
+
         /**
          * A request with a host object (or why it could not be looked up).
          * [here] is the dispatcher of the thread taking it on, if that thread
@@ -159,7 +162,8 @@ class Pool internal constructor(
         fun dispatch(poolId: Long, request: Long, msg: Any?, missing: AskException?, here: ContinuationInterceptor?) {
             val pool = byId[poolId]
             if (pool == null) {
-                requestFail(request, AskException.Internal("pool $poolId is gone").toFault())
+                // Its pool closed before the handler could start it.
+                requestFail(request, Fault.AskCancelled(CancelCause.SHUTDOWN))
                 return
             }
             if (missing != null) {

@@ -128,6 +128,22 @@ class AdversarialTest {
     }
 
     @Test
+    fun `a pool closed and made again is let go`() = runBlocking {
+        Node().use { node ->
+            val before = Pool.registered()
+            repeat(300) { i ->
+                val p = node.pool("again") { m, _ -> m }
+                assertEquals(i, node.ask("again", i))
+                p.close()
+                p.close() // a second close of the same pool is nothing
+            }
+            assertEquals(before, Pool.registered(), "closed pools are not kept")
+            settled(node)
+        }
+        noHandles()
+    }
+
+    @Test
     fun `pool close then reuse of the name, close twice`() = runBlocking {
         Node().use { node ->
             val p = node.pool("p") { _, _ -> "one" }
