@@ -532,11 +532,18 @@ class Node {
     }
   }
 
-  #ref(pool) {
+  #poolName(pool) {
     const name = typeof pool === 'string' ? pool : pool?.name;
     if (typeof name !== 'string') {
       throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
     }
+    return name;
+  }
+
+  // Taken right before the addon call that uses it: a scratch reference
+  // stands for its name only until the next poolRef call, which an option
+  // getter or a Proxy message's trap could make (asking another name).
+  #ref(name) {
     let r = this.#poolRefs.get(name);
     if (r === undefined) {
       r = this.#core.poolRef(name);
@@ -558,14 +565,18 @@ class Node {
         throw new InvalidArgumentError('invalid argument: signal must be an AbortSignal');
       }
       if (signal?.aborted) throw aborted(signal);
-      const ref = this.#ref(pool);
+      const name = this.#poolName(pool);
       const slot = this.#table.put(msg);
       if (kind === 2) {
-        task = call(() => this.#core.tell(ref, slot, nativeAskOptions(options ?? NO_OPTIONS, msg)));
+        const o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        const ref = this.#ref(name);
+        task = call(() => this.#core.tell(ref, slot, o));
       } else if (options === undefined && !isBytes(msg)) {
+        const ref = this.#ref(name);
         task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
       } else {
         const o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        const ref = this.#ref(name);
         task = call(() => this.#core.askWith(ref, slot, o));
       }
     } catch (e) {

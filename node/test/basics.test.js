@@ -418,3 +418,37 @@ test('asking ever new pool names keeps the name table bounded', async () => {
   await assert.rejects(node.ask('gone-1099', 1), (e) => e.code === 'NO_ROUTE' && e.message.includes('gone-1099'));
   await node.close();
 });
+
+test('an option getter that asks another name does not redirect a scratch-referenced ask', async () => {
+  // Past 1,024 names an ask's pool reference stands for its name only
+  // until the next poolRef call. The options (and a Proxy message's traps)
+  // are read after it: a getter that asked another name re-pointed it, and
+  // the outer ask went to the other pool.
+  const node = new Node();
+  for (let i = 0; i < 1030; i++) {
+    await assert.rejects(node.ask(`gone-${i}`, i), { code: 'NO_ROUTE' });
+  }
+  node.pool('late-a').handle(() => 'a');
+  node.pool('late-b').handle(() => 'b');
+  const inner = [];
+  const options = {
+    get timeoutMs() {
+      inner.push(node.ask('late-b', 0));
+      return 5000;
+    },
+  };
+  assert.equal(await node.ask('late-a', 1, options), 'a');
+  assert.equal(await node.askHandle('late-a', 1, options).result, 'a');
+  const msg = new Proxy(
+    {},
+    {
+      getPrototypeOf() {
+        inner.push(node.ask('late-b', 0));
+        return Object.prototype;
+      },
+    },
+  );
+  assert.equal(await node.ask('late-a', msg), 'a');
+  assert.deepEqual(await Promise.all(inner), ['b', 'b', 'b']);
+  await node.close();
+});

@@ -65,7 +65,10 @@ async fn run(host: &dyn HostHandler, host_id: i64, request: Request<Msg, Msg>) {
     tokio::select! {
         biased;
         _ = &mut done_rx => {}
-        () = context.cancelled() => {
+        // The request's own cancel only: the host interrupts its handler
+        // (Kotlin cancels the coroutine), and a pool's close must not, as
+        // the reply of a handler still running then reaches its caller.
+        () = context.request_cancelled() => {
             host.cancelled(token);
             let _ = done_rx.await;
         }

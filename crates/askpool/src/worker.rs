@@ -80,6 +80,14 @@ impl RequestContext {
             () = self.pool.closing().cancelled() => {}
         }
     }
+    /// Completes when the request itself is cancelled (by its caller, a
+    /// timeout, or the pool), not at its pool's close. For a binding that
+    /// interrupts its handler on a cancel (Kotlin cancels its coroutine): a
+    /// close does not interrupt a handler, whose reply still reaches its
+    /// caller.
+    pub async fn request_cancelled(&self) {
+        self.request.cancel.cancelled().await
+    }
     /// Reports partial progress to the caller (an `AskProgress` frame).
     pub fn progress(&self, fraction: f32, note: impl Into<String>) {
         self.report(Progress::new(fraction, note));

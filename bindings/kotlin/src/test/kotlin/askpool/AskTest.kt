@@ -154,6 +154,26 @@ class AskTest {
     }
 
     @Test
+    fun `a handler running when its pool closes still gives its reply`() = runBlocking {
+        // A pool's close does not interrupt a running handler: the reply it
+        // gives reaches its caller (Rust's Pool::close, as in Python and
+        // Node). The close reached the host as the request's cancel, whose
+        // coroutine was cancelled: the caller got AskCancelled instead.
+        Node().use { node ->
+            val started = CompletableDeferred<Unit>()
+            val release = CompletableDeferred<Unit>()
+            val pool = node.pool("closing") { _, _ -> started.complete(Unit); release.await(); "done" }
+            val caller = async { runCatching { node.ask("closing", "x", AskOptions(timeout = 30.seconds)) } }
+            withTimeout(5_000) { started.await() }
+            pool.close()
+            Thread.sleep(100)
+            release.complete(Unit)
+            val reply = withTimeout(5_000) { caller.await() }
+            assertEquals("done", reply.getOrNull(), reply.toString())
+        }
+    }
+
+    @Test
     fun `a worker-side cancel reaches the caller`() = runBlocking {
         Node().use { node ->
             node.pool("quit") { _, _ -> throw CancellationException("worker gave up") }
