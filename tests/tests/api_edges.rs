@@ -204,3 +204,39 @@ async fn a_closed_pool_has_nothing_queued() {
     let stats = pool.stats();
     assert_eq!((stats.queued, stats.in_flight), (0, 0), "{stats:?}");
 }
+
+/// An ask waiting for nothing but its deadline waits in the node's deadline
+/// queue, swept by a task on the runtime that first needed it. With that
+/// runtime dropped and the ask polled where no runtime is current, no
+/// sweeper could start again: it waited for good; now it fails typed.
+#[test]
+fn an_ask_in_the_deadline_queue_polled_outside_any_runtime_fails_typed() {
+    let node: TestNode = Node::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (pool, ask) = rt.block_on(async {
+        // A pull pool nobody pulls: the ask is acked, then waits.
+        let pool = node.pool("p").build().unwrap();
+        let mut ask = node.ask("p", 1).timeout(Duration::from_secs(60)).send();
+        assert!(futures::poll!(&mut ask).is_pending());
+        assert_eq!(node.stats().queued_deadlines, 1, "in the deadline queue");
+        (pool, ask)
+    });
+    drop(rt);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(futures::executor::block_on(ask));
+    });
+    let outcome = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the ask ended instead of waiting for good");
+    assert_eq!(
+        outcome.as_ref().map_err(AskError::code),
+        Err(ErrorCode::FailedPrecondition),
+        "{outcome:?}"
+    );
+    assert_eq!(node.stats().pending, 0);
+    drop(pool);
+}

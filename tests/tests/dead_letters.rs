@@ -193,6 +193,24 @@ async fn a_failed_replay_puts_its_letter_back() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_replay_cut_short_by_the_shutdown_keeps_its_letter() {
+    let (node, pool, stuck, id) = a_dead_letter_of_a_full_pool().await;
+    pool.close();
+    drop(stuck);
+    // A pool that admits the replay and never answers it.
+    let _p = node.pool("p").build().unwrap();
+    let replay = node.replay_dead_letter(id).unwrap();
+    let replay = tokio::spawn(replay);
+    tokio::task::yield_now().await;
+    node.shutdown();
+    assert_eq!(
+        replay.await.unwrap().unwrap_err().code(),
+        ErrorCode::Unavailable
+    );
+    assert_eq!(node.dead_letter(id).expect("kept").payload, 7);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_late_outcome_is_reconciled_once_and_clears_the_dead_letter() {
     let tap = Tap::in_process();
     tap.set_rule(|f| match f.kind {

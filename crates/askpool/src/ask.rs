@@ -137,6 +137,13 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
     }
 }
 
+/// Why an ask polled where no tokio runtime is current cannot wait.
+fn outside_runtime() -> AskError {
+    AskError::FailedPrecondition {
+        message: "an ask that waits for a timer must be polled inside a tokio runtime".into(),
+    }
+}
+
 impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> IntoFuture for AskBuilder<'a, M, R> {
     type Output = Result<R, AskError>;
     type IntoFuture = AskHandle<M, R>;
@@ -270,6 +277,11 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         self.slot
             .record_terminal(AckStage::terminal_for_error(error), now);
         if self.node.is_closed() {
+            // Asks failed by the shutdown are no dead letters, but a
+            // replay's letter was in the queue before: it stays there.
+            if let Some(reason) = self.refile {
+                self.file_dead_letter(error, reason, now);
+            }
             return;
         }
         // The dead letter first: a late outcome reconciled below (or on
@@ -504,8 +516,11 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 if self.deadline_fired {
                     return Poll::Ready(Ok(()));
                 }
-                // Its sweeper may have gone with a runtime since.
-                caller.deadlines.keep_alive(&caller.weak_self);
+                // Its sweeper may have gone with a runtime since; polled
+                // where no runtime can start another, nothing would wake it.
+                if !caller.deadlines.keep_alive(&caller.weak_self) {
+                    return Poll::Ready(Err(outside_runtime()));
+                }
                 return Poll::Pending;
             }
             let slot = Arc::clone(&self.slot);
@@ -525,10 +540,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// fails with `FailedPrecondition` instead of panicking.
     fn poll_timer(&mut self, at: Timestamp, cx: &mut Context<'_>) -> Poll<Result<(), AskError>> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Poll::Ready(Err(AskError::FailedPrecondition {
-                message: "an ask that waits for a timer must be polled inside a tokio runtime"
-                    .into(),
-            }));
+            return Poll::Ready(Err(outside_runtime()));
         };
         let runtime = runtime.id();
         let deadline = self.node.clock.instant(at);

@@ -130,27 +130,29 @@ impl<T: Send + 'static> DeadlineQueue<T> {
         let wake = key.0.as_nanos() < self.wakes_at.load(Ordering::Acquire);
         drop(index);
         if wake {
-            self.keep_alive(owner);
+            let _ = self.keep_alive(owner);
             self.changed.notify_one();
         }
         key
     }
 
-    /// Starts the sweeper if none runs and a tokio runtime is current.
-    pub(crate) fn keep_alive<O>(&self, owner: &Weak<O>)
+    /// Starts the sweeper if none runs and a tokio runtime is current;
+    /// false if none runs and none could be started (no runtime here): an
+    /// entry waiting in the queue would then wait for good.
+    pub(crate) fn keep_alive<O>(&self, owner: &Weak<O>) -> bool
     where
         O: DeadlineOwner<Item = T>,
     {
         if self.running.load(Ordering::Acquire) || self.closed.load(Ordering::Acquire) {
-            return;
+            return true;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+            return false;
         };
-        if self.running.swap(true, Ordering::AcqRel) {
-            return;
+        if !self.running.swap(true, Ordering::AcqRel) {
+            runtime.spawn(sweep(Running(owner.clone())));
         }
-        runtime.spawn(sweep(Running(owner.clone())));
+        true
     }
 }
 
