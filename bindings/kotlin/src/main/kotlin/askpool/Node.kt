@@ -101,6 +101,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         call { native.closePool(pool.name) }
         pools.remove(pool.name, pool)
         Pool.forget(pool)
+        pool.tellClosed()
     }
 
     /** Cancels the ask under [token]; nothing to do once the node is closed. Never throws. */

@@ -64,7 +64,7 @@ class RequestContext internal constructor(private val request: Long) {
     val causationId: String get() = info()?.causationId ?: ""
     val attempt: Int get() = info()?.attempt?.toInt() ?: 0
 
-    /** Whether the request was cancelled (by its caller, a timeout, shutdown). */
+    /** Whether the request was cancelled (by its caller, a timeout, shutdown), or its pool closed. */
     val isCancelled: Boolean get() = cancelledFlag
 
     /** Suspends until the request is cancelled. */
@@ -113,6 +113,15 @@ class Pool internal constructor(
     }
 
     @Volatile private var closed = false
+
+    /**
+     * Tells the running handlers that their pool closed ([RequestContext.isCancelled],
+     * [RequestContext.cancelled]) without cancelling their coroutines: a
+     * reply they still give reaches its caller.
+     */
+    internal fun tellClosed() {
+        running.forEach { it.markCancelled() }
+    }
 
     /** Cancels every running handler and any that starts from now on. */
     internal fun cancelAll() {

@@ -162,14 +162,18 @@ class AskTest {
         Node().use { node ->
             val started = CompletableDeferred<Unit>()
             val release = CompletableDeferred<Unit>()
-            val pool = node.pool("closing") { _, _ -> started.complete(Unit); release.await(); "done" }
+            val pool = node.pool("closing") { _, ctx ->
+                started.complete(Unit)
+                release.await()
+                if (ctx.isCancelled) "done, told of the close" else "done"
+            }
             val caller = async { runCatching { node.ask("closing", "x", AskOptions(timeout = 30.seconds)) } }
             withTimeout(5_000) { started.await() }
             pool.close()
             Thread.sleep(100)
             release.complete(Unit)
             val reply = withTimeout(5_000) { caller.await() }
-            assertEquals("done", reply.getOrNull(), reply.toString())
+            assertEquals("done, told of the close", reply.getOrNull(), reply.toString())
         }
     }
 
