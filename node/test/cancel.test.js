@@ -158,3 +158,19 @@ test('node.close() aborts the signal a running handler watches', async () => {
   assert.ok(reason instanceof AskCancelledError);
   assert.equal(await caller, 'UNAVAILABLE');
 });
+
+test('pool.close() under a running handler: ctx.signal aborts, and its reply still reaches the caller', async () => {
+  const node = new Node();
+  let started;
+  const running = new Promise((r) => (started = r));
+  const pool = node.pool('closing-pool');
+  pool.handle((m, ctx) => {
+    started();
+    return new Promise((resolve) => ctx.signal.addEventListener('abort', () => resolve('told of the close')));
+  });
+  const asked = node.ask('closing-pool', 1, { timeoutMs: 30000 });
+  await running;
+  pool.close();
+  assert.equal(await asked, 'told of the close');
+  await node.close();
+});

@@ -185,3 +185,20 @@ async def test_a_caller_on_another_loop_and_thread() -> None:
 
         got = await asyncio.get_running_loop().run_in_executor(None, other_loop)
         assert got == [i + 1 for i in range(50)]
+
+
+async def test_a_handler_running_when_its_pool_closes_is_told_and_still_answers() -> None:
+    async with Node() as node:
+        pool = node.pool("closing")
+        started = asyncio.Event()
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            started.set()
+            await ctx.wait_cancelled()
+            return "told of the close" if ctx.cancelled else "not told"
+
+        ask = asyncio.ensure_future(node.ask("closing", 1, timeout=30))
+        await asyncio.wait_for(started.wait(), 5)
+        pool.close()
+        assert await asyncio.wait_for(ask, 5) == "told of the close"
