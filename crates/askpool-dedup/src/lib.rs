@@ -76,8 +76,12 @@
 //! deferred function (later than retired is as safe: a thread that could
 //! still reach a shell was pinned when it was retired, so the collector
 //! waits for it); a deferred function per shell cost more than the rest of
-//! its reclamation. A shell the collector frees goes to a small per-thread
-//! cache of node blocks (at most 512 per thread) that the next insert on
+//! its reclamation. Until its thread's batch fills, a retired shell waits
+//! in it: a thread that stops retiring keeps up to 255 shells (per node
+//! layout, whichever tables they came from, dropped ones included) until it
+//! exits, when they go to the collector. A shell the collector frees goes
+//! to a small per-thread cache of node blocks (at most 512 per thread and
+//! node layout, also kept until the thread exits) that the next insert on
 //! that thread reuses, instead of the system allocator. A full cache hands
 //! 256 blocks at a time to a list shared by the threads (at most 1,024
 //! blocks, the rest back to the allocator), which an empty cache draws
@@ -91,10 +95,12 @@
 //! collector, which frees up to 8 bags every 128 pins (and a thread's
 //! batch of 256 shells goes to it as a bag of its own), keeps up: each
 //! evicting insert retires one node. The garbage is counted in the
-//! memory bound and measured: `tests/alloc_bound.rs` streams 10 million
-//! unique terminal entries through a table of 100,000 under a counting
-//! global allocator; live bytes stay under the stated ceiling of 12 MiB the
-//! whole time (measured peak 9.33 MB: 93.3 bytes per cached entry, flat
+//! memory bound, and so is what each thread keeps besides the table: up to
+//! 255 retired shells and 512 free blocks per node layout (about 54 KiB of
+//! 72-byte nodes), plus 1,024 blocks per layout shared by all threads.
+//! Measured: `tests/alloc_bound.rs` streams 10 million unique terminal
+//! entries through a table of 100,000 under a counting global allocator;
+//! live bytes stay under the stated ceiling of 12 MiB the whole time (measured peak 9.33 MB: 93.3 bytes per cached entry, flat
 //! from the first 100,000 entries on; 2 MiB of it the buckets).
 //!
 //! # Memory per entry

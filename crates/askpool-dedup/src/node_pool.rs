@@ -451,4 +451,107 @@ mod tests {
         .join()
         .unwrap();
     }
+
+    /// Retires `n` fresh blocks of `layout` under one pin; returns them.
+    fn retire_fresh(layout: Layout, n: usize) -> Vec<NonNull<u8>> {
+        let blocks: Vec<_> = (0..n).map(|_| alloc(layout)).collect();
+        let guard = crossbeam_epoch::pin();
+        for &b in &blocks {
+            // SAFETY: allocated here with `layout`, never reachable by
+            // anyone else, retired once.
+            unsafe { retire(b, layout, &guard) };
+        }
+        blocks
+    }
+
+    #[test]
+    fn a_batch_deferred_after_its_retirer_repinned_waits_for_a_reader_pinned_before() {
+        // The reader pins, then the block it reads is retired; the
+        // retiring thread unpins and pins again (many times) before the
+        // batch fills and goes to the collector. The collector must still
+        // wait for the reader: under Miri a read of a freed block fails.
+        let layout = Layout::from_size_align(40, 16).unwrap();
+        let block = alloc(layout);
+        // SAFETY: fresh, 40 bytes.
+        unsafe { block.as_ptr().write_bytes(0x5a, layout.size()) };
+        let (for_reader, for_retirer) = (Batch(vec![block]), Batch(vec![block]));
+        let (pinned_tx, pinned_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let reader = std::thread::spawn(move || {
+            let for_reader = for_reader; // the whole `Send` batch
+            let guard = crossbeam_epoch::pin();
+            pinned_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            // SAFETY: retired while this thread was pinned, so still
+            // allocated and untouched.
+            let byte = unsafe { for_reader.0[0].as_ptr().add(39).read_volatile() };
+            assert_eq!(byte, 0x5a, "freed under a pinned reader");
+            drop(guard);
+        });
+        pinned_rx.recv().unwrap();
+        std::thread::spawn(move || {
+            let for_retirer = for_retirer;
+            let block = for_retirer.0[0];
+            {
+                let guard = crossbeam_epoch::pin();
+                // SAFETY: the reader reached it before; nobody pinning from
+                // now on can.
+                unsafe { retire(block, layout, &guard) };
+            }
+            for _ in 0..RETIRE_BATCH {
+                crossbeam_epoch::pin().flush();
+            }
+            let rest = retire_fresh(layout, RETIRE_BATCH - 1);
+            for _ in 0..RETIRE_BATCH {
+                crossbeam_epoch::pin().flush();
+                assert!(take(layout).is_none(), "reclaimed under a pinned reader");
+            }
+            done_tx.send(()).unwrap();
+            reader.join().unwrap();
+            // Now the batch may be freed; whatever comes back here is one
+            // of its blocks.
+            for _ in 0..100 {
+                crossbeam_epoch::pin().flush();
+                while let Some(b) = take(layout) {
+                    assert!(b == block || rest.contains(&b));
+                    // SAFETY: the pool no longer holds it.
+                    unsafe { std::alloc::dealloc(b.as_ptr(), layout) };
+                }
+            }
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn partial_batches_of_two_layouts_go_to_the_collector_at_thread_exit() {
+        // Either order of the thread-local destructors: the cache made
+        // after crossbeam's handle (dropped first, pins with the handle)
+        // or before it (dropped last, pins with a fresh handle), and the
+        // blocks a late collection hands to a cache being destroyed.
+        let a = Layout::from_size_align(24, 8).unwrap();
+        let b = Layout::from_size_align(24, 16).unwrap();
+        let threads = if cfg!(miri) { 4 } else { 64 };
+        for i in 0..threads {
+            std::thread::spawn(move || {
+                if i % 2 == 0 {
+                    // The cache first, then crossbeam's handle.
+                    CACHE.with(|_| ());
+                }
+                let n = if i % 3 == 0 { RETIRE_BATCH + 5 } else { 7 };
+                retire_fresh(a, n);
+                retire_fresh(b, 3);
+                // SAFETY: allocated here with `a`, given once.
+                unsafe { give(alloc(a), a) };
+            })
+            .join()
+            .unwrap();
+        }
+        // Whatever of those blocks a collection hands to this thread is
+        // free to reuse (and freed when this thread exits).
+        for _ in 0..300 {
+            crossbeam_epoch::pin().flush();
+        }
+        let _ = (take(a), take(b));
+    }
 }
