@@ -110,12 +110,19 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      */
     internal fun closePool(pool: Pool) {
         checkOpen()
-        if (pools[pool.name] !== pool) return
-        call { native.closePool(pool.name) }
-        pools.remove(pool.name, pool)
+        // One close at a time: two closes of the same pool both passing the
+        // check below, the second's native close would close a pool of the
+        // same name made between them.
+        synchronized(closingPool) {
+            if (pools[pool.name] !== pool) return
+            call { native.closePool(pool.name) }
+            pools.remove(pool.name, pool)
+        }
         Pool.forget(pool)
         pool.tellClosed()
     }
+
+    private val closingPool = Any()
 
     /** Cancels the ask under [token]; nothing to do once the node is closed. Never throws. */
     internal fun cancelAsk(token: Long) {

@@ -52,4 +52,28 @@ class PoolCloseRaceTest {
         withTimeout(5_000) { cancelled.await() }
         eventually("the handler ended: ${pool.running()}") { pool.running() == 0 }
     }
+
+    @Test
+    fun `two closes of one pool never close the next pool of its name`() = runBlocking {
+        Node().use { node ->
+            repeat(400) { i ->
+                val old = node.pool("twice") { m, _ -> m }
+                val go = java.util.concurrent.CountDownLatch(1)
+                val closers = List(2) { Thread { go.await(); old.close() }.apply { start() } }
+                go.countDown()
+                // Made as soon as the name is free: between the two closes.
+                var fresh: Pool? = null
+                while (fresh == null) {
+                    fresh = try {
+                        node.pool("twice") { m, _ -> m }
+                    } catch (e: AskException) {
+                        null
+                    }
+                }
+                closers.forEach { it.join() }
+                assertEquals(i, node.ask("twice", i), "round $i: the new pool was closed")
+                fresh.close()
+            }
+        }
+    }
 }
