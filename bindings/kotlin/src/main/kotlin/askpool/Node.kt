@@ -44,6 +44,19 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     private val poolIds = ConcurrentHashMap<String, Long>()
     private val pools = ConcurrentHashMap<String, Pool>()
 
+    /** Closed pools whose handlers still run: this node's close cancels them too. */
+    private val lingering = ConcurrentHashMap.newKeySet<Pool>()
+
+    internal fun linger(pool: Pool) {
+        lingering.add(pool)
+        // Added after this node's close went over them.
+        if (closed) pool.cancelAll()
+    }
+
+    internal fun unlinger(pool: Pool) {
+        lingering.remove(pool)
+    }
+
     @Volatile internal var closed = false
         private set
 
@@ -97,12 +110,19 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      */
     internal fun closePool(pool: Pool) {
         checkOpen()
-        if (pools[pool.name] !== pool) return
-        call { native.closePool(pool.name) }
-        pools.remove(pool.name, pool)
+        // One close at a time: two closes of the same pool both passing the
+        // check below, the second's native close would close a pool of the
+        // same name made between them.
+        synchronized(closingPool) {
+            if (pools[pool.name] !== pool) return
+            call { native.closePool(pool.name) }
+            pools.remove(pool.name, pool)
+        }
         Pool.forget(pool)
         pool.tellClosed()
     }
+
+    private val closingPool = Any()
 
     /** Cancels the ask under [token]; nothing to do once the node is closed. Never throws. */
     internal fun cancelAsk(token: Long) {
@@ -261,6 +281,10 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             it.cancelAll()
         }
         pools.clear()
+        // Read after `closed` is set: a closed pool's handler starting now
+        // is either here or sees the node closed (Pool.startClosed).
+        lingering.forEach { it.cancelAll() }
+        lingering.clear()
         native.close()
         drainQuietly()
     }

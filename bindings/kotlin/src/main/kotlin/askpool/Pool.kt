@@ -120,7 +120,50 @@ class Pool internal constructor(
      * reply they still give reaches its caller.
      */
     internal fun tellClosed() {
+        // Set before the running ones are read: a handler starting now
+        // either is among them or sees the flag ([start]).
+        told = true
+        synchronized(lingerLock) {
+            if (running.size() > 0) linger()
+        }
         running.forEach { it.markCancelled() }
+    }
+
+    /** Closed ([tellClosed]): every handler starting from now on is told. */
+    @Volatile private var told = false
+
+    /**
+     * Whether the node holds this closed pool (it let go of it at the
+     * close) while handlers of it still run, for its own close to cancel
+     * them. Guarded by [lingerLock].
+     */
+    private var lingering = false
+    private val lingerLock = Any()
+
+    private fun linger() {
+        if (!lingering) {
+            lingering = true
+            node.linger(this)
+        }
+    }
+
+    /** After a closed pool's request was recorded: it is told, and held by the node while it runs. */
+    private fun startClosed(context: RequestContext) {
+        context.markCancelled()
+        synchronized(lingerLock) { linger() }
+        // Checked after the node holds it: a node close either cancels it
+        // or ran before this check.
+        if (node.closed) context.cancelPending = true
+    }
+
+    /** After a closed pool's request finished: the node lets go of the pool once none runs. */
+    private fun finishClosed() {
+        synchronized(lingerLock) {
+            if (lingering && running.size() == 0) {
+                lingering = false
+                node.unlinger(this)
+            }
+        }
     }
 
     /** Cancels every running handler and any that starts from now on. */
@@ -242,12 +285,13 @@ class Pool internal constructor(
      * that dispatcher ([here]) starts it at once, without a dispatch: it got
      * the request from a hot call, so its own work waits on this reply.
      */
-    private fun start(request: Long, msg: Any?, here: ContinuationInterceptor? = null) {
+    internal fun start(request: Long, msg: Any?, here: ContinuationInterceptor? = null) {
         val context = RequestContext(request)
         if (running.start(request, context)) context.markCancelled()
         // Checked after the start is recorded: a cancelAll either sees this
         // request or ran before this check.
         if (closed) context.cancelPending = true
+        if (told) startClosed(context)
         // ATOMIC / UNDISPATCHED: a request cancelled before its coroutine ran
         // still runs the block, so it still replies (the runtime waits for
         // that reply).
@@ -267,6 +311,7 @@ class Pool internal constructor(
                 fail(request) { AskException.fromHandler(e) }
             } finally {
                 running.finish(request)
+                if (told) finishClosed()
             }
         }
     }
