@@ -91,8 +91,10 @@ function fingerprintOf(value) {
   throw new InvalidArgumentError('invalid argument: fingerprint must be a string, a Uint8Array or other bytes');
 }
 
-// Byte payloads are fingerprinted by themselves: a reused request id with
-// other bytes is refused (PAYLOAD_MISMATCH). Other objects need `fingerprint`.
+// Byte payloads asked under a given request id are fingerprinted by
+// themselves: reusing the id with other bytes is refused (PAYLOAD_MISMATCH);
+// a generated id is never reused, so its bytes are not hashed. Other objects
+// need `fingerprint`.
 // They are also sized (their byteLength): over the node's maxPayloadBytes an
 // ask or tell fails at once (OVERSIZE_PAYLOAD). Other payloads are not sized.
 function isBytes(msg) {
@@ -109,7 +111,12 @@ function nativeAskOptions(o, msg) {
     correlationId: o.correlationId,
     causationId: o.causationId,
     maxAttempts: o.maxAttempts,
-    fingerprint: given !== undefined ? fingerprintOf(given) : bytes ? fingerprintOf(msg) : undefined,
+    fingerprint:
+      given !== undefined
+        ? fingerprintOf(given)
+        : bytes && o.requestId !== undefined
+          ? fingerprintOf(msg)
+          : undefined,
     payloadSize: bytes ? msg.byteLength : undefined,
   };
 }

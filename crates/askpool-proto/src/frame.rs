@@ -4,9 +4,9 @@
 //! `R`; nothing here serializes. A cross-process transport encodes them.
 
 use std::fmt;
+use std::time::Duration;
 
 use smol_str::SmolStr;
-use std::time::Duration;
 
 use crate::ack::Progress;
 use crate::error::{AskError, CancelReason, Outcome};

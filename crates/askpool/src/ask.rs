@@ -276,20 +276,20 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         self.settle_breaker(Verdict::Failure(error), now);
         self.slot
             .record_terminal(AckStage::terminal_for_error(error), now);
-        if self.node.is_closed() {
-            // Asks failed by the shutdown are no dead letters, but a
-            // replay's letter was in the queue before: it stays there.
-            if let Some(reason) = self.refile {
-                self.file_dead_letter(error, reason, now);
-            }
-            return;
-        }
         // The dead letter first: a late outcome reconciled below (or on
         // another thread as soon as the timeout is on record) takes it.
-        // A replay's letter goes back whatever the error (a pool gone since
-        // is `NoRoute`, permanent): its payload is nowhere else.
-        if let Some(reason) = dlq::reason_for(error, self.machine.policy()).or(self.refile) {
+        // Asks failed by the shutdown are no dead letters, but a replay's
+        // letter goes back whatever the error (a pool gone since is
+        // `NoRoute`, permanent): its payload is nowhere else.
+        let closed = self.node.is_closed();
+        let reason = (!closed)
+            .then(|| dlq::reason_for(error, self.machine.policy()))
+            .flatten();
+        if let Some(reason) = reason.or(self.refile) {
             self.file_dead_letter(error, reason, now);
+        }
+        if closed {
+            return;
         }
         // Every failure recorded as TIMED_OUT (the ask's timeout, a stage
         // deadline) can still be answered by the pool: keep it to reconcile.
