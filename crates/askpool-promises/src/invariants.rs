@@ -61,6 +61,12 @@ pub fn violations(s: &Snapshot) -> Vec<String> {
                             ));
                         }
                     }
+                    Some(a) if a.state.is_settled() && t.state != TaskState::Claimed => {
+                        out.push(format!(
+                            "task {}: unclaimed resume of settled awaiter {awaiter:?}",
+                            t.id
+                        ));
+                    }
                     Some(_) => {}
                 }
                 if !resumes.insert((awaiter, t.epoch)) {

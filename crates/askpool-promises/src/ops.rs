@@ -125,8 +125,8 @@ fn touch(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Option<Promise>> {
         return Ok(None);
     };
     if rules::is_expired(&p, now) {
-        let at = p.timeout_at;
-        settle(tx, &mut p, State::TimedOut, None, None, at, now)?;
+        let timeout = Settlement::timeout(&p);
+        settle(tx, &mut p, timeout, now)?;
     }
     Ok(Some(p))
 }
@@ -135,39 +135,84 @@ fn touch_existing(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Promise> {
     touch(tx, id, now)?.ok_or_else(|| PromiseError::NotFound { id: id.to_owned() })
 }
 
-/// Settles `p` with every side effect (see `rules`, "Settlement").
-fn settle(
-    tx: &mut impl Tx,
-    p: &mut Promise,
+/// What a promise settles with.
+struct Settlement {
     state: State,
     value: Option<Vec<u8>>,
     key: Option<String>,
-    settled_at: Millis,
+    at: Millis,
+}
+
+impl Settlement {
+    fn timeout(p: &Promise) -> Self {
+        Self {
+            state: State::TimedOut,
+            value: None,
+            key: None,
+            at: p.timeout_at,
+        }
+    }
+}
+
+/// Settles `p` with every side effect (see `rules`, "Settlement"),
+/// including the timeouts of awaiters past theirs. Those cascade (an
+/// awaiter's own awaiters may be past theirs too) through a worklist, not
+/// recursion: a chain of any length costs no stack.
+fn settle(tx: &mut impl Tx, p: &mut Promise, how: Settlement, now: Millis) -> Result<()> {
+    let mut expired = Vec::new();
+    settle_one(tx, p, how, now, &mut expired)?;
+    while let Some(id) = expired.pop() {
+        // Listed once per callback: an awaiter already timed out is skipped.
+        if let Some(mut awaiter) = tx.promise(&id)?.filter(|a| rules::is_expired(a, now)) {
+            let timeout = Settlement::timeout(&awaiter);
+            settle_one(tx, &mut awaiter, timeout, now, &mut expired)?;
+        }
+    }
+    Ok(())
+}
+
+/// Settles `p` alone; the awaiters it would resume that are past their
+/// timeouts go to `expired` instead (they time out, not resume).
+fn settle_one(
+    tx: &mut impl Tx,
+    p: &mut Promise,
+    how: Settlement,
     now: Millis,
+    expired: &mut Vec<String>,
 ) -> Result<()> {
-    p.state = state;
-    p.value = value;
-    p.complete_key = key;
-    p.settled_at = Some(settled_at);
+    p.state = how.state;
+    p.value = how.value;
+    p.complete_key = how.key;
+    p.settled_at = Some(how.at);
     tx.update_promise(p)?;
     tx.crash_point()?;
     if tx.delete_invoke_task_of(&p.id)? {
         tx.crash_point()?;
     }
-    // As an awaiter, `p` has ended: a next suspension will not come.
-    if let Some(waiting) = tx.resume_task(&p.id, p.resume_epoch + 1)? {
-        tx.delete_task(waiting.id)?;
-        tx.crash_point()?;
+    // As an awaiter, `p` has ended: nothing is left to resume but the
+    // suspension a worker may be resuming right now (its claimed task,
+    // which that worker completes).
+    for epoch in [p.resume_epoch, p.resume_epoch + 1] {
+        let unclaimed = tx
+            .resume_task(&p.id, epoch)?
+            .filter(|t| t.state != TaskState::Claimed);
+        if let Some(task) = unclaimed {
+            tx.delete_task(task.id)?;
+            tx.crash_point()?;
+        }
     }
     let callbacks = tx.callbacks_on(&p.id)?;
     if callbacks.is_empty() {
         return Ok(());
     }
     for cb in callbacks {
-        // Touched: an awaiter past its timeout times out now, not resumed.
-        let Some(awaiter) = touch(tx, &cb.awaiter, now)? else {
+        let Some(awaiter) = tx.promise(&cb.awaiter)? else {
             continue;
         };
+        if rules::is_expired(&awaiter, now) {
+            expired.push(awaiter.id);
+            continue;
+        }
         if awaiter.state != State::Pending {
             continue;
         }
@@ -270,16 +315,13 @@ pub(crate) fn complete(tx: &mut impl Tx, req: &CompleteRequest, now: Millis) -> 
             replayed: true,
         }),
         CompleteDecision::Settle => {
-            let state = req.completion.state();
-            settle(
-                tx,
-                &mut p,
-                state,
-                Some(req.value.clone()),
-                req.key.clone(),
-                now,
-                now,
-            )?;
+            let how = Settlement {
+                state: req.completion.state(),
+                value: Some(req.value.clone()),
+                key: req.key.clone(),
+                at: now,
+            };
+            settle(tx, &mut p, how, now)?;
             Ok(Completed {
                 promise: p,
                 replayed: false,
@@ -373,17 +415,26 @@ pub(crate) fn claim_task(
         return Err(PromiseError::invalid("lease_ms must be positive"));
     }
     let now = rules::clamp(now);
-    // A claimable invoke task whose promise has timed out is completed by
-    // the touch; look again until a live task (or none) turns up.
+    // A claimable task whose execution has timed out (an invoke task's
+    // promise, a resume task's awaiter) ends with the touch; look again
+    // until a live task (or none) turns up.
     loop {
         let Some(mut task) = tx.next_claimable(&req.pool, &req.worker, now)? else {
             return Ok(None);
         };
         let promise = touch_existing(tx, &task.promise_id, now)?;
-        if task.kind == TaskKind::Invoke && promise.state.is_settled() {
-            // Normally gone with the timeout the touch applied; a stray one
-            // (an edited file) must not make this loop forever.
-            tx.delete_invoke_task_of(&promise.id)?;
+        let ended = match task.kind {
+            TaskKind::Invoke => promise.state.is_settled(),
+            TaskKind::Resume => {
+                let awaiter = task.awaiter.as_deref().unwrap_or_default();
+                touch(tx, awaiter, now)?.is_none_or(|a| a.state.is_settled())
+            }
+        };
+        if ended {
+            // Normally gone with the settlement; one left over (a resume
+            // task whose lease expired after its awaiter settled, or an
+            // edited file) must neither run nor make this loop forever.
+            tx.delete_task(task.id)?;
             continue;
         }
         task.state = TaskState::Claimed;

@@ -38,7 +38,10 @@
 //! suspension is woken once; the awaiter then looks at all it awaited).
 //! One registered for the next suspension (`resume_epoch + 1`, see
 //! Callbacks) creates that suspension's resume task `Waiting`. A settling
-//! awaiter's `Waiting` resume task is deleted (nothing is left to resume).
+//! awaiter's unclaimed resume tasks (`Ready` or `Waiting`) are deleted:
+//! nothing is left to resume; a claimed one stays for its worker to
+//! complete (the resumed execution settling its own promise), and is
+//! dropped rather than claimed again if its lease expires.
 //!
 //! # Callbacks
 //! Registering `Resume(awaiter, awaited)`: both must exist (`NotFound`),
@@ -53,7 +56,9 @@
 //! # Tasks
 //! A worker claims the first claimable task of its pool: tasks preferring
 //! it first, then the rest, each by id. A task is claimable when it is
-//! ready or its lease has expired (`lease_expires_at <= now`), and, if it
+//! ready or its lease has expired (`lease_expires_at <= now`), its
+//! execution has not ended (an invoke task's promise, a resume task's
+//! awaiter, both touched, are pending), and, if it
 //! prefers another worker, once [`PREFERENCE_GRACE_MS`] have passed since it
 //! was created (the preferred worker gets the first chance). A claim bumps
 //! the task's `claims` counter, the fencing token of heartbeats and

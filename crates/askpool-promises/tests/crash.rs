@@ -257,10 +257,12 @@ fn a_process_killed_at_any_moment_of_a_busy_write_loop_leaves_a_consistent_file(
             match p.state {
                 State::Resolved => {
                     assert_eq!(tasks(TaskKind::Invoke, &p.id), 0);
+                    // A settled parent has nothing left to resume.
+                    let woken = usize::from(state(&parent) == Some(State::Pending));
                     assert_eq!(
                         tasks(TaskKind::Resume, &p.id),
-                        1,
-                        "{} woke its parent",
+                        woken,
+                        "{} woke its parent, if still pending",
                         p.id
                     );
                     assert_eq!(callbacks(&p.id), 0);

@@ -600,12 +600,14 @@ fn prune_deletes_old_settled_promises_no_task_needs() {
         s.complete(&resolve("old"), T).unwrap();
         s.complete(&resolve("recent"), T + 100).unwrap();
         // "awaiter" waits on "awaited" and on "other"; "awaited" settles and
-        // leaves a resume task naming both; "awaiter" settles too.
+        // leaves a resume task naming both; "awaiter", resumed from it,
+        // settles too (its running task stays until its worker completes it).
         s.register_callback(&cb("awaited", "awaiter", "ga", "w1"), T)
             .unwrap();
         s.register_callback(&cb("other", "awaiter", "ga", "w1"), T)
             .unwrap();
         s.complete(&resolve("awaited"), T).unwrap();
+        let resume = claim(s, "ga", "w1", T).unwrap();
         s.complete(&resolve("awaiter"), T).unwrap();
         assert_eq!(
             s.prune(T + 50, 10).unwrap(),
@@ -621,7 +623,6 @@ fn prune_deletes_old_settled_promises_no_task_needs() {
                 .collect()
         };
         assert_eq!(ids(s), ["awaited", "awaiter", "other", "pending", "recent"]);
-        let resume = claim(s, "ga", "w1", T).unwrap();
         s.complete_task(&Lease::of(&resume.task), T).unwrap();
         assert_eq!(s.prune(T + 50, 1).unwrap(), 1, "the limit holds");
         assert_eq!(s.prune(T + 50, 10).unwrap(), 1);
