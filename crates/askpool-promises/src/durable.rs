@@ -179,7 +179,10 @@ where
                 .tag(POOL_TAG, pool),
             now,
         )?;
-        if created.deduplicated && created.promise.param != param {
+        // The id names one request: its pool as much as its message (the
+        // same message to another pool is another request).
+        let asked_pool = created.promise.tags.get(POOL_TAG).map(String::as_str);
+        if created.deduplicated && (created.promise.param != param || asked_pool != Some(pool)) {
             return Err(AskError::PayloadMismatch);
         }
         Ok(resume(self, promises, id, created.promise))
@@ -194,8 +197,20 @@ where
             message: format!("not a durable ask id: {e}"),
         })?;
         let promise = promises.store().get(id, now_millis())?;
+        // Someone else's promise would be read as an outcome, or asked of
+        // a pool named "" and rejected with the failure.
+        if !is_durable_ask(&promise) {
+            return Err(AskError::InvalidArgument {
+                message: format!("promise {id} was not made by a durable ask"),
+            });
+        }
         Ok(resume(self, promises, request_id, promise))
     }
+}
+
+/// Whether a durable ask made `p`: keyed by its id, tagged with its pool.
+fn is_durable_ask(p: &Promise) -> bool {
+    p.create_key.as_deref() == Some(p.id.as_str()) && p.tags.contains_key(POOL_TAG)
 }
 
 /// Answers from a settled promise, or (re-)sends the ask and records it.

@@ -1,0 +1,60 @@
+//! What a durable ask's id names: one request (a pool and a message), and
+//! only a promise that a durable ask made.
+
+use askpool::{AskError, Node, RequestId};
+use askpool_promises::{DurableAsk, DurablePromises, State};
+
+type N = Node<String, String>;
+
+fn echo_node() -> N {
+    let node = N::new();
+    for pool in ["a", "b"] {
+        node.pool(pool)
+            .handler(move |msg: String, _ctx| async move { Ok(format!("{pool}:{msg}")) })
+            .unwrap();
+    }
+    node
+}
+
+fn fresh_id() -> RequestId {
+    RequestId::generate(askpool_promises::now_millis() * 1000, &mut rand::rng())
+}
+
+/// The same id and message to another pool is another request: refused as
+/// a mismatch, not answered with the first pool's reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_id_asked_of_another_pool_is_a_payload_mismatch() {
+    let node = echo_node();
+    let promises = DurablePromises::in_memory();
+    let id = fresh_id();
+    let first = node
+        .ask_durable_with_id(&promises, id, "a", "hi".into())
+        .unwrap();
+    assert_eq!(first.await.unwrap(), "a:hi");
+    assert!(matches!(
+        node.ask_durable_with_id(&promises, id, "b", "hi".into()),
+        Err(AskError::PayloadMismatch)
+    ));
+}
+
+/// A promise made some other way, under an id that parses as a request id:
+/// awaiting it as a durable ask is refused, and the promise is left as it
+/// was (not asked of a pool named "", nor rejected with the failure).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awaiting_a_promise_no_durable_ask_made_is_refused() {
+    let node = echo_node();
+    let promises = DurablePromises::in_memory();
+    let id = fresh_id().to_string();
+    promises
+        .create(&id, b"mine".to_vec(), 60_000, None)
+        .unwrap();
+    let outcome = match node.await_durable(&promises, &id) {
+        Ok(handle) => handle.await,
+        Err(e) => Err(e),
+    };
+    assert!(
+        matches!(outcome, Err(AskError::InvalidArgument { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(promises.get(&id).unwrap().state, State::Pending);
+}
