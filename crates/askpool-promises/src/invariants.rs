@@ -95,11 +95,16 @@ pub fn violations(s: &Snapshot) -> Vec<String> {
             )),
             Some(_) => {}
         }
-        if !promises.contains_key(c.awaiter.as_str()) {
-            out.push(format!(
+        match promises.get(c.awaiter.as_str()) {
+            None => out.push(format!(
                 "callback {}: unknown awaiter {:?}",
                 c.id, c.awaiter
-            ));
+            )),
+            Some(a) if a.state.is_settled() || c.epoch < a.resume_epoch => out.push(format!(
+                "callback {}: of an ended suspension of {:?} (epoch {} of {}, {})",
+                c.id, c.awaiter, c.epoch, a.resume_epoch, a.state
+            )),
+            Some(_) => {}
         }
     }
     out

@@ -179,6 +179,11 @@ impl Tx for State {
         self.callbacks.retain(|_, c| c.awaited != awaited);
         Ok(())
     }
+    fn delete_callbacks_of(&mut self, awaiter: &str, epoch: u64) -> Result<()> {
+        self.callbacks
+            .retain(|_, c| c.awaiter != awaiter || c.epoch >= epoch);
+        Ok(())
+    }
 }
 
 impl MemoryStore {

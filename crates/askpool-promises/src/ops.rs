@@ -112,6 +112,9 @@ pub(crate) trait Tx {
     ) -> Result<Option<Callback>>;
     fn insert_callback(&mut self, c: NewCallback) -> Result<Callback>;
     fn delete_callbacks_on(&mut self, awaited: &str) -> Result<()>;
+    /// Deletes the callbacks `awaiter` registered for its suspensions
+    /// before `epoch`.
+    fn delete_callbacks_of(&mut self, awaiter: &str, epoch: u64) -> Result<()>;
 
     /// Where the crash hook may fire: between two writes of one operation.
     fn crash_point(&mut self) -> Result<()> {
@@ -201,6 +204,9 @@ fn settle_one(
             tx.crash_point()?;
         }
     }
+    // What it awaited wakes nothing now, but would stay stored for as long
+    // as that stays pending.
+    tx.delete_callbacks_of(&p.id, u64::MAX)?;
     let callbacks = tx.callbacks_on(&p.id)?;
     if callbacks.is_empty() {
         return Ok(());
@@ -493,6 +499,10 @@ pub(crate) fn complete_task(tx: &mut impl Tx, lease: &Lease, now: Millis) -> Res
         tx.crash_point()?;
         awaiter.resume_epoch += 1;
         tx.update_promise(&awaiter)?;
+        // The ended suspension's callbacks wake nothing (see `settle_one`);
+        // an execution awaiting one long-pending promise in every
+        // suspension would otherwise pile them up on it.
+        tx.delete_callbacks_of(&awaiter.id, awaiter.resume_epoch)?;
         // Something the awaiter awaited for its next suspension settled
         // while it ran: that suspension is woken now.
         if let Some(mut next) = tx.resume_task(&awaiter.id, awaiter.resume_epoch)? {

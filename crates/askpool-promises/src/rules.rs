@@ -41,7 +41,8 @@
 //! awaiter's unclaimed resume tasks (`Ready` or `Waiting`) are deleted:
 //! nothing is left to resume; a claimed one stays for its worker to
 //! complete (the resumed execution settling its own promise), and is
-//! dropped rather than claimed again if its lease expires.
+//! dropped rather than claimed again if its lease expires. The callbacks
+//! it registered as an awaiter are removed (they would wake nothing).
 //!
 //! # Callbacks
 //! Registering `Resume(awaiter, awaited)`: both must exist (`NotFound`),
@@ -65,7 +66,8 @@
 //! completion: they need the same worker and counter and an unexpired lease,
 //! else `LeaseLost`. An invoke task completes with its promise; completing
 //! a resume task ends the awaiter's suspension (`resume_epoch + 1`), so its
-//! older callbacks wake nothing, and makes the new suspension's `Waiting`
+//! older callbacks wake nothing (they are removed), and makes the new
+//! suspension's `Waiting`
 //! resume task `Ready` (created now, for the preference grace).
 
 use crate::error::PromiseError;

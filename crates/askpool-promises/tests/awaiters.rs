@@ -104,3 +104,34 @@ fn a_long_chain_of_timed_out_awaiters_settles_without_overflowing_the_stack() {
         .join()
         .unwrap();
 }
+
+/// A long-lived execution that awaits one long-pending promise in every
+/// suspension, and is resumed each time by something else: the callbacks of
+/// its finished suspensions wake nothing, and must not pile up on that
+/// promise for as long as it stays pending. Nor may those of an awaiter
+/// that has settled.
+#[test]
+fn callbacks_of_finished_suspensions_do_not_pile_up() {
+    each_store(|s| {
+        for id in ["awaiter", "long"] {
+            s.create(&CreateRequest::new(id, T + 60_000), T).unwrap();
+        }
+        for round in 0..50 {
+            let other = format!("other-{round}");
+            s.create(&CreateRequest::new(&other, T + 60_000), T)
+                .unwrap();
+            await_on(s, "long", "awaiter", T);
+            await_on(s, &other, "awaiter", T);
+            s.complete(&CompleteRequest::new(&other, Completion::Resolve), T)
+                .unwrap();
+            let resumed = claim(s, T).unwrap();
+            s.complete_task(&askpool_promises::Lease::of(&resumed.task), T)
+                .unwrap();
+        }
+        assert_eq!(s.snapshot().unwrap().callbacks.len(), 0);
+        await_on(s, "long", "awaiter", T);
+        s.complete(&CompleteRequest::new("awaiter", Completion::Resolve), T)
+            .unwrap();
+        assert_eq!(s.snapshot().unwrap().callbacks.len(), 0);
+    });
+}

@@ -387,6 +387,14 @@ impl Tx for SqlTx<'_> {
         Ok(())
     }
 
+    fn delete_callbacks_of(&mut self, awaiter: &str, epoch: u64) -> Result<()> {
+        self.exec(
+            "DELETE FROM callbacks WHERE awaiter = ?1 AND epoch < ?2",
+            params![awaiter, t(epoch)],
+        )?;
+        Ok(())
+    }
+
     fn crash_point(&mut self) -> Result<()> {
         self.hook.point()
     }
