@@ -6,13 +6,18 @@
 //! `keys` (the same loop without the lookup: subtract it), `insert`
 //! (unique ids into the full table, each evicting), `storm1` / `storm2`
 //! (one or two threads inserting the same fresh ids at capacity, as the
-//! bench's duplicate storm).
+//! bench's duplicate storm), `mutex-storm1` / `mutex-storm2` (the same storm
+//! through the `Mutex<HashMap>` + FIFO baseline: what a second core does to
+//! a lock-based table on this machine).
 
+use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::Instant;
 
 use askpool_dedup::{DedupConfig, DedupState, DedupTable};
 use askpool_proto::{CallerId, DedupKey, RequestId, Timestamp};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 const CAP: u64 = 100_000;
 const NOW: Timestamp = Timestamp::from_nanos(1_000_000_000);
@@ -48,6 +53,40 @@ fn insert(t: &DedupTable<V>, n: u64) -> bool {
     })
 }
 
+/// The bench's `Mutex<HashMap>` + FIFO baseline, bounded to `CAP`.
+type MutexFifo = Mutex<(FxHashMap<DedupKey, V>, VecDeque<DedupKey>)>;
+
+fn mutex_insert(t: &MutexFifo, n: u64) -> bool {
+    let k = key(n);
+    let mut g = t.lock();
+    let (map, fifo) = &mut *g;
+    if map.contains_key(&k) {
+        return false;
+    }
+    map.insert(k, V(n));
+    fifo.push_back(k);
+    while fifo.len() as u64 > CAP {
+        let old = fifo.pop_front().expect("over capacity, so not empty");
+        map.remove(&old);
+    }
+    true
+}
+
+/// `threads` threads inserting the same ids `CAP..CAP + ops`.
+fn storm(threads: usize, ops: u64, insert: impl Fn(u64) -> bool + Sync) {
+    let barrier = std::sync::Barrier::new(threads);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                barrier.wait();
+                for n in CAP..CAP + ops {
+                    black_box(insert(n));
+                }
+            });
+        }
+    });
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = args.get(1).map_or("lookup", String::as_str);
@@ -78,19 +117,21 @@ fn main() {
                 black_box(insert(&t, n));
             }
         }
-        "storm1" | "storm2" => {
-            let threads = if mode == "storm1" { 1 } else { 2 };
-            let barrier = std::sync::Barrier::new(threads);
-            std::thread::scope(|s| {
-                for _ in 0..threads {
-                    s.spawn(|| {
-                        barrier.wait();
-                        for n in CAP..CAP + ops {
-                            black_box(insert(&t, n));
-                        }
-                    });
-                }
-            });
+        "storm1" | "storm2" => storm(if mode == "storm1" { 1 } else { 2 }, ops, |n| insert(&t, n)),
+        "mutex-storm1" | "mutex-storm2" => {
+            let m = MutexFifo::default();
+            for n in 0..CAP {
+                mutex_insert(&m, n);
+            }
+            let threads = if mode == "mutex-storm1" { 1 } else { 2 };
+            let start = Instant::now();
+            storm(threads, ops, |n| mutex_insert(&m, n));
+            let took = start.elapsed();
+            eprintln!(
+                "{mode}: {ops} ids in {took:?} ({:.1} ns per id)",
+                took.as_nanos() as f64 / ops as f64
+            );
+            return;
         }
         other => panic!("unknown mode {other}"),
     }

@@ -327,7 +327,14 @@ fn record<R: Durable>(
                 (Err(error), Completion::Reject, value)
             }
         },
-        Err(e) if e.class() == ErrorClass::Transient || e.code() == ErrorCode::AskCancelled => {
+        // Not outcomes of the request: a transient failure, a cancel, and
+        // `NoRoute` (no pool of that name on this node yet: a restarted
+        // caller may await before it registers its pools again; recorded,
+        // it would refuse the request for good without any worker seeing it).
+        Err(e)
+            if e.class() == ErrorClass::Transient
+                || matches!(e.code(), ErrorCode::AskCancelled | ErrorCode::NoRoute) =>
+        {
             return Err(e)
         }
         Err(e) => {

@@ -58,3 +58,29 @@ async fn awaiting_a_promise_no_durable_ask_made_is_refused() {
     );
     assert_eq!(promises.get(&id).unwrap().state, State::Pending);
 }
+
+/// A caller restarted before its pool is registered again: the await fails
+/// `NoRoute`, but that says where this node is, not what became of the
+/// request, so the promise stays pending and a later await, once the pool
+/// is back, asks and answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_route_leaves_a_durable_ask_pending_for_a_later_await() {
+    let promises = DurablePromises::in_memory();
+    let id = fresh_id();
+    let bare = N::new();
+    let outcome = bare
+        .ask_durable_with_id(&promises, id, "a", "hi".into())
+        .unwrap()
+        .await;
+    assert!(
+        matches!(outcome, Err(AskError::NoRoute { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(promises.get(&id.to_string()).unwrap().state, State::Pending);
+    let node = echo_node();
+    let again = node
+        .await_durable(&promises, &id.to_string())
+        .unwrap()
+        .await;
+    assert_eq!(again.unwrap(), "a:hi");
+}
