@@ -253,6 +253,7 @@ pub(crate) fn create(tx: &mut impl Tx, req: &CreateRequest, now: Millis) -> Resu
     rules::check_name("promise id", &req.id)?;
     rules::check_opt_name("create key", req.key.as_deref())?;
     rules::check_value("param", &req.param)?;
+    rules::check_tags(&req.tags)?;
     if let Some(t) = &req.target {
         rules::check_name("pool", &t.pool)?;
         rules::check_opt_name("preferred worker", t.preferred_worker.as_deref())?;

@@ -70,6 +70,8 @@
 //! suspension's `Waiting`
 //! resume task `Ready` (created now, for the preference grace).
 
+use std::collections::BTreeMap;
+
 use crate::error::PromiseError;
 use crate::model::{Completion, Millis, Promise, State, Task, TaskState, MAX_TIME};
 
@@ -82,6 +84,10 @@ pub const MAX_NAME_BYTES: usize = 1_024;
 /// Largest param or value a promise holds, in either store (SQLite's own
 /// limit is about 1 GB; past it a write failed as a storage error).
 pub const MAX_VALUE_BYTES: usize = 256 << 20;
+
+/// Most bytes of tags (keys and values together) a promise holds: they are
+/// labels for search, not data.
+pub const MAX_TAGS_BYTES: usize = 64 << 10;
 
 /// What a create of an existing promise is.
 pub(crate) fn create_existing(p: &Promise, key: Option<&str>) -> Result<(), PromiseError> {
@@ -173,6 +179,16 @@ pub(crate) fn check_value(what: &str, bytes: &[u8]) -> Result<(), PromiseError> 
         return Err(PromiseError::invalid(format!(
             "{what} is {} bytes; a promise holds at most {MAX_VALUE_BYTES}",
             bytes.len()
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), PromiseError> {
+    let bytes: usize = tags.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_TAGS_BYTES {
+        return Err(PromiseError::invalid(format!(
+            "tags are {bytes} bytes; a promise holds at most {MAX_TAGS_BYTES}"
         )));
     }
     Ok(())

@@ -480,6 +480,24 @@ fn an_oversize_param_or_value_is_an_invalid_argument() {
     });
 }
 
+/// Tags are labels, bounded like the rest of a promise: a megabyte of
+/// them is refused in both stores (the in-memory one took anything), and
+/// nothing is written.
+#[test]
+fn oversize_tags_are_an_invalid_argument() {
+    each_store(|s| {
+        let big = "t".repeat(askpool_promises::rules::MAX_TAGS_BYTES + 1);
+        assert!(matches!(
+            s.create(&CreateRequest::new("tagged", T + 1_000).tag("k", big), T),
+            Err(PromiseError::InvalidArgument { .. })
+        ));
+        assert!(s.snapshot().unwrap().promises.is_empty());
+        let fits = "t".repeat(askpool_promises::rules::MAX_TAGS_BYTES - 1);
+        s.create(&CreateRequest::new("tagged", T + 1_000).tag("k", fits), T)
+            .unwrap();
+    });
+}
+
 #[test]
 fn bad_input_gets_typed_errors() {
     each_store(|s| {
