@@ -287,6 +287,16 @@ fn check(a: CheckArgs) -> ExitCode {
         eprintln!("error: --seeds and --asks must be at least 1");
         return ExitCode::from(2);
     }
+    // Seeds are numbered up from the first: the last must be a u64 too.
+    if a.first_seed.checked_add(a.seeds - 1).is_none() {
+        eprintln!(
+            "error: --first-seed {} with --seeds {} runs past the last seed, {}",
+            a.first_seed,
+            a.seeds,
+            u64::MAX
+        );
+        return ExitCode::from(2);
+    }
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))

@@ -130,3 +130,66 @@ fn a_broken_protocol_fails_the_check_with_a_reproduction() {
         "{stdout}"
     );
 }
+
+/// Numbers clap accepts but the run cannot use: each must be a usage error
+/// (status 2, a reason), never a panic with a backtrace.
+#[test]
+fn out_of_range_numbers_are_usage_errors_not_panics() {
+    for (args, says) in [
+        // The last seed would be past u64::MAX.
+        (
+            &[
+                "check",
+                "--first-seed",
+                "18446744073709551615",
+                "--seeds",
+                "2",
+                "--asks",
+                "10",
+            ][..],
+            "first-seed",
+        ),
+        // More workers than a pool may have.
+        (
+            &["simulate", "--asks", "10", "--workers", "100000"][..],
+            "workers",
+        ),
+        // Durations the run would overflow adding to, or wait on forever.
+        (
+            &[
+                "simulate",
+                "--asks",
+                "10",
+                "--timeout-ms",
+                "18446744073709551615",
+            ][..],
+            "timeout-ms",
+        ),
+        (
+            &[
+                "simulate",
+                "--asks",
+                "10",
+                "--delay-ms",
+                "18446744073709551615",
+            ][..],
+            "delay-ms",
+        ),
+        (
+            &[
+                "simulate",
+                "--asks",
+                "10",
+                "--outage-every-ms",
+                "18446744073709551615",
+            ][..],
+            "outage-every-ms",
+        ),
+    ] {
+        let out = askpool(args);
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

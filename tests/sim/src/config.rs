@@ -56,6 +56,9 @@ impl FaultConfig {
     }
 }
 
+/// The longest duration a run accepts, in milliseconds (an hour).
+pub const MAX_MS: u64 = 3_600_000;
+
 /// A whole run.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimConfig {
@@ -199,6 +202,13 @@ impl SimConfig {
         positive("pools", self.pools.into())?;
         positive("workers", self.workers.into())?;
         positive("window", self.window.into())?;
+        if self.workers as usize > askpool::MAX_CONCURRENCY {
+            return Err(format!(
+                "workers must be at most {}, got {}",
+                askpool::MAX_CONCURRENCY,
+                self.workers
+            ));
+        }
         let range = |name: &str, r: &Range<u64>| {
             if r.start > r.end {
                 Err(format!(
@@ -213,6 +223,23 @@ impl SimConfig {
         range("work-ms", &self.work_ms)?;
         range("timeout-ms", &self.timeout_ms)?;
         range("outage-ms", &self.faults.outage_ms)?;
+        // The run adds these to clock readings and to each other, and on the
+        // real clock waits them out after traffic stops: past this bound a
+        // run overflows or never ends.
+        let bounded = |name: &str, ms: u64| {
+            if ms > MAX_MS {
+                Err(format!(
+                    "{name} must be at most {MAX_MS} ms (an hour), got {ms}"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        bounded("delay-ms", self.faults.delay_ms.end)?;
+        bounded("work-ms", self.work_ms.end)?;
+        bounded("timeout-ms", self.timeout_ms.end)?;
+        bounded("outage-ms", self.faults.outage_ms.end)?;
+        bounded("outage-every-ms", self.faults.event_every_ms)?;
         if self.timeout_ms.start == 0 {
             return Err("timeout-ms must start at 1 ms or more".into());
         }

@@ -282,8 +282,12 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
             .random_bool(cfg.cancel)
             .then(|| Duration::from_millis(rng.random_range(0..timeout.as_millis() as u64)));
         let watch = rng.random_bool(cfg.watch_stages);
+        // Never past half the ask's timeout: the ask's end is recorded when
+        // the workload looks, so a longer pause would be charged to the
+        // runtime as a missed deadline (frames slower than the timeouts).
         let await_after = later_rng.random_bool(cfg.await_later).then(|| {
             Duration::from_millis(cfg.faults.delay_ms.end.max(cfg.faults.delay_ms.start) + 5)
+                .min(timeout / 2)
         });
         let node = callers[c as usize].clone();
         let key = Key {
@@ -375,6 +379,10 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
     // Heal, then every outstanding ask must end within its deadline.
     issuing.store(false, Ordering::Release);
     if let Some(s) = scheduler {
+        // Its only await is the gap before the next event: waiting that out
+        // would keep the faults on (and, on the real clock, the run idle)
+        // for up to several `event_every_ms` after the last ask was issued.
+        s.abort();
         let _ = s.await;
     }
     net.heal();
@@ -397,9 +405,13 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
         check_released(&callers, &mut violations);
     }
 
-    // Traffic has stopped: let processing deadlines pass, then everything
-    // must be back within its bounds.
-    tokio::time::sleep(cluster.processing_timeout() + Duration::from_millis(200)).await;
+    // Traffic has stopped: let the frames still delayed on their way arrive
+    // (healing releases only held ones) and processing deadlines pass, then
+    // everything must be back within its bounds.
+    let longest_delay =
+        Duration::from_millis(cfg.faults.delay_ms.end.max(cfg.faults.delay_ms.start));
+    tokio::time::sleep(longest_delay + cluster.processing_timeout() + Duration::from_millis(200))
+        .await;
     check_bounds(&cluster, &callers, baseline_tasks, &mut violations);
     if cfg.paused {
         // On a paused clock an hour costs nothing: every cache must empty,
