@@ -122,14 +122,11 @@ fn complete(a: CompleteArgs, completion: Completion) -> (Common, Result<Shown, P
     (a.common, out.map(|c| Shown::One(c.promise)))
 }
 
-/// Opens an existing store; inspection never creates a file.
+/// Opens an existing store of this build's schema: inspection never
+/// creates a file, makes an empty one a store, or migrates a store that
+/// older services still use.
 fn open(common: &Common) -> Result<SqliteStore, PromiseError> {
-    if !common.db.is_file() {
-        return Err(PromiseError::InvalidArgument {
-            message: format!("no database file at {}", common.db.display()),
-        });
-    }
-    SqliteStore::open(&common.db)
+    SqliteStore::open_existing(&common.db)
 }
 
 enum Shown {

@@ -126,6 +126,21 @@ fn bad_input_fails_with_a_clear_message() {
     let out = askpool(&["promises", "list", "--db", missing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(!missing.exists(), "inspection creates no file");
+    // An empty file is not made a store by looking at it.
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let out = askpool(&["promises", "list", "--db", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not an askpool promise store"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::metadata(&empty).unwrap().len(),
+        0,
+        "left unchanged"
+    );
     let junk = dir.path().join("junk.db");
     std::fs::write(&junk, "not sqlite at all ".repeat(300)).unwrap();
     let out = askpool(&["promises", "list", "--db", junk.to_str().unwrap(), "--json"]);

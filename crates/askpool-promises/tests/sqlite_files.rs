@@ -213,3 +213,51 @@ fn stores_opened_at_once_on_a_new_file_all_succeed() {
         assert_eq!(pragma(&path, "user_version"), SCHEMA_VERSION);
     }
 }
+
+/// For inspection (the `askpool promises` command): only a store that is
+/// already this build's is opened. An empty file is not made a store, and
+/// an older one is not migrated (that would lock out the older services
+/// still using it, which refuse a newer schema); both are left unchanged.
+#[test]
+fn open_existing_opens_only_a_current_store_and_changes_no_other_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.db");
+    assert!(matches!(
+        SqliteStore::open_existing(&missing),
+        Err(PromiseError::InvalidArgument { .. })
+    ));
+    assert!(!missing.exists());
+
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(matches!(
+        SqliteStore::open_existing(&empty),
+        Err(PromiseError::InvalidArgument { .. })
+    ));
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0);
+
+    let old = dir.path().join("old.db");
+    {
+        let s = SqliteStore::open(&old).unwrap();
+        s.create(&CreateRequest::new("kept", T + 100), T).unwrap();
+    }
+    Connection::open(&old)
+        .unwrap()
+        .pragma_update(None, "user_version", SCHEMA_VERSION - 1)
+        .unwrap();
+    match SqliteStore::open_existing(&old) {
+        Err(PromiseError::InvalidArgument { message }) => {
+            assert!(message.contains("older"), "{message}")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert_eq!(pragma(&old, "user_version"), SCHEMA_VERSION - 1);
+
+    let current = dir.path().join("current.db");
+    SqliteStore::open(&current)
+        .unwrap()
+        .create(&CreateRequest::new("kept", T + 100), T)
+        .unwrap();
+    let s = SqliteStore::open_existing(&current).unwrap();
+    assert_eq!(s.get("kept", T).unwrap().state, State::Pending);
+}

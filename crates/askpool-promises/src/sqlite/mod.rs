@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rusqlite::{Connection, ErrorCode, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
@@ -118,7 +118,38 @@ impl SqliteStore {
         conn.busy_timeout(options.busy_timeout)
             .map_err(|e| map_err(&path, e))?;
         schema::prepare(&mut conn, &path, options.busy_timeout)?;
-        Ok(Self {
+        Ok(Self::with_connection(path, conn))
+    }
+
+    /// Opens the store in an existing file for inspection: refused
+    /// (`InvalidArgument`) unless the file is already a store of this
+    /// build's schema; nothing in a file it refuses is changed. Reads still
+    /// apply timeouts (the protocol's lazy rule) and writes still write.
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_existing_with(path, SqliteOptions::default())
+    }
+
+    pub fn open_existing_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
+        let path = path.as_ref().to_owned();
+        if !path.is_file() {
+            return Err(PromiseError::invalid(format!(
+                "no database file at {}",
+                path.display()
+            )));
+        }
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| map_err(&path, e))?;
+        conn.busy_timeout(options.busy_timeout)
+            .map_err(|e| map_err(&path, e))?;
+        schema::check_current(&conn, &path)?;
+        Ok(Self::with_connection(path, conn))
+    }
+
+    fn with_connection(path: PathBuf, conn: Connection) -> Self {
+        Self {
             path,
             inner: Mutex::new(Inner {
                 conn,
@@ -127,7 +158,7 @@ impl SqliteStore {
                     passed: 0,
                 },
             }),
-        })
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -135,6 +135,28 @@ fn switch_to_wal(conn: &Connection, path: &Path, busy_timeout: Duration) -> Resu
     }
 }
 
+/// Checks that the file is a store of this build's schema, changing
+/// nothing: for tools that inspect a store some service owns (an empty file
+/// made a store, or an older one migrated, would be a side effect; the
+/// latter locks out older services, which refuse a newer schema).
+pub(super) fn check_current(conn: &Connection, path: &Path) -> Result<()> {
+    let version = check(conn, path)?;
+    if version == 0 {
+        return Err(PromiseError::invalid(format!(
+            "{} is not an askpool promise store (no schema)",
+            path.display()
+        )));
+    }
+    if version < SCHEMA_VERSION {
+        return Err(PromiseError::invalid(format!(
+            "{} is a store of an older schema (version {version}; this build writes \
+             {SCHEMA_VERSION}): open it from the services that use it to migrate it first",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks what the file is, then brings its schema up to date.
 pub(super) fn prepare(conn: &mut Connection, path: &Path, busy_timeout: Duration) -> Result<()> {
     let err = |e| map_err(path, e);
