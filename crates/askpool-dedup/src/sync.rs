@@ -92,6 +92,8 @@ impl NodeLock {
     /// the preempted holder included.
     #[cold]
     fn wait(&self) {
+        // Under loom every round just yields: the count goes unused.
+        #[cfg_attr(loom, allow(unused_mut))]
         let mut round = 0u32;
         while self.flag.load(Ordering::Relaxed) {
             #[cfg(not(loom))]
