@@ -17,8 +17,10 @@
 //! runs the handler again: handler-once across processes holds within one
 //! worker process only.
 //!
-//! Transient failures (timeouts, an unavailable pool, a cancelled ask)
-//! leave the promise pending for a later await; permanent ones reject it.
+//! Transient failures (timeouts, an unavailable pool, a cancelled ask) and
+//! `NoRoute` (no pool of that name on this node, yet) leave the promise
+//! pending for a later await, until its timeout; other permanent failures
+//! reject it.
 //! The store is called inline from the async code (see [`Store`]).
 
 use std::future::Future;

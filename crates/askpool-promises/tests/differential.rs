@@ -129,9 +129,28 @@ impl Driver {
                 }
             }
             55..=69 => {
+                // Half the time between pending promises: most ids of the
+                // small set have settled, and an execution awaits what is
+                // still running (several things per suspension, so that
+                // resumptions leave callbacks of ended suspensions).
+                let pending: Vec<String> = model
+                    .snapshot()
+                    .unwrap()
+                    .promises
+                    .into_iter()
+                    .filter(|p| p.state == State::Pending)
+                    .map(|p| p.id)
+                    .collect();
+                let id = |r: &mut SmallRng| {
+                    if !pending.is_empty() && r.random_bool(0.5) {
+                        pending[r.random_range(0..pending.len())].clone()
+                    } else {
+                        pick(r, IDS).to_owned()
+                    }
+                };
                 let req = CallbackRequest {
-                    awaited: pick(r, IDS).to_owned(),
-                    awaiter: pick(r, IDS).to_owned(),
+                    awaited: id(r),
+                    awaiter: id(r),
                     pool: pick(r, POOLS).to_owned(),
                     preferred_worker: maybe(r, WORKERS),
                 };
@@ -173,6 +192,7 @@ impl Driver {
             }
             88..=95 => {
                 let Some(lease) = self.lease() else { return };
+                let before = model.snapshot().unwrap().callbacks.len();
                 let (a, b) = (
                     model.complete_task(&lease, now),
                     sql.complete_task(&lease, now),
@@ -180,6 +200,9 @@ impl Driver {
                 assert_eq!(a, b, "complete_task {lease:?}");
                 if a.is_ok() {
                     self.ok("complete_task");
+                    if model.snapshot().unwrap().callbacks.len() < before {
+                        self.ok("complete_task (ended a suspension's callbacks)");
+                    }
                 }
             }
             _ => {
@@ -202,7 +225,13 @@ impl Driver {
                 claim: self.rng.random_range(1..3),
             });
         }
-        let i = self.rng.random_range(0..self.leases.len());
+        // Often the latest: a worker heartbeats and completes what it just
+        // claimed, before its lease expires.
+        let i = if self.rng.random_bool(0.5) {
+            self.leases.len() - 1
+        } else {
+            self.rng.random_range(0..self.leases.len())
+        };
         Some(self.leases[i].clone())
     }
 }
@@ -273,6 +302,7 @@ fn run(steps: usize, seed: u64) {
         "claim",
         "heartbeat",
         "complete_task",
+        "complete_task (ended a suspension's callbacks)",
         "sweep",
         "prune",
     ];
