@@ -198,6 +198,9 @@ where
         let request_id: RequestId = id.parse().map_err(|e| AskError::InvalidArgument {
             message: format!("not a durable ask id: {e}"),
         })?;
+        // Stored under the id's canonical form (lowercase hex), whatever
+        // case the caller writes it in.
+        let id = &request_id.to_string();
         let promise = promises.store().get(id, now_millis())?;
         // Someone else's promise would be read as an outcome, or asked of
         // a pool named "" and rejected with the failure.

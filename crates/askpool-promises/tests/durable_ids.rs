@@ -84,3 +84,20 @@ async fn no_route_leaves_a_durable_ask_pending_for_a_later_await() {
         .await;
     assert_eq!(again.unwrap(), "a:hi");
 }
+
+/// A request id parses in either case, and a durable ask's promise is
+/// stored under its canonical (lowercase) form: awaiting it by the id in
+/// upper case finds it rather than failing `NotFound`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_awaited_in_upper_case_finds_its_promise() {
+    let node = echo_node();
+    let promises = DurablePromises::in_memory();
+    let id = fresh_id();
+    let first = node
+        .ask_durable_with_id(&promises, id, "a", "hi".into())
+        .unwrap();
+    assert_eq!(first.await.unwrap(), "a:hi");
+    let upper = id.to_string().to_uppercase();
+    let again = node.await_durable(&promises, &upper).unwrap().await;
+    assert_eq!(again.unwrap(), "a:hi");
+}
