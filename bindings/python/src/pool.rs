@@ -407,13 +407,17 @@ impl Ctx {
         self.context.is_cancelled()
     }
     /// Reports progress: the caller's stage stream gets a PARTIAL event.
+    /// The fraction is clamped to [0, 1].
     #[pyo3(signature = (fraction, note=""))]
-    fn progress(&self, fraction: f32, note: &str) -> PyResult<()> {
+    fn progress(&self, fraction: f64, note: &str) -> PyResult<()> {
         if !fraction.is_finite() {
             return errors::to_py(Err(AskError::InvalidArgument {
                 message: format!("progress fraction must be finite, not {fraction}"),
             }));
         }
+        // Clamped before the narrowing to f32: a finite float past f32's
+        // range would otherwise become infinite.
+        let fraction = fraction.clamp(0.0, 1.0) as f32;
         self.context.report(Progress::new(fraction, note));
         Ok(())
     }
