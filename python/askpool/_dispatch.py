@@ -9,12 +9,14 @@ stopped (``resume``); an exception is described by ``failure``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional
+from typing import Any, Callable, Coroutine, Generator, Optional
 
 from . import _native
 from ._errors import AskpoolError
 
-Handler = Callable[[Any, "_native.Context"], Awaitable[Any]]
+#: An ``async def handler(msg, ctx)`` (the extension drives the coroutine it
+#: returns), or an object with such an ``async def __call__``.
+Handler = Callable[[Any, "_native.Context"], Coroutine[Any, Any, Any]]
 
 #: Handler tasks while they run: the loop keeps only weak references.
 _running: set[asyncio.Task[None]] = set()

@@ -225,10 +225,14 @@ class Pool:
         self._native: Optional[_native.NativePool] = None
 
     def handler(self, fn: H) -> H:
-        """Registers ``async def fn(msg, ctx)`` and starts the pool's workers
-        on the running event loop."""
+        """Registers ``async def fn(msg, ctx)`` (or an object with an
+        ``async def __call__``) and starts the pool's workers on the running
+        event loop."""
         declared: object = fn  # no TypeGuard narrowing of `fn` itself
-        if not inspect.iscoroutinefunction(declared):
+        if not (
+            inspect.iscoroutinefunction(declared)
+            or inspect.iscoroutinefunction(getattr(type(declared), "__call__", None))
+        ):
             raise TypeError(f"a pool handler must be an `async def`, not {fn!r}")
         if self._native is not None:
             from ._errors import FailedPreconditionError

@@ -269,3 +269,23 @@ async def test_progress_out_of_range_is_clamped_even_past_a_float32() -> None:
     assert [e.fraction for e in events if e.stage == "PARTIAL"] == [0.0, 0.5, 1.0]
     assert len(refused) == 2
 
+
+class _CallableHandler:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, msg: Any, ctx: Context) -> Any:
+        self.calls += 1
+        await asyncio.sleep(0)
+        return msg
+
+
+async def test_an_object_with_an_async_call_is_a_handler() -> None:
+    async with Node() as node:
+        handler = _CallableHandler()
+        assert node.pool("obj").handler(handler) is handler
+        payload = object()
+        assert await node.ask("obj", payload, timeout=5) is payload
+        assert handler.calls == 1
+        with pytest.raises(TypeError):
+            node.pool("lambda").handler(lambda msg, ctx: handler(msg, ctx))
