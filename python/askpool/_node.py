@@ -55,6 +55,16 @@ def _ask_args(
         and fingerprint is None
     ):
         return None
+    if fingerprint is not None and (
+        isinstance(fingerprint, bool)
+        or not isinstance(fingerprint, int)
+        or not 0 <= fingerprint < 2**128
+    ):
+        from ._errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"fingerprint must be an int from 0 to 2**128 - 1, not {fingerprint!r}"
+        )
     return (preferred_worker, request_id, correlation_id, causation_id, fingerprint)
 
 

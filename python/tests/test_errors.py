@@ -551,3 +551,17 @@ async def test_repeated_timeouts_open_the_circuit_breaker() -> None:
         with pytest.raises(askpool.UnavailableError) as info:
             await node.ask("stuck", 0, timeout=1)
         assert "circuit open" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [-1, 2**128, True, "7", 1.5])
+async def test_a_fingerprint_out_of_range_or_not_an_int_is_invalid_argument(value: Any) -> None:
+    # "an int < 2**128": anything else is refused the way other bad options
+    # are, not with an OverflowError or a TypeError naming an internal tuple.
+    async with Node() as node:
+        with pytest.raises(askpool.InvalidArgumentError, match="fingerprint"):
+            node.ask("p", 1, request_id="1" * 32, fingerprint=value)
+        with pytest.raises(askpool.InvalidArgumentError, match="fingerprint"):
+            await asyncio.to_thread(node.ask_sync, "p", 1, fingerprint=value)
+        with pytest.raises(askpool.NoRouteError):  # the largest is fine
+            await node.ask("p", 1, timeout=1, fingerprint=2**128 - 1)
+
