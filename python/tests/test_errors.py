@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import pickle
 from typing import Any, Optional
 
 import pytest
@@ -565,3 +567,21 @@ async def test_a_fingerprint_out_of_range_or_not_an_int_is_invalid_argument(valu
         with pytest.raises(askpool.NoRouteError):  # the largest is fine
             await node.ask("p", 1, timeout=1, fingerprint=2**128 - 1)
 
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        askpool.HandlerError("handler failed: KeyError: 'k'", "KeyError", "'k'"),
+        askpool.AskTimeoutError("ask timed out"),
+        askpool.NoRouteError("no route"),
+    ],
+)
+def test_errors_survive_pickle_and_copy(error: askpool.AskpoolError) -> None:
+    # Exceptions cross processes pickled (concurrent.futures, multiprocessing).
+    for clone in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(clone) is type(error)
+        assert clone.args == error.args
+        assert str(clone) == str(error)
+        if isinstance(error, askpool.HandlerError):
+            assert isinstance(clone, askpool.HandlerError)
+            assert (clone.type_name, clone.message) == (error.type_name, error.message)
