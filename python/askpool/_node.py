@@ -9,7 +9,7 @@ import weakref
 from types import TracebackType
 from typing import Any, AsyncIterator, NamedTuple, Optional, TypeVar
 
-from . import _native
+from . import _dispatch, _native
 from ._dispatch import Handler
 from ._errors import AskpoolError, NoRunningLoopError
 from ._promises import Promises
@@ -196,12 +196,17 @@ class DurableHandle(asyncio.Future[Any]):
 
 async def _close_with_loop(pool: _native.NativePool) -> None:
     """Waits for its loop's shutdown, then closes the pool."""
+    loop = asyncio.get_running_loop()
     try:
         # A timer, not a bare future: the loop holds its timers, so this task
         # stays reachable (and uncollected) for as long as the loop lives.
         await asyncio.sleep(_FOREVER)
     finally:
         pool.close()
+        if loop.is_closed():
+            # Closed without cancelling its tasks: handlers left running
+            # on it would hold their requests for good.
+            _dispatch.abandon(loop)
 
 
 #: Longer than any loop runs (about 31 years).
