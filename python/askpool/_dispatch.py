@@ -9,15 +9,21 @@ stopped (``resume``); an exception is described by ``failure``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional
+from typing import Any, Callable, Coroutine, Generator, Optional
 
 from . import _native
 from ._errors import AskpoolError
 
-Handler = Callable[[Any, "_native.Context"], Awaitable[Any]]
+#: An ``async def handler(msg, ctx)`` (the extension drives the coroutine it
+#: returns), or an object with such an ``async def __call__``.
+Handler = Callable[[Any, "_native.Context"], Coroutine[Any, Any, Any]]
 
-#: Handler tasks while they run: the loop keeps only weak references.
-_running: set[asyncio.Task[None]] = set()
+#: Handler tasks while they run, with their replies: the loop keeps only
+#: weak references.
+_running: dict[asyncio.Task[None], _native.Reply] = {}
+
+#: The replies of the handlers ``abandon`` is closing.
+_abandoned: set[_native.Reply] = set()
 
 
 #: What asyncio lets out of a task and out of the loop.
@@ -93,6 +99,10 @@ async def _finish(coro: Coroutine[Any, Any, Any], first: Any, reply: _native.Rep
     try:
         value = await _Resume(coro, first)
     except BaseException as exc:
+        if reply in _abandoned:
+            # Closed with its loop (``abandon``): the close goes on.
+            reply.cancelled()
+            raise
         _answer_failure(reply, exc)
         # Answered: only what asyncio lets out of any task goes on (another
         # BaseException would only be logged as never retrieved).
@@ -105,5 +115,31 @@ async def _finish(coro: Coroutine[Any, Any, Any], first: Any, reply: _native.Rep
 def resume(coro: Coroutine[Any, Any, Any], first: Any, reply: _native.Reply) -> None:
     """Continues a handler that awaited as a task of the running loop."""
     task = asyncio.get_running_loop().create_task(_finish(coro, first, reply))
-    _running.add(task)
-    task.add_done_callback(_running.discard)
+    _running[task] = reply
+    task.add_done_callback(_forget)
+
+
+def _forget(task: asyncio.Task[None]) -> None:
+    _running.pop(task, None)
+
+
+def abandon(loop: asyncio.AbstractEventLoop) -> None:
+    """``loop`` was closed with handlers of it still running (stopped and
+    closed without cancelling its tasks): they can never run again. Each is
+    closed (its ``finally`` blocks run) and its request answered as
+    cancelled, so that its caller is told instead of waiting out its timeout
+    and nothing of it is kept."""
+    first: Optional[BaseException] = None
+    for task, reply in [(t, r) for t, r in _running.items() if t.get_loop() is loop]:
+        del _running[task]
+        # Pending for good, and on purpose: nothing to warn about.
+        setattr(task, "_log_destroy_pending", False)
+        _abandoned.add(reply)
+        try:
+            task.get_coro().close()
+        except BaseException as exc:  # a handler that would not stop: the others still are
+            first = first or exc
+        finally:
+            _abandoned.discard(reply)
+    if first is not None:
+        raise first

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 
 class AskpoolError(Exception):
@@ -95,6 +95,14 @@ class HandlerError(AskpoolError, RuntimeError):
         super().__init__(text)
         self.type_name = type_name
         self.message = message
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[HandlerError], tuple[str, str, str], dict[str, Any]]:
+        # Pickling rebuilds an exception from ``args`` (the text alone) by
+        # default, which this ``__init__`` refuses: pickle and copy would fail.
+        text = str(self.args[0]) if self.args else ""
+        return (type(self), (text, self.type_name, self.message), self.__dict__)
 
 
 class NoRunningLoopError(AskpoolError, RuntimeError):

@@ -9,7 +9,7 @@ import weakref
 from types import TracebackType
 from typing import Any, AsyncIterator, NamedTuple, Optional, TypeVar
 
-from . import _native
+from . import _dispatch, _native
 from ._dispatch import Handler
 from ._errors import AskpoolError, NoRunningLoopError
 from ._promises import Promises
@@ -55,6 +55,16 @@ def _ask_args(
         and fingerprint is None
     ):
         return None
+    if fingerprint is not None and (
+        isinstance(fingerprint, bool)
+        or not isinstance(fingerprint, int)
+        or not 0 <= fingerprint < 2**128
+    ):
+        from ._errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"fingerprint must be an int from 0 to 2**128 - 1, not {fingerprint!r}"
+        )
     return (preferred_worker, request_id, correlation_id, causation_id, fingerprint)
 
 
@@ -186,12 +196,17 @@ class DurableHandle(asyncio.Future[Any]):
 
 async def _close_with_loop(pool: _native.NativePool) -> None:
     """Waits for its loop's shutdown, then closes the pool."""
+    loop = asyncio.get_running_loop()
     try:
         # A timer, not a bare future: the loop holds its timers, so this task
         # stays reachable (and uncollected) for as long as the loop lives.
         await asyncio.sleep(_FOREVER)
     finally:
         pool.close()
+        if loop.is_closed():
+            # Closed without cancelling its tasks: handlers left running
+            # on it would hold their requests for good.
+            _dispatch.abandon(loop)
 
 
 #: Longer than any loop runs (about 31 years).
@@ -225,10 +240,14 @@ class Pool:
         self._native: Optional[_native.NativePool] = None
 
     def handler(self, fn: H) -> H:
-        """Registers ``async def fn(msg, ctx)`` and starts the pool's workers
-        on the running event loop."""
+        """Registers ``async def fn(msg, ctx)`` (or an object with an
+        ``async def __call__``) and starts the pool's workers on the running
+        event loop."""
         declared: object = fn  # no TypeGuard narrowing of `fn` itself
-        if not inspect.iscoroutinefunction(declared):
+        if not (
+            inspect.iscoroutinefunction(declared)
+            or inspect.iscoroutinefunction(getattr(type(declared), "__call__", None))
+        ):
             raise TypeError(f"a pool handler must be an `async def`, not {fn!r}")
         if self._native is not None:
             from ._errors import FailedPreconditionError

@@ -243,3 +243,49 @@ async def test_a_second_pool_with_the_same_name_is_refused() -> None:
 
         with pytest.raises(askpool.InvalidArgumentError):
             second.handler(handle)
+
+
+async def test_progress_out_of_range_is_clamped_even_past_a_float32() -> None:
+    # The fraction is clamped to [0, 1]; a finite float too large for the
+    # core's float32 is clamped too, not refused as "not finite".
+    async with Node() as node:
+        refused: list[float] = []
+
+        @node.pool("work").handler
+        async def handle(msg: Any, ctx: Context) -> None:
+            await asyncio.sleep(0)
+            # Progress only moves forward: a rising series.
+            for fraction in (-1e300, 0.5, 1e300):
+                ctx.progress(fraction, "n")
+            for bad in (float("nan"), float("inf")):
+                with pytest.raises(askpool.InvalidArgumentError):
+                    ctx.progress(bad)
+                refused.append(bad)
+            await asyncio.sleep(0)
+
+        handle_ = node.ask("work", None, timeout=5)
+        events = [e async for e in handle_.stages()]
+        await handle_
+    assert [e.fraction for e in events if e.stage == "PARTIAL"] == [0.0, 0.5, 1.0]
+    assert len(refused) == 2
+
+
+class _CallableHandler:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, msg: Any, ctx: Context) -> Any:
+        self.calls += 1
+        await asyncio.sleep(0)
+        return msg
+
+
+async def test_an_object_with_an_async_call_is_a_handler() -> None:
+    async with Node() as node:
+        handler = _CallableHandler()
+        assert node.pool("obj").handler(handler) is handler
+        payload = object()
+        assert await node.ask("obj", payload, timeout=5) is payload
+        assert handler.calls == 1
+        with pytest.raises(TypeError):
+            node.pool("lambda").handler(lambda msg, ctx: handler(msg, ctx))

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import gc
+import pickle
+import threading
 from typing import Any, Optional
 
 import pytest
 
 import askpool
-from askpool import Context, Node, _native
+from askpool import Context, Node, _dispatch, _native
 from askpool._errors import ERRORS, from_native
 
 BUILTIN = {
@@ -504,6 +508,54 @@ def test_a_pool_leaves_the_node_when_its_event_loop_ends() -> None:
     node.close()
 
 
+def test_a_handler_left_running_by_a_closed_loop_is_answered_cancelled() -> None:
+    # A loop stopped and closed without cancelling its tasks (run_forever or
+    # run_until_complete, then close): its handlers can never run again. Their
+    # callers are told (AskCancelledError) instead of waiting out their
+    # timeouts, the handlers' `finally` runs, and nothing of them is kept.
+    node = Node()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    started = threading.Event()
+    cleaned_up: list[bool] = []
+
+    async def host() -> None:
+        @node.pool("stuck").handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            finally:
+                cleaned_up.append(True)
+
+    asyncio.run_coroutine_threadsafe(host(), loop).result(5)
+    outcome: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            node.ask_sync("stuck", 1, timeout=30)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            outcome.append(e)
+
+    asking = threading.Thread(target=caller)
+    asking.start()
+    try:
+        assert started.wait(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+        gc.collect()
+        asking.join(5)
+        assert not asking.is_alive(), "the caller still waits for a handler that cannot run"
+        assert len(outcome) == 1 and isinstance(outcome[0], askpool.AskCancelledError), outcome
+        assert cleaned_up == [True]
+        assert not [t for t in _dispatch._running if t.get_loop() is loop]
+    finally:
+        node.close()
+        asking.join(35)
+
+
 async def _echo(msg: Any, ctx: Context) -> Any:
     return msg
 
@@ -551,3 +603,35 @@ async def test_repeated_timeouts_open_the_circuit_breaker() -> None:
         with pytest.raises(askpool.UnavailableError) as info:
             await node.ask("stuck", 0, timeout=1)
         assert "circuit open" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [-1, 2**128, True, "7", 1.5])
+async def test_a_fingerprint_out_of_range_or_not_an_int_is_invalid_argument(value: Any) -> None:
+    # "an int < 2**128": anything else is refused the way other bad options
+    # are, not with an OverflowError or a TypeError naming an internal tuple.
+    async with Node() as node:
+        with pytest.raises(askpool.InvalidArgumentError, match="fingerprint"):
+            node.ask("p", 1, request_id="1" * 32, fingerprint=value)
+        with pytest.raises(askpool.InvalidArgumentError, match="fingerprint"):
+            await asyncio.to_thread(node.ask_sync, "p", 1, fingerprint=value)
+        with pytest.raises(askpool.NoRouteError):  # the largest is fine
+            await node.ask("p", 1, timeout=1, fingerprint=2**128 - 1)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        askpool.HandlerError("handler failed: KeyError: 'k'", "KeyError", "'k'"),
+        askpool.AskTimeoutError("ask timed out"),
+        askpool.NoRouteError("no route"),
+    ],
+)
+def test_errors_survive_pickle_and_copy(error: askpool.AskpoolError) -> None:
+    # Exceptions cross processes pickled (concurrent.futures, multiprocessing).
+    for clone in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(clone) is type(error)
+        assert clone.args == error.args
+        assert str(clone) == str(error)
+        if isinstance(error, askpool.HandlerError):
+            assert isinstance(clone, askpool.HandlerError)
+            assert (clone.type_name, clone.message) == (error.type_name, error.message)

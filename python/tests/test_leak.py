@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
+import weakref
 from typing import Any
 
 import askpool
@@ -130,3 +132,68 @@ async def test_closing_a_pool_stops_its_workers() -> None:
             pass
         else:
             raise AssertionError("a closed pool still answered")
+
+
+async def test_wait_cancelled_futures_are_released_once_the_handler_answers() -> None:
+    # The usual race of work against the cancel: `asyncio.wait` of both, the
+    # loser cancelled or just dropped. Nothing of a request whose handler
+    # answered may stay behind waiting for a cancel that cannot come any more.
+    futures: list[weakref.ref[asyncio.Future[None]]] = []
+    async with Node() as node:
+        pool = node.pool("race", concurrency=4)
+
+        @pool.handler
+        async def race(msg: int, ctx: Context) -> int:
+            cancel = ctx.wait_cancelled()
+            futures.append(weakref.ref(cancel))
+            work = asyncio.ensure_future(asyncio.sleep(0))
+            _, pending = await asyncio.wait({work, cancel}, return_when=asyncio.FIRST_COMPLETED)
+            if msg % 2:
+                for p in pending:
+                    p.cancel()
+            return msg
+
+        @node.pool("sync").handler
+        async def no_await(msg: int, ctx: Context) -> int:
+            futures.append(weakref.ref(ctx.wait_cancelled()))
+            return msg
+
+        for i in range(200):
+            assert await node.ask("race", i, timeout=5) == i
+            assert await node.ask("sync", i, timeout=5) == i
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()
+        assert len(futures) == 400
+        alive = [f for f in futures if f() is not None]
+        assert alive == [], f"{len(alive)} wait_cancelled() futures still held"
+        assert node._driver is not None and node._driver.queued() == 0
+
+
+async def test_a_cancelled_wait_cancelled_future_is_released_while_its_handler_runs() -> None:
+    # A long handler that checks for a cancel now and then with a timeout:
+    # each timed-out wait is let go at once, not kept until the handler ends.
+    futures: list[weakref.ref[asyncio.Future[None]]] = []
+    checked = asyncio.Event()
+    release = asyncio.Event()
+    async with Node() as node:
+
+        @node.pool("long").handler
+        async def long(msg: int, ctx: Context) -> int:
+            for _ in range(50):
+                cancel = ctx.wait_cancelled()
+                futures.append(weakref.ref(cancel))
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(cancel, 0.0001)
+                del cancel
+            checked.set()
+            await release.wait()
+            return msg
+
+        ask = node.ask("long", 1, timeout=10)
+        await asyncio.wait_for(checked.wait(), 5)
+        gc.collect()
+        alive = [f for f in futures if f() is not None]
+        assert alive == [], f"{len(alive)} timed-out wait_cancelled() futures still held"
+        release.set()
+        assert await ask == 1

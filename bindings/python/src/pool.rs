@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
 use askpool::{
@@ -148,10 +148,12 @@ impl SlotTask {
             context,
             responder,
         } = request;
+        let waits = Arc::new(Waits::default());
         let ctx = Ctx {
             context,
             worker: self.worker_id.clone(),
             driver: Arc::clone(&self.driver),
+            waits: Arc::clone(&waits),
         };
         let started = self
             .handler
@@ -165,6 +167,7 @@ impl SlotTask {
                     inner: Mutex::new(Some(Pending {
                         responder,
                         slot: SlotRelease(Arc::clone(self)),
+                        waits: WaitsRelease(waits),
                     })),
                 };
                 if let Err(e) = hooks(py).and_then(|h| h.resume.call1(py, (coro, first, reply))) {
@@ -172,8 +175,14 @@ impl SlotTask {
                     e.write_unraisable(py, None);
                 }
             }
-            Ok((Sent::Returned(value), _)) => responder.reply(Obj::new(value.unbind())),
-            Err(e) => fail(py, responder, &e),
+            Ok((Sent::Returned(value), _)) => {
+                responder.reply(Obj::new(value.unbind()));
+                waits.release();
+            }
+            Err(e) => {
+                fail(py, responder, &e);
+                waits.release();
+            }
         }
     }
 }
@@ -230,6 +239,72 @@ impl Drop for SlotRelease {
 struct Pending {
     responder: Responder<Obj, Obj>,
     slot: SlotRelease,
+    waits: WaitsRelease,
+}
+
+type WaitTask = FutureTask<Pin<Box<dyn Future<Output = ()> + Send>>>;
+
+/// The `ctx.wait_cancelled()` futures of one request. A wait ends with its
+/// cancel; else it is let go when the request is answered (no cancel can
+/// come any more) or when its asyncio future is done by other means (a
+/// timeout around it, the handler cancelling it): otherwise each would stay
+/// polled, holding its future and the request, until the pool closes.
+struct Waits {
+    /// `None` once the request is answered.
+    tasks: Mutex<Option<Vec<Weak<WaitTask>>>>,
+}
+
+impl Waits {
+    /// Records `task`; `false` if the request is already answered.
+    fn add(&self, task: &Arc<WaitTask>) -> bool {
+        let mut tasks = self.tasks.lock();
+        let Some(tasks) = tasks.as_mut() else {
+            return false;
+        };
+        tasks.retain(|t| t.strong_count() > 0);
+        tasks.push(Arc::downgrade(task));
+        true
+    }
+
+    /// The request is answered: lets every wait go.
+    fn release(&self) {
+        let tasks = self.tasks.lock().take();
+        for task in tasks.into_iter().flatten() {
+            if let Some(task) = task.upgrade() {
+                task.abandon();
+            }
+        }
+    }
+}
+
+impl Default for Waits {
+    fn default() -> Self {
+        Self {
+            tasks: Mutex::new(Some(Vec::new())),
+        }
+    }
+}
+
+/// Lets the waits go when the request is answered (or its `Reply` dropped).
+struct WaitsRelease(Arc<Waits>);
+
+impl Drop for WaitsRelease {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// A done callback of a `wait_cancelled()` future: lets its wait go.
+#[pyclass(frozen, module = "askpool._native")]
+struct ReleaseWait(Weak<WaitTask>);
+
+#[pymethods]
+impl ReleaseWait {
+    fn __call__(&self, _future: &Bound<'_, PyAny>) {
+        if let Some(task) = self.0.upgrade() {
+            task.abandon();
+        }
+    }
 }
 
 /// Answers one request, once.
@@ -260,6 +335,7 @@ impl Reply {
     fn ok(&self, value: Py<PyAny>) -> PyResult<()> {
         let pending = self.take()?;
         pending.responder.reply(Obj::new(value));
+        drop(pending.waits);
         drop(pending.slot);
         Ok(())
     }
@@ -272,6 +348,7 @@ impl Reply {
         pending
             .responder
             .fail(errors::from_handler(code, type_name, message));
+        drop(pending.waits);
         drop(pending.slot);
         Ok(())
     }
@@ -280,6 +357,7 @@ impl Reply {
     fn cancelled(&self) -> PyResult<()> {
         let pending = self.take()?;
         pending.responder.cancel();
+        drop(pending.waits);
         drop(pending.slot);
         Ok(())
     }
@@ -291,6 +369,7 @@ pub(crate) struct Ctx {
     context: RequestContext,
     worker: WorkerId,
     driver: Arc<DriverShared>,
+    waits: Arc<Waits>,
 }
 
 #[pymethods]
@@ -328,18 +407,23 @@ impl Ctx {
         self.context.is_cancelled()
     }
     /// Reports progress: the caller's stage stream gets a PARTIAL event.
+    /// The fraction is clamped to [0, 1].
     #[pyo3(signature = (fraction, note=""))]
-    fn progress(&self, fraction: f32, note: &str) -> PyResult<()> {
+    fn progress(&self, fraction: f64, note: &str) -> PyResult<()> {
         if !fraction.is_finite() {
             return errors::to_py(Err(AskError::InvalidArgument {
                 message: format!("progress fraction must be finite, not {fraction}"),
             }));
         }
+        // Clamped before the narrowing to f32: a finite float past f32's
+        // range would otherwise become infinite.
+        let fraction = fraction.clamp(0.0, 1.0) as f32;
         self.context.report(Progress::new(fraction, note));
         Ok(())
     }
     /// An asyncio future (of the running loop) that completes when the
-    /// request is cancelled.
+    /// request is cancelled. It stays pending if the request is answered
+    /// first (and is then no longer watched).
     fn wait_cancelled<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let target = py
             .import(intern!(py, "asyncio"))?
@@ -348,9 +432,21 @@ impl Ctx {
         let context = self.context.clone();
         let wait: Pin<Box<dyn Future<Output = ()> + Send>> =
             Box::pin(async move { context.cancelled().await });
-        FutureTask::spawn(&self.driver, wait, target.clone().unbind(), |py, ()| {
+        let task = FutureTask::spawn(&self.driver, wait, target.clone().unbind(), |py, ()| {
             Ok(py.None())
         });
+        if !self.waits.add(&task) {
+            // Answered already: a cancel can only have come before.
+            task.abandon();
+            if self.context.is_cancelled() {
+                target.call_method1(intern!(py, "set_result"), (py.None(),))?;
+            }
+            return Ok(target);
+        }
+        target.call_method1(
+            intern!(py, "add_done_callback"),
+            (ReleaseWait(Arc::downgrade(&task)),),
+        )?;
         Ok(target)
     }
 }
