@@ -888,7 +888,34 @@ class Node {
   /** @internal */
   _stages(stream) {
     const node = this;
+    // Reads asked for and not answered yet, oldest first. The addon reads
+    // one stage at a time: a next() called before the previous one settled
+    // waits its turn, as with an async generator.
+    const waiting = [];
+    let reading = false;
     let done = false;
+    const finish = () => {
+      done = true;
+      for (const resolve of waiting.splice(0)) resolve({ value: undefined, done: true });
+    };
+    const onStage = (stage) => {
+      node.#outstanding--;
+      reading = false;
+      node.#streamReaders.delete(stream);
+      if (stage === null) {
+        finish();
+        return;
+      }
+      waiting.shift()?.({ value: stage, done: false });
+      if (waiting.length > 0) read();
+    };
+    const read = () => {
+      reading = true;
+      node.#streamReaders.set(stream, onStage);
+      if (node.#outstanding++ === 0) node.#hold();
+      node.#core.nextStage(stream);
+      node.#schedule();
+    };
     return {
       [Symbol.asyncIterator]() {
         return this;
@@ -896,25 +923,17 @@ class Node {
       next() {
         if (done) return Promise.resolve({ value: undefined, done: true });
         return new Promise((resolve) => {
-          node.#streamReaders.set(stream, (stage) => {
-            node.#outstanding--;
-            if (stage === null) {
-              done = true;
-              resolve({ value: undefined, done: true });
-            } else {
-              node.#streamReaders.delete(stream);
-              resolve({ value: stage, done: false });
-            }
-          });
-          if (node.#outstanding++ === 0) node.#hold();
-          node.#core.nextStage(stream);
-          node.#schedule();
+          waiting.push(resolve);
+          if (!reading) read();
         });
       },
+      // Reads still waiting end now; one the addon is doing ends (and is
+      // counted off) at the next drain.
       return() {
         if (!done) {
-          done = true;
+          finish();
           node.#core.dropStream(stream);
+          node.#schedule();
         }
         return Promise.resolve({ value: undefined, done: true });
       },

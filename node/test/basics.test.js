@@ -102,6 +102,51 @@ test('stages can be read after the ask ended', async () => {
   await node.close();
 });
 
+test('stages(): next() called again before a stage came queues, as an async generator does', { timeout: 10_000 }, async () => {
+  const node = new Node();
+  node.pool('p').handle(async (m, ctx) => {
+    ctx.progress(0.5, 'half');
+    await new Promise((r) => setTimeout(r, 5));
+    return m;
+  });
+  const handle = node.askHandle('p', 1);
+  const it = handle.stages()[Symbol.asyncIterator]();
+  const reads = [it.next(), it.next(), it.next(), it.next(), it.next(), it.next(), it.next()];
+  const got = await Promise.all(reads);
+  assert.deepEqual(
+    got.map((r) => (r.done ? 'done' : r.value.stage)),
+    ['SENT', 'RECEIVED', 'READ', 'PARTIAL', 'FULFILLED', 'done', 'done'],
+  );
+  assert.equal(await handle, 1);
+  assert.equal(node.stats().outstanding, 0, 'no read left pending (it would keep the process alive)');
+  assert.equal(node.stats().streams, 0);
+  await node.close();
+});
+
+test('stages(): return() with a read pending ends the read; a stream opened right after gets every stage', { timeout: 10_000 }, async () => {
+  const node = new Node();
+  let release;
+  node.pool('slow').handle((m) => new Promise((r) => (release = () => r(m))));
+  node.pool('echo').handle((m) => m);
+  const first = node.askHandle('slow', 1);
+  const it = first.stages()[Symbol.asyncIterator]();
+  for (const stage of ['SENT', 'RECEIVED', 'READ']) assert.equal((await it.next()).value.stage, stage);
+  const pending = it.next(); // the terminal stage is far away
+  it.return(); // not awaited: the next stream opens in the same turn
+  const second = node.askHandle('echo', 2);
+  const names = [];
+  for await (const s of second.stages()) names.push(s.stage);
+  assert.deepEqual(names, ['SENT', 'RECEIVED', 'READ', 'FULFILLED']);
+  assert.deepEqual(await pending, { value: undefined, done: true });
+  assert.deepEqual(await it.next(), { value: undefined, done: true });
+  release();
+  assert.equal(await first, 1);
+  assert.equal(await second, 2);
+  assert.equal(node.stats().outstanding, 0, 'no read left pending (it would keep the process alive)');
+  assert.equal(node.stats().streams, 0);
+  await node.close();
+});
+
 test('tell: the handler runs, the promise resolves to the request id', async () => {
   const node = new Node();
   let got;
