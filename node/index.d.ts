@@ -46,7 +46,11 @@ export interface PoolOptions {
 
 export interface AskOptions {
   timeoutMs?: number;
-  /** Aborting it cancels the ask (a protocol cancel reaches the pool). */
+  /**
+   * Aborting it cancels the ask (a protocol cancel reaches the pool): it
+   * rejects with AskCancelledError whose `cause` is the signal's `reason`.
+   * One signal may serve any number of asks.
+   */
   signal?: AbortSignal;
   /** Route to this worker (`w0`, `w1`, ...) while it lives. */
   preferredWorker?: string;

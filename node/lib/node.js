@@ -123,6 +123,36 @@ function nativeAskOptions(o, msg) {
 
 const NO_OPTIONS = Object.freeze({});
 
+// The asks waiting on each signal, under one 'abort' listener however many
+// share the signal (a listener per ask set off Node's
+// MaxListenersExceededWarning past ten asks on one signal). The listener is
+// removed when the last of them ends.
+const signalWaiters = new WeakMap();
+
+function watchSignal(signal, entry) {
+  let waiters = signalWaiters.get(signal);
+  if (waiters === undefined) {
+    const entries = new Set();
+    const listener = () => {
+      signalWaiters.delete(signal);
+      for (const e of [...entries]) e.onAbort();
+    };
+    waiters = { entries, listener };
+    signal.addEventListener('abort', listener, { once: true });
+    signalWaiters.set(signal, waiters);
+  }
+  waiters.entries.add(entry);
+}
+
+function unwatchSignal(signal, entry) {
+  const waiters = signalWaiters.get(signal);
+  if (waiters === undefined || !waiters.entries.delete(entry)) return;
+  if (waiters.entries.size === 0) {
+    signalWaiters.delete(signal);
+    signal.removeEventListener('abort', waiters.listener);
+  }
+}
+
 // An AbortSignal, or a signal that works like one (addEventListener('abort')).
 function isSignal(signal) {
   return (
@@ -596,15 +626,18 @@ class Node {
   }
 
   #await(task, signal, tell) {
-    const entry = { resolve: null, reject: null, signal, onAbort: null, tell };
+    const entry = { resolve: null, reject: null, signal, onAbort: null, aborted: false, tell };
     const result = new Promise((resolve, reject) => {
       entry.resolve = resolve;
       entry.reject = reject;
     });
     if (tell) entry.requestId = this.#core.requestId(task);
     if (signal) {
-      entry.onAbort = () => this._cancel(task, result);
-      signal.addEventListener('abort', entry.onAbort, { once: true });
+      entry.onAbort = () => {
+        entry.aborted = true;
+        this._cancel(task, result);
+      };
+      watchSignal(signal, entry);
     }
     entry.result = result;
     this.#waiting[task] = entry;
@@ -715,7 +748,11 @@ class Node {
       }
       case ASK_ERR: {
         const entry = this.#settle(a);
-        entry.reject(fromInfo(this.#core.error(b)));
+        const info = this.#core.error(b);
+        // Cancelled by its signal: the signal's reason is the cause, as
+        // when the signal was aborted before the ask.
+        const cause = entry.aborted && info.code === 'ASK_CANCELLED' ? { cause: entry.signal.reason } : undefined;
+        entry.reject(fromInfo(info, cause));
         return;
       }
       case TELL_OK: {
@@ -757,7 +794,7 @@ class Node {
     const entry = this.#waiting[task];
     this.#waiting[task] = undefined;
     this.#outstanding--;
-    if (entry.onAbort) entry.signal.removeEventListener('abort', entry.onAbort);
+    if (entry.onAbort) unwatchSignal(entry.signal, entry);
     return entry;
   }
 

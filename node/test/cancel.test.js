@@ -46,6 +46,71 @@ test('a signal aborted during the ask: it rejects and the handler sees the cance
   await node.close();
 });
 
+test("a signal aborted during the ask: the rejection's cause is the signal's reason", async () => {
+  const node = new Node();
+  let started;
+  const running = new Promise((r) => (started = r));
+  node.pool('slow').handle((m, ctx) => {
+    started();
+    return new Promise((resolve) => ctx.signal.addEventListener('abort', () => resolve('late')));
+  });
+  const controller = new AbortController();
+  const reason = new Error('the user left');
+  const asked = node.ask('slow', 1, { signal: controller.signal });
+  await running;
+  controller.abort(reason);
+  const err = await asked.catch((e) => e);
+  assert.ok(err instanceof AskCancelledError);
+  assert.equal(err.cause, reason, 'as when the signal was aborted before the ask');
+  // AbortSignal.timeout(): the cause tells a deadline from a user's abort.
+  const timedOut = await node.ask('slow', 2, { signal: AbortSignal.timeout(20) }).catch((e) => e);
+  assert.ok(timedOut instanceof AskCancelledError);
+  assert.equal(timedOut.cause?.name, 'TimeoutError');
+  // A cancel by the handle has no signal, so no cause.
+  const handle = node.askHandle('slow', 3);
+  await tick();
+  handle.cancel();
+  const cancelled = await handle.result.catch((e) => e);
+  assert.equal(cancelled.code, 'ASK_CANCELLED');
+  assert.equal(cancelled.cause, undefined);
+  await node.close();
+});
+
+test('one signal shared by many asks: one abort listener, no MaxListenersExceededWarning', async () => {
+  const { getEventListeners } = require('node:events');
+  const warnings = [];
+  const onWarning = (w) => warnings.push(w);
+  process.on('warning', onWarning);
+  try {
+    const node = new Node();
+    node.pool('echo', { concurrency: 4 }).handle(async (m) => m);
+    node.pool('never').handle(() => new Promise(() => {}));
+    const controller = new AbortController();
+    const { signal } = controller;
+    const replies = await Promise.all(Array.from({ length: 50 }, (_, i) => node.ask('echo', i, { signal })));
+    assert.equal(replies.length, 50);
+    assert.equal(getEventListeners(signal, 'abort').length, 0, 'every listener removed once its ask ended');
+    const pending = Array.from({ length: 50 }, (_, i) => node.ask('never', i, { signal }));
+    assert.equal(getEventListeners(signal, 'abort').length, 1);
+    const reason = new Error('all of them');
+    controller.abort(reason);
+    for (const err of await Promise.all(pending.map((p) => p.catch((e) => e)))) {
+      assert.ok(err instanceof AskCancelledError);
+      assert.equal(err.cause, reason);
+    }
+    assert.equal(node.stats().outstanding, 0);
+    await node.close();
+    await tick();
+    assert.deepEqual(
+      warnings.map((w) => w.name),
+      [],
+      warnings.map((w) => w.message).join('; '),
+    );
+  } finally {
+    process.off('warning', onWarning);
+  }
+});
+
 test('handle.cancel() rejects the ask; cancel after the end does nothing', async () => {
   const node = new Node();
   node.pool('never').handle(() => new Promise(() => {}));
