@@ -289,7 +289,16 @@ class AskHandle {
   }
   /** Cancels the ask: it rejects with AskCancelledError and the pool is told. */
   cancel() {
+    // The caller asked for that rejection: left unawaited, it must not
+    // become an unhandled rejection (which ends the process).
+    this.#observed();
     this.#node._cancel(this.#task, this.result);
+  }
+  // The outcome is observed another way (a cancel, the stages, whose last
+  // is the terminal one): a failure before anyone awaits the handle is not
+  // an unhandled rejection. `result` still rejects for whoever awaits it.
+  #observed() {
+    this.result.catch(() => {});
   }
   /** The ask's ACK stages (SENT, RECEIVED, READ, PARTIAL..., one terminal). */
   stages() {
@@ -297,6 +306,7 @@ class AskHandle {
       throw new InvalidArgumentError('invalid argument: stages() can be read once per ask');
     }
     this.#iterating = true;
+    this.#observed();
     unreadStreams.unregister(this);
     return this.#node._stages(this.#stream);
   }

@@ -5,6 +5,19 @@ const { Node, AskCancelledError } = require('..');
 
 const tick = () => new Promise((r) => setImmediate(r));
 
+// Runs `fn`, collecting what the process emits as `event` meanwhile.
+async function collect(event, fn) {
+  const seen = [];
+  const onEvent = (e) => seen.push(e);
+  process.on(event, onEvent);
+  try {
+    await fn();
+  } finally {
+    process.off(event, onEvent);
+  }
+  return seen;
+}
+
 test('a signal aborted before the ask: nothing is sent', async () => {
   const node = new Node();
   let runs = 0;
@@ -78,10 +91,7 @@ test("a signal aborted during the ask: the rejection's cause is the signal's rea
 
 test('one signal shared by many asks: one abort listener, no MaxListenersExceededWarning', async () => {
   const { getEventListeners } = require('node:events');
-  const warnings = [];
-  const onWarning = (w) => warnings.push(w);
-  process.on('warning', onWarning);
-  try {
+  const warnings = await collect('warning', async () => {
     const node = new Node();
     node.pool('echo', { concurrency: 4 }).handle(async (m) => m);
     node.pool('never').handle(() => new Promise(() => {}));
@@ -101,14 +111,12 @@ test('one signal shared by many asks: one abort listener, no MaxListenersExceede
     assert.equal(node.stats().outstanding, 0);
     await node.close();
     await tick();
-    assert.deepEqual(
-      warnings.map((w) => w.name),
-      [],
-      warnings.map((w) => w.message).join('; '),
-    );
-  } finally {
-    process.off('warning', onWarning);
-  }
+  });
+  assert.deepEqual(
+    warnings.map((w) => w.name),
+    [],
+    warnings.map((w) => w.message).join('; '),
+  );
 });
 
 test('handle.cancel() rejects the ask; cancel after the end does nothing', async () => {
@@ -127,6 +135,35 @@ test('handle.cancel() rejects the ask; cancel after the end does nothing', async
   for await (const s of handle.stages()) stages.push(s.stage);
   assert.equal(stages.at(-1), 'FAILED');
   await node.close();
+});
+
+test('a handle read through its stages or cancelled: its failure is no unhandled rejection', async () => {
+  const unhandled = await collect('unhandledRejection', async () => {
+    const node = new Node();
+    node.pool('never').handle(() => new Promise(() => {}));
+    // The README's loop, with an await in its body: the ask times out
+    // while the loop still runs, before the handle is awaited.
+    const handle = node.askHandle('never', 1, { timeoutMs: 20 });
+    const stages = [];
+    for await (const s of handle.stages()) {
+      stages.push(s.stage);
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.equal(stages.at(-1), 'TIMED_OUT');
+    await assert.rejects(
+      async () => await handle,
+      { code: 'ASK_TIMEOUT' },
+      'the outcome is still there for whoever awaits it',
+    );
+    // Cancelled and left: the caller asked for the AskCancelledError.
+    const left = node.askHandle('never', 2);
+    left.cancel();
+    await new Promise((r) => setTimeout(r, 20));
+    await assert.rejects(left.result, { code: 'ASK_CANCELLED' });
+    await node.close();
+    await new Promise((r) => setTimeout(r, 10));
+  });
+  assert.deepEqual(unhandled, []);
 });
 
 test('the pool closing cancels a request being handled (ctx.signal)', async () => {
