@@ -101,20 +101,34 @@ function isBytes(msg) {
   return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
 }
 
+// An option the addon takes as a `type` ('string' or 'number'), or absent
+// (undefined, null). Checked here, before the message enters the object
+// table: a value the addon's conversion refused would leave it there.
+function typed(value, type, name) {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== type) {
+    throw new InvalidArgumentError(`invalid argument: ${name} must be a ${type}, got ${typeof value}`);
+  }
+  return value;
+}
+
+// Each option read once, checked, into a plain object the addon converts
+// without fail.
 function nativeAskOptions(o, msg) {
   const given = o.fingerprint;
   const bytes = isBytes(msg);
+  const requestId = typed(o.requestId, 'string', 'requestId');
   return {
-    timeoutMs: o.timeoutMs,
-    preferredWorker: o.preferredWorker,
-    requestId: o.requestId,
-    correlationId: o.correlationId,
-    causationId: o.causationId,
-    maxAttempts: o.maxAttempts,
+    timeoutMs: typed(o.timeoutMs, 'number', 'timeoutMs'),
+    preferredWorker: typed(o.preferredWorker, 'string', 'preferredWorker'),
+    requestId,
+    correlationId: typed(o.correlationId, 'string', 'correlationId'),
+    causationId: typed(o.causationId, 'string', 'causationId'),
+    maxAttempts: typed(o.maxAttempts, 'number', 'maxAttempts'),
     fingerprint:
       given !== undefined
         ? fingerprintOf(given)
-        : bytes && o.requestId !== undefined
+        : bytes && requestId !== undefined
           ? fingerprintOf(msg)
           : undefined,
     payloadSize: bytes ? msg.byteLength : undefined,
@@ -452,7 +466,7 @@ class Node {
   askHandle(pool, msg, options = {}) {
     const started = this.#start(pool, msg, options ?? NO_OPTIONS, 1);
     if (started.task < 0) {
-      return new AskHandle(this, -1, options?.requestId ?? '', -1, started.result);
+      return new AskHandle(this, -1, started.requestId ?? '', -1, started.result);
     }
     const requestId = this.#core.requestId(started.task);
     const stream = this.#core.openStages(started.task);
@@ -479,19 +493,21 @@ class Node {
    * from the promise, or asks again. Message and reply are stored as JSON.
    */
   askDurable(pool, msg, options = {}) {
-    const name = typeof pool === 'string' ? pool : pool?.name;
+    let given;
     let task;
     try {
+      const name = typeof pool === 'string' ? pool : pool?.name;
       if (typeof name !== 'string') {
         throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
       }
+      given = typed(options?.id, 'string', 'id');
       const bytes = encodeArg(msg, "a durable ask's message");
       const slot = this.#table.put(msg);
-      task = call(() => this.#core.askDurable(name, slot, bytes, options?.id));
+      task = call(() => this.#core.askDurable(name, slot, bytes, given));
     } catch (e) {
       this.#schedule();
       const result = Promise.reject(e);
-      return new DurableAsk(options?.id ?? '', result);
+      return new DurableAsk(given ?? '', result);
     }
     const id = this.#core.requestId(task);
     return new DurableAsk(id, this.#await(task, undefined, false));
@@ -604,32 +620,39 @@ class Node {
 
   // kind: 0 ask (returns the promise itself when options are absent), 1
   // askHandle, 2 tell. Returns { task, result } otherwise.
+  // The message enters the object table last, right before the addon call
+  // that takes it: a throw before (an option refused, a getter's throw)
+  // leaves nothing there.
   #start(pool, msg, options, kind) {
-    const signal = options?.signal ?? undefined;
+    let signal;
+    let o;
     let task;
     try {
+      signal = options?.signal ?? undefined;
       if (signal !== undefined && !isSignal(signal)) {
         throw new InvalidArgumentError('invalid argument: signal must be an AbortSignal');
       }
       if (signal?.aborted) throw aborted(signal);
       const name = this.#poolName(pool);
-      const slot = this.#table.put(msg);
       if (kind === 2) {
-        const o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        o = nativeAskOptions(options ?? NO_OPTIONS, msg);
         const ref = this.#ref(name);
+        const slot = this.#table.put(msg);
         task = call(() => this.#core.tell(ref, slot, o));
       } else if (options === undefined && !isBytes(msg)) {
         const ref = this.#ref(name);
+        const slot = this.#table.put(msg);
         task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
       } else {
-        const o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        o = nativeAskOptions(options ?? NO_OPTIONS, msg);
         const ref = this.#ref(name);
+        const slot = this.#table.put(msg);
         task = call(() => this.#core.askWith(ref, slot, o));
       }
     } catch (e) {
       this.#schedule();
       const result = Promise.reject(e);
-      return options === undefined ? result : { task: -1, result };
+      return options === undefined ? result : { task: -1, result, requestId: o?.requestId };
     }
     const result = this.#await(task, signal, kind === 2);
     return options === undefined ? result : { task, result };
