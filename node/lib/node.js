@@ -586,7 +586,11 @@ class Node {
     // Handlers still running see their request cancelled (not gone).
     for (const r of this.#requests) r?.ctx._close();
     call(() => this.#core.close());
-    this.#drainSafely();
+    // Settle what the close ended (pending asks, reads): now, or, when
+    // called from inside a drain (a handler's body, a ctx.signal abort
+    // listener), by that drain, which a drain here would skip.
+    if (this.#draining) this.#dirty = true;
+    else this.#drainSafely();
     busy.delete(this);
     if (this.#keepAlive) {
       clearInterval(this.#keepAlive);

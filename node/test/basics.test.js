@@ -199,6 +199,30 @@ test('close(): pending asks reject with UNAVAILABLE, later asks too', async () =
   assert.equal(node.closed, true);
 });
 
+test('close() called by a handler or an abort listener as it runs: every pending ask still settles', { timeout: 10_000 }, async () => {
+  // A handler's body runs inside the node's drain; so does the abort
+  // listener of a handler's ctx.signal.
+  for (const how of ['handler', 'ctx.signal listener']) {
+    const node = new Node();
+    node.pool('never').handle(() => new Promise(() => {}));
+    node.pool('closer').handle((m, ctx) => {
+      if (how === 'handler') {
+        node.close();
+        return 'closed';
+      }
+      ctx.signal.addEventListener('abort', () => node.close());
+      return new Promise(() => {});
+    });
+    const pending = node.ask('never', 1, { timeoutMs: 60_000 });
+    await new Promise((r) => setImmediate(r));
+    const closer = node.ask('closer', 1, { timeoutMs: how === 'handler' ? 60_000 : 50 });
+    await assert.rejects(pending, { code: 'UNAVAILABLE' }, how);
+    await assert.rejects(closer, { code: how === 'handler' ? 'UNAVAILABLE' : 'ASK_TIMEOUT' }, how);
+    assert.equal(node.stats().outstanding, 0, how);
+    assert.equal(node.closed, true);
+  }
+});
+
 test('a Rust panic becomes a JS error, and the process carries on', async () => {
   const native = require('../lib/native');
   const core = new native.Core(() => {});
