@@ -46,7 +46,11 @@ export interface PoolOptions {
 
 export interface AskOptions {
   timeoutMs?: number;
-  /** Aborting it cancels the ask (a protocol cancel reaches the pool). */
+  /**
+   * Aborting it cancels the ask (a protocol cancel reaches the pool): it
+   * rejects with AskCancelledError whose `cause` is the signal's `reason`.
+   * One signal may serve any number of asks.
+   */
   signal?: AbortSignal;
   /** Route to this worker (`w0`, `w1`, ...) while it lives. */
   preferredWorker?: string;
@@ -182,9 +186,16 @@ export class AskHandle<Reply = any> implements PromiseLike<Reply> {
     onFulfilled?: ((value: Reply) => A | PromiseLike<A>) | null,
     onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
   ): Promise<A | B>;
-  /** Rejects the ask with AskCancelledError and cancels it at the pool. */
+  /**
+   * Rejects the ask with AskCancelledError and cancels it at the pool. A
+   * cancelled handle nobody awaits is no unhandled rejection.
+   */
   cancel(): void;
-  /** The ask's ACK stages, once per handle. */
+  /**
+   * The ask's ACK stages, once per handle; the last is the terminal one.
+   * A handle read this way may fail before it is awaited without an
+   * unhandled rejection (awaiting it later still rejects).
+   */
   stages(): AsyncIterableIterator<StageEvent>;
 }
 

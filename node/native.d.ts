@@ -22,10 +22,13 @@ export declare class Core {
   openStages(task: number): number
   /**
    * Reads the next stage event of `stream` (reported as `STAGE` or
-   * `STAGE_END`, after which the stream is gone).
+   * `STAGE_END`, after which the stream is gone). One read at a time.
    */
   nextStage(stream: number): void
-  /** Closes a stream nobody will read to its end. */
+  /**
+   * Closes a stream nobody will read to its end. A read of it still
+   * pending ends (`STAGE_END`) at the next drain.
+   */
   dropStream(stream: number): void
   /** The dead letters, oldest first. */
   deadLetters(): Array<DeadLetterInfo>

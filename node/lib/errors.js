@@ -50,8 +50,8 @@ class HandlerFailedError extends AskError {
 HandlerFailedError.code = 'HANDLER_FAILED';
 byCode.set('HANDLER_FAILED', HandlerFailedError);
 
-/** The error for an `ErrorInfo` from the addon. */
-function fromInfo(info) {
+/** The error for an `ErrorInfo` from the addon; `options` as Error's (`cause`). */
+function fromInfo(info, options) {
   const cls = byCode.get(info.code) ?? InternalError;
   if (cls === HandlerFailedError) {
     return new HandlerFailedError(info.message, {
@@ -59,7 +59,7 @@ function fromInfo(info) {
       handlerMessage: info.handlerMessage,
     });
   }
-  return new cls(info.message);
+  return new cls(info.message, options);
 }
 
 const PREFIX = 'askpool:';

@@ -101,20 +101,34 @@ function isBytes(msg) {
   return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
 }
 
+// An option the addon takes as a `type` ('string' or 'number'), or absent
+// (undefined, null). Checked here, before the message enters the object
+// table: a value the addon's conversion refused would leave it there.
+function typed(value, type, name) {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== type) {
+    throw new InvalidArgumentError(`invalid argument: ${name} must be a ${type}, got ${typeof value}`);
+  }
+  return value;
+}
+
+// Each option read once, checked, into a plain object the addon converts
+// without fail.
 function nativeAskOptions(o, msg) {
   const given = o.fingerprint;
   const bytes = isBytes(msg);
+  const requestId = typed(o.requestId, 'string', 'requestId');
   return {
-    timeoutMs: o.timeoutMs,
-    preferredWorker: o.preferredWorker,
-    requestId: o.requestId,
-    correlationId: o.correlationId,
-    causationId: o.causationId,
-    maxAttempts: o.maxAttempts,
+    timeoutMs: typed(o.timeoutMs, 'number', 'timeoutMs'),
+    preferredWorker: typed(o.preferredWorker, 'string', 'preferredWorker'),
+    requestId,
+    correlationId: typed(o.correlationId, 'string', 'correlationId'),
+    causationId: typed(o.causationId, 'string', 'causationId'),
+    maxAttempts: typed(o.maxAttempts, 'number', 'maxAttempts'),
     fingerprint:
       given !== undefined
         ? fingerprintOf(given)
-        : bytes && o.requestId !== undefined
+        : bytes && requestId !== undefined
           ? fingerprintOf(msg)
           : undefined,
     payloadSize: bytes ? msg.byteLength : undefined,
@@ -122,6 +136,36 @@ function nativeAskOptions(o, msg) {
 }
 
 const NO_OPTIONS = Object.freeze({});
+
+// The asks waiting on each signal, under one 'abort' listener however many
+// share the signal (a listener per ask set off Node's
+// MaxListenersExceededWarning past ten asks on one signal). The listener is
+// removed when the last of them ends.
+const signalWaiters = new WeakMap();
+
+function watchSignal(signal, entry) {
+  let waiters = signalWaiters.get(signal);
+  if (waiters === undefined) {
+    const entries = new Set();
+    const listener = () => {
+      signalWaiters.delete(signal);
+      for (const e of [...entries]) e.onAbort();
+    };
+    waiters = { entries, listener };
+    signal.addEventListener('abort', listener, { once: true });
+    signalWaiters.set(signal, waiters);
+  }
+  waiters.entries.add(entry);
+}
+
+function unwatchSignal(signal, entry) {
+  const waiters = signalWaiters.get(signal);
+  if (waiters === undefined || !waiters.entries.delete(entry)) return;
+  if (waiters.entries.size === 0) {
+    signalWaiters.delete(signal);
+    signal.removeEventListener('abort', waiters.listener);
+  }
+}
 
 // An AbortSignal, or a signal that works like one (addEventListener('abort')).
 function isSignal(signal) {
@@ -259,7 +303,16 @@ class AskHandle {
   }
   /** Cancels the ask: it rejects with AskCancelledError and the pool is told. */
   cancel() {
+    // The caller asked for that rejection: left unawaited, it must not
+    // become an unhandled rejection (which ends the process).
+    this.#observed();
     this.#node._cancel(this.#task, this.result);
+  }
+  // The outcome is observed another way (a cancel, the stages, whose last
+  // is the terminal one): a failure before anyone awaits the handle is not
+  // an unhandled rejection. `result` still rejects for whoever awaits it.
+  #observed() {
+    this.result.catch(() => {});
   }
   /** The ask's ACK stages (SENT, RECEIVED, READ, PARTIAL..., one terminal). */
   stages() {
@@ -267,6 +320,7 @@ class AskHandle {
       throw new InvalidArgumentError('invalid argument: stages() can be read once per ask');
     }
     this.#iterating = true;
+    this.#observed();
     unreadStreams.unregister(this);
     return this.#node._stages(this.#stream);
   }
@@ -412,7 +466,7 @@ class Node {
   askHandle(pool, msg, options = {}) {
     const started = this.#start(pool, msg, options ?? NO_OPTIONS, 1);
     if (started.task < 0) {
-      return new AskHandle(this, -1, options?.requestId ?? '', -1, started.result);
+      return new AskHandle(this, -1, started.requestId ?? '', -1, started.result);
     }
     const requestId = this.#core.requestId(started.task);
     const stream = this.#core.openStages(started.task);
@@ -439,19 +493,21 @@ class Node {
    * from the promise, or asks again. Message and reply are stored as JSON.
    */
   askDurable(pool, msg, options = {}) {
-    const name = typeof pool === 'string' ? pool : pool?.name;
+    let given;
     let task;
     try {
+      const name = typeof pool === 'string' ? pool : pool?.name;
       if (typeof name !== 'string') {
         throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
       }
+      given = typed(options?.id, 'string', 'id');
       const bytes = encodeArg(msg, "a durable ask's message");
       const slot = this.#table.put(msg);
-      task = call(() => this.#core.askDurable(name, slot, bytes, options?.id));
+      task = call(() => this.#core.askDurable(name, slot, bytes, given));
     } catch (e) {
       this.#schedule();
       const result = Promise.reject(e);
-      return new DurableAsk(options?.id ?? '', result);
+      return new DurableAsk(given ?? '', result);
     }
     const id = this.#core.requestId(task);
     return new DurableAsk(id, this.#await(task, undefined, false));
@@ -530,7 +586,11 @@ class Node {
     // Handlers still running see their request cancelled (not gone).
     for (const r of this.#requests) r?.ctx._close();
     call(() => this.#core.close());
-    this.#drainSafely();
+    // Settle what the close ended (pending asks, reads): now, or, when
+    // called from inside a drain (a handler's body, a ctx.signal abort
+    // listener), by that drain, which a drain here would skip.
+    if (this.#draining) this.#dirty = true;
+    else this.#drainSafely();
     busy.delete(this);
     if (this.#keepAlive) {
       clearInterval(this.#keepAlive);
@@ -564,47 +624,57 @@ class Node {
 
   // kind: 0 ask (returns the promise itself when options are absent), 1
   // askHandle, 2 tell. Returns { task, result } otherwise.
+  // The message enters the object table last, right before the addon call
+  // that takes it: a throw before (an option refused, a getter's throw)
+  // leaves nothing there.
   #start(pool, msg, options, kind) {
-    const signal = options?.signal ?? undefined;
+    let signal;
+    let o;
     let task;
     try {
+      signal = options?.signal ?? undefined;
       if (signal !== undefined && !isSignal(signal)) {
         throw new InvalidArgumentError('invalid argument: signal must be an AbortSignal');
       }
       if (signal?.aborted) throw aborted(signal);
       const name = this.#poolName(pool);
-      const slot = this.#table.put(msg);
       if (kind === 2) {
-        const o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        o = nativeAskOptions(options ?? NO_OPTIONS, msg);
         const ref = this.#ref(name);
+        const slot = this.#table.put(msg);
         task = call(() => this.#core.tell(ref, slot, o));
       } else if (options === undefined && !isBytes(msg)) {
         const ref = this.#ref(name);
+        const slot = this.#table.put(msg);
         task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
       } else {
-        const o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        o = nativeAskOptions(options ?? NO_OPTIONS, msg);
         const ref = this.#ref(name);
+        const slot = this.#table.put(msg);
         task = call(() => this.#core.askWith(ref, slot, o));
       }
     } catch (e) {
       this.#schedule();
       const result = Promise.reject(e);
-      return options === undefined ? result : { task: -1, result };
+      return options === undefined ? result : { task: -1, result, requestId: o?.requestId };
     }
     const result = this.#await(task, signal, kind === 2);
     return options === undefined ? result : { task, result };
   }
 
   #await(task, signal, tell) {
-    const entry = { resolve: null, reject: null, signal, onAbort: null, tell };
+    const entry = { resolve: null, reject: null, signal, onAbort: null, aborted: false, tell };
     const result = new Promise((resolve, reject) => {
       entry.resolve = resolve;
       entry.reject = reject;
     });
     if (tell) entry.requestId = this.#core.requestId(task);
     if (signal) {
-      entry.onAbort = () => this._cancel(task, result);
-      signal.addEventListener('abort', entry.onAbort, { once: true });
+      entry.onAbort = () => {
+        entry.aborted = true;
+        this._cancel(task, result);
+      };
+      watchSignal(signal, entry);
     }
     entry.result = result;
     this.#waiting[task] = entry;
@@ -715,7 +785,11 @@ class Node {
       }
       case ASK_ERR: {
         const entry = this.#settle(a);
-        entry.reject(fromInfo(this.#core.error(b)));
+        const info = this.#core.error(b);
+        // Cancelled by its signal: the signal's reason is the cause, as
+        // when the signal was aborted before the ask.
+        const cause = entry.aborted && info.code === 'ASK_CANCELLED' ? { cause: entry.signal.reason } : undefined;
+        entry.reject(fromInfo(info, cause));
         return;
       }
       case TELL_OK: {
@@ -757,7 +831,7 @@ class Node {
     const entry = this.#waiting[task];
     this.#waiting[task] = undefined;
     this.#outstanding--;
-    if (entry.onAbort) entry.signal.removeEventListener('abort', entry.onAbort);
+    if (entry.onAbort) unwatchSignal(entry.signal, entry);
     return entry;
   }
 
@@ -888,7 +962,34 @@ class Node {
   /** @internal */
   _stages(stream) {
     const node = this;
+    // Reads asked for and not answered yet, oldest first. The addon reads
+    // one stage at a time: a next() called before the previous one settled
+    // waits its turn, as with an async generator.
+    const waiting = [];
+    let reading = false;
     let done = false;
+    const finish = () => {
+      done = true;
+      for (const resolve of waiting.splice(0)) resolve({ value: undefined, done: true });
+    };
+    const onStage = (stage) => {
+      node.#outstanding--;
+      reading = false;
+      node.#streamReaders.delete(stream);
+      if (stage === null) {
+        finish();
+        return;
+      }
+      waiting.shift()?.({ value: stage, done: false });
+      if (waiting.length > 0) read();
+    };
+    const read = () => {
+      reading = true;
+      node.#streamReaders.set(stream, onStage);
+      if (node.#outstanding++ === 0) node.#hold();
+      node.#core.nextStage(stream);
+      node.#schedule();
+    };
     return {
       [Symbol.asyncIterator]() {
         return this;
@@ -896,25 +997,17 @@ class Node {
       next() {
         if (done) return Promise.resolve({ value: undefined, done: true });
         return new Promise((resolve) => {
-          node.#streamReaders.set(stream, (stage) => {
-            node.#outstanding--;
-            if (stage === null) {
-              done = true;
-              resolve({ value: undefined, done: true });
-            } else {
-              node.#streamReaders.delete(stream);
-              resolve({ value: stage, done: false });
-            }
-          });
-          if (node.#outstanding++ === 0) node.#hold();
-          node.#core.nextStage(stream);
-          node.#schedule();
+          waiting.push(resolve);
+          if (!reading) read();
         });
       },
+      // Reads still waiting end now; one the addon is doing ends (and is
+      // counted off) at the next drain.
       return() {
         if (!done) {
-          done = true;
+          finish();
           node.#core.dropStream(stream);
+          node.#schedule();
         }
         return Promise.resolve({ value: undefined, done: true });
       },

@@ -102,6 +102,51 @@ test('stages can be read after the ask ended', async () => {
   await node.close();
 });
 
+test('stages(): next() called again before a stage came queues, as an async generator does', { timeout: 10_000 }, async () => {
+  const node = new Node();
+  node.pool('p').handle(async (m, ctx) => {
+    ctx.progress(0.5, 'half');
+    await new Promise((r) => setTimeout(r, 5));
+    return m;
+  });
+  const handle = node.askHandle('p', 1);
+  const it = handle.stages()[Symbol.asyncIterator]();
+  const reads = [it.next(), it.next(), it.next(), it.next(), it.next(), it.next(), it.next()];
+  const got = await Promise.all(reads);
+  assert.deepEqual(
+    got.map((r) => (r.done ? 'done' : r.value.stage)),
+    ['SENT', 'RECEIVED', 'READ', 'PARTIAL', 'FULFILLED', 'done', 'done'],
+  );
+  assert.equal(await handle, 1);
+  assert.equal(node.stats().outstanding, 0, 'no read left pending (it would keep the process alive)');
+  assert.equal(node.stats().streams, 0);
+  await node.close();
+});
+
+test('stages(): return() with a read pending ends the read; a stream opened right after gets every stage', { timeout: 10_000 }, async () => {
+  const node = new Node();
+  let release;
+  node.pool('slow').handle((m) => new Promise((r) => (release = () => r(m))));
+  node.pool('echo').handle((m) => m);
+  const first = node.askHandle('slow', 1);
+  const it = first.stages()[Symbol.asyncIterator]();
+  for (const stage of ['SENT', 'RECEIVED', 'READ']) assert.equal((await it.next()).value.stage, stage);
+  const pending = it.next(); // the terminal stage is far away
+  it.return(); // not awaited: the next stream opens in the same turn
+  const second = node.askHandle('echo', 2);
+  const names = [];
+  for await (const s of second.stages()) names.push(s.stage);
+  assert.deepEqual(names, ['SENT', 'RECEIVED', 'READ', 'FULFILLED']);
+  assert.deepEqual(await pending, { value: undefined, done: true });
+  assert.deepEqual(await it.next(), { value: undefined, done: true });
+  release();
+  assert.equal(await first, 1);
+  assert.equal(await second, 2);
+  assert.equal(node.stats().outstanding, 0, 'no read left pending (it would keep the process alive)');
+  assert.equal(node.stats().streams, 0);
+  await node.close();
+});
+
 test('tell: the handler runs, the promise resolves to the request id', async () => {
   const node = new Node();
   let got;
@@ -152,6 +197,30 @@ test('close(): pending asks reject with UNAVAILABLE, later asks too', async () =
   await assert.rejects(pending, { code: 'UNAVAILABLE', name: 'UnavailableError' });
   await assert.rejects(node.ask('never', 2), { code: 'UNAVAILABLE' });
   assert.equal(node.closed, true);
+});
+
+test('close() called by a handler or an abort listener as it runs: every pending ask still settles', { timeout: 10_000 }, async () => {
+  // A handler's body runs inside the node's drain; so does the abort
+  // listener of a handler's ctx.signal.
+  for (const how of ['handler', 'ctx.signal listener']) {
+    const node = new Node();
+    node.pool('never').handle(() => new Promise(() => {}));
+    node.pool('closer').handle((m, ctx) => {
+      if (how === 'handler') {
+        node.close();
+        return 'closed';
+      }
+      ctx.signal.addEventListener('abort', () => node.close());
+      return new Promise(() => {});
+    });
+    const pending = node.ask('never', 1, { timeoutMs: 60_000 });
+    await new Promise((r) => setImmediate(r));
+    const closer = node.ask('closer', 1, { timeoutMs: how === 'handler' ? 60_000 : 50 });
+    await assert.rejects(pending, { code: 'UNAVAILABLE' }, how);
+    await assert.rejects(closer, { code: how === 'handler' ? 'UNAVAILABLE' : 'ASK_TIMEOUT' }, how);
+    assert.equal(node.stats().outstanding, 0, how);
+    assert.equal(node.closed, true);
+  }
 });
 
 test('a Rust panic becomes a JS error, and the process carries on', async () => {

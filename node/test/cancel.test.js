@@ -5,6 +5,19 @@ const { Node, AskCancelledError } = require('..');
 
 const tick = () => new Promise((r) => setImmediate(r));
 
+// Runs `fn`, collecting what the process emits as `event` meanwhile.
+async function collect(event, fn) {
+  const seen = [];
+  const onEvent = (e) => seen.push(e);
+  process.on(event, onEvent);
+  try {
+    await fn();
+  } finally {
+    process.off(event, onEvent);
+  }
+  return seen;
+}
+
 test('a signal aborted before the ask: nothing is sent', async () => {
   const node = new Node();
   let runs = 0;
@@ -46,6 +59,66 @@ test('a signal aborted during the ask: it rejects and the handler sees the cance
   await node.close();
 });
 
+test("a signal aborted during the ask: the rejection's cause is the signal's reason", async () => {
+  const node = new Node();
+  let started;
+  const running = new Promise((r) => (started = r));
+  node.pool('slow').handle((m, ctx) => {
+    started();
+    return new Promise((resolve) => ctx.signal.addEventListener('abort', () => resolve('late')));
+  });
+  const controller = new AbortController();
+  const reason = new Error('the user left');
+  const asked = node.ask('slow', 1, { signal: controller.signal });
+  await running;
+  controller.abort(reason);
+  const err = await asked.catch((e) => e);
+  assert.ok(err instanceof AskCancelledError);
+  assert.equal(err.cause, reason, 'as when the signal was aborted before the ask');
+  // AbortSignal.timeout(): the cause tells a deadline from a user's abort.
+  const timedOut = await node.ask('slow', 2, { signal: AbortSignal.timeout(20) }).catch((e) => e);
+  assert.ok(timedOut instanceof AskCancelledError);
+  assert.equal(timedOut.cause?.name, 'TimeoutError');
+  // A cancel by the handle has no signal, so no cause.
+  const handle = node.askHandle('slow', 3);
+  await tick();
+  handle.cancel();
+  const cancelled = await handle.result.catch((e) => e);
+  assert.equal(cancelled.code, 'ASK_CANCELLED');
+  assert.equal(cancelled.cause, undefined);
+  await node.close();
+});
+
+test('one signal shared by many asks: one abort listener, no MaxListenersExceededWarning', async () => {
+  const { getEventListeners } = require('node:events');
+  const warnings = await collect('warning', async () => {
+    const node = new Node();
+    node.pool('echo', { concurrency: 4 }).handle(async (m) => m);
+    node.pool('never').handle(() => new Promise(() => {}));
+    const controller = new AbortController();
+    const { signal } = controller;
+    const replies = await Promise.all(Array.from({ length: 50 }, (_, i) => node.ask('echo', i, { signal })));
+    assert.equal(replies.length, 50);
+    assert.equal(getEventListeners(signal, 'abort').length, 0, 'every listener removed once its ask ended');
+    const pending = Array.from({ length: 50 }, (_, i) => node.ask('never', i, { signal }));
+    assert.equal(getEventListeners(signal, 'abort').length, 1);
+    const reason = new Error('all of them');
+    controller.abort(reason);
+    for (const err of await Promise.all(pending.map((p) => p.catch((e) => e)))) {
+      assert.ok(err instanceof AskCancelledError);
+      assert.equal(err.cause, reason);
+    }
+    assert.equal(node.stats().outstanding, 0);
+    await node.close();
+    await tick();
+  });
+  assert.deepEqual(
+    warnings.map((w) => w.name),
+    [],
+    warnings.map((w) => w.message).join('; '),
+  );
+});
+
 test('handle.cancel() rejects the ask; cancel after the end does nothing', async () => {
   const node = new Node();
   node.pool('never').handle(() => new Promise(() => {}));
@@ -62,6 +135,35 @@ test('handle.cancel() rejects the ask; cancel after the end does nothing', async
   for await (const s of handle.stages()) stages.push(s.stage);
   assert.equal(stages.at(-1), 'FAILED');
   await node.close();
+});
+
+test('a handle read through its stages or cancelled: its failure is no unhandled rejection', async () => {
+  const unhandled = await collect('unhandledRejection', async () => {
+    const node = new Node();
+    node.pool('never').handle(() => new Promise(() => {}));
+    // The README's loop, with an await in its body: the ask times out
+    // while the loop still runs, before the handle is awaited.
+    const handle = node.askHandle('never', 1, { timeoutMs: 20 });
+    const stages = [];
+    for await (const s of handle.stages()) {
+      stages.push(s.stage);
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.equal(stages.at(-1), 'TIMED_OUT');
+    await assert.rejects(
+      async () => await handle,
+      { code: 'ASK_TIMEOUT' },
+      'the outcome is still there for whoever awaits it',
+    );
+    // Cancelled and left: the caller asked for the AskCancelledError.
+    const left = node.askHandle('never', 2);
+    left.cancel();
+    await new Promise((r) => setTimeout(r, 20));
+    await assert.rejects(left.result, { code: 'ASK_CANCELLED' });
+    await node.close();
+    await new Promise((r) => setTimeout(r, 10));
+  });
+  assert.deepEqual(unhandled, []);
 });
 
 test('the pool closing cancels a request being handled (ctx.signal)', async () => {

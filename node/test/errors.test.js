@@ -1,6 +1,9 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
 const askpool = require('..');
 const { Node, AskError, HandlerFailedError, InvalidArgumentError, errorCodes } = askpool;
 
@@ -273,6 +276,46 @@ test('INVALID_ARGUMENT: bad options throw or reject with InvalidArgumentError', 
   await assert.rejects(node.ask('dup', 1, { timeoutMs: -1 }), { code: 'INVALID_ARGUMENT' });
   assert.throws(() => node.pool('h').handle('not a function'), { code: 'INVALID_ARGUMENT' });
   assert.throws(() => new Node({ defaultTimeoutMs: Number.NaN }), { code: 'INVALID_ARGUMENT' });
+  await node.close();
+});
+
+test('an ask refused for a mistyped option or a throwing getter holds nothing, and never throws', async () => {
+  const node = new Node();
+  node.pool('p').handle((m) => m);
+  node.openPromises(path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-')), 'p.db'));
+  const getterThrows = (name) => ({
+    get [name]() {
+      throw new Error(`${name} getter`);
+    },
+  });
+  const mistyped = [
+    { timeoutMs: '5' },
+    { timeoutMs: 5n },
+    { preferredWorker: 5 },
+    { requestId: 5 },
+    { correlationId: {} },
+    { causationId: ['0123456789abcdef0123456789abcdef'] },
+    { maxAttempts: '2' },
+  ];
+  const calls = [
+    ['ask', (o) => node.ask('p', { big: 'payload' }, o)],
+    ['askHandle', (o) => node.askHandle('p', { big: 'payload' }, o).result],
+    ['tell', (o) => node.tell('p', { big: 'payload' }, o)],
+  ];
+  for (const [name, call] of calls) {
+    for (const o of mistyped) {
+      await assert.rejects(call(o), { code: 'INVALID_ARGUMENT' }, `${name} ${Object.keys(o)}`);
+    }
+    for (const option of ['signal', 'timeoutMs', 'requestId', 'fingerprint']) {
+      await assert.rejects(call(getterThrows(option)), { message: `${option} getter` }, `${name} ${option}`);
+    }
+  }
+  await assert.rejects(node.askDurable('p', { big: 'payload' }, { id: 5 }).result, { code: 'INVALID_ARGUMENT' });
+  await assert.rejects(node.askDurable('p', { big: 'payload' }, getterThrows('id')).result, { message: 'id getter' });
+  await new Promise((r) => setImmediate(r));
+  assert.equal(node.stats().objects, 0, 'no refused message stays in the object table');
+  assert.equal(node.stats().outstanding, 0);
+  assert.equal(await node.ask('p', 1, { timeoutMs: 1000 }), 1);
   await node.close();
 });
 

@@ -118,20 +118,26 @@ impl Core {
             Some(Task::Ask(h)) => h.stages(),
             _ => return Err(errors::invalid(format!("task {task} is not a running ask"))),
         };
-        Ok(self.streams.insert_with(|_| stream))
+        Ok(self.streams.insert(stream))
     }
 
     /// Reads the next stage event of `stream` (reported as `STAGE` or
-    /// `STAGE_END`, after which the stream is gone).
+    /// `STAGE_END`, after which the stream is gone). One read at a time.
     #[napi(catch_unwind)]
     pub fn next_stage(&mut self, stream: u32) {
-        self.spawn(Task::Stage { stream });
+        let task = self.spawn(Task::Stage { stream });
+        if let Some(s) = self.streams.get_mut(stream) {
+            s.reader = Some(task);
+        }
     }
 
-    /// Closes a stream nobody will read to its end.
+    /// Closes a stream nobody will read to its end. A read of it still
+    /// pending ends (`STAGE_END`) at the next drain.
     #[napi(catch_unwind)]
     pub fn drop_stream(&mut self, stream: u32) {
-        self.streams.remove(stream);
+        if let Some(reader) = self.streams.remove(stream).and_then(|s| s.reader) {
+            self.wake_task(reader);
+        }
     }
 
     /// The dead letters, oldest first.

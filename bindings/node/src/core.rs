@@ -105,6 +105,53 @@ pub(crate) struct HostedPool {
     pub handled: bool,
 }
 
+/// An open stage stream, and the task reading its next stage, if any.
+pub(crate) struct OpenStream {
+    pub stream: StageStream<Tok>,
+    pub reader: Option<u32>,
+}
+
+/// Stage streams under ids that are not reused: an id names one stream for
+/// the node's life (until 2^32 streams wrap it around, skipping the open
+/// ones). The wrapper may still hear of a stream it dropped (the end of a
+/// read that was pending); a reused id would hand that end, or the stages
+/// of the stream now under the id, to the wrong reader.
+#[derive(Default)]
+pub(crate) struct Streams {
+    open: HashMap<u32, OpenStream>,
+    next: u32,
+}
+
+impl Streams {
+    pub fn insert(&mut self, stream: StageStream<Tok>) -> u32 {
+        while self.open.contains_key(&self.next) {
+            self.next = self.next.wrapping_add(1);
+        }
+        let id = self.next;
+        self.next = id.wrapping_add(1);
+        self.open.insert(
+            id,
+            OpenStream {
+                stream,
+                reader: None,
+            },
+        );
+        id
+    }
+
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut OpenStream> {
+        self.open.get_mut(&id)
+    }
+
+    pub fn remove(&mut self, id: u32) -> Option<OpenStream> {
+        self.open.remove(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+}
+
 /// One askpool node with objects passed by reference to the JS table.
 #[napi]
 pub struct Core {
@@ -114,7 +161,7 @@ pub struct Core {
     pub(crate) freed: Arc<FreeList>,
     tasks: Slots<TaskSlot>,
     pub(crate) requests: Slots<Handling>,
-    pub(crate) streams: Slots<StageStream<Tok>>,
+    pub(crate) streams: Streams,
     pub(crate) pools: Slots<HostedPool>,
     pool_names: Vec<PoolName>,
     pool_refs: HashMap<String, u32>,
@@ -269,7 +316,7 @@ impl Core {
             freed: Arc::default(),
             tasks: Slots::default(),
             requests: Slots::default(),
-            streams: Slots::default(),
+            streams: Streams::default(),
             pools: Slots::default(),
             pool_names: Vec::new(),
             pool_refs: HashMap::new(),
@@ -640,13 +687,16 @@ impl Core {
             Task::Stage { stream } => {
                 let stream = *stream;
                 let polled = match self.streams.get_mut(stream) {
-                    Some(s) => Pin::new(s).poll_next(&mut cx),
+                    Some(s) => Pin::new(&mut s.stream).poll_next(&mut cx),
                     None => Poll::Ready(None),
                 };
                 match polled {
                     Poll::Pending => {}
                     Poll::Ready(Some(stage)) => {
                         self.tasks.remove(id);
+                        if let Some(s) = self.streams.get_mut(stream) {
+                            s.reader = None;
+                        }
                         out.push(event::STAGE, stream, self.stages.len() as u32, 0);
                         self.stages.push(stage);
                     }
