@@ -22,6 +22,7 @@ import kotlin.coroutines.ContinuationInterceptor
  */
 internal object Hot {
     init {
+        JvmThreads.ensure()
         askpool.ffi.uniffiEnsureInitialized()
         Native.register(Hot::class.java, "askpool_uniffi")
     }

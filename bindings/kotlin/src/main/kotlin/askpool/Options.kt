@@ -40,6 +40,11 @@ data class NodeOptions(
     }
 
     companion object {
+        init {
+            // Before the library loads (this is the first call into it of most programs).
+            JvmThreads.ensure()
+        }
+
         /** The default [maxPayloadBytes]: the runtime's, 16 MiB. */
         @JvmField
         val DEFAULT_MAX_PAYLOAD_BYTES: Long = askpool.ffi.defaultMaxPayloadBytes().toLong()
