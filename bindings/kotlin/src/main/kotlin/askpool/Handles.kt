@@ -8,6 +8,10 @@ package askpool
  * DLQ); released handles are drained in batches.
  */
 object HandleTable {
+    init {
+        JvmThreads.ensure()
+    }
+
     private val objects = Slots<Any>()
 
     /** Handle 0 stands for `null`. */

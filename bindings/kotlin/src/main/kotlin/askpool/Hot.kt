@@ -22,6 +22,7 @@ import kotlin.coroutines.ContinuationInterceptor
  */
 internal object Hot {
     init {
+        JvmThreads.ensure()
         askpool.ffi.uniffiEnsureInitialized()
         Native.register(Hot::class.java, "askpool_uniffi")
     }
@@ -168,7 +169,16 @@ internal object Hot {
                 missing[i] = null
                 when (words[4 * i] and HELD.inv()) {
                     KIND_REPLY -> guarded { Completions.reply(a, obj, miss) }
-                    KIND_HANDLE -> inbox.later.addLast(Request(a, words[4 * i + 2], obj, miss))
+                    KIND_HANDLE -> if (inbox.taking && !Pool.runsOn(a, here)) {
+                        // A nested call (a handler on this thread asked or
+                        // replied) whose request would not start inline
+                        // anyway: dispatched now, not held for the loop
+                        // below. Held, it waited on the handler, which may
+                        // be blocked on it (runBlocking on a nested ask).
+                        guarded { Pool.dispatch(a, words[4 * i + 2], obj, miss, null) }
+                    } else {
+                        inbox.later.addLast(Request(a, words[4 * i + 2], obj, miss))
+                    }
                 }
             }
         } finally {

@@ -24,6 +24,10 @@ import kotlin.coroutines.ContinuationInterceptor
  * flight any more) and [AskHandle.cancel] (nothing left to cancel).
  */
 class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
+    init {
+        JvmThreads.ensure()
+    }
+
     internal val completions = Completions()
     internal val native = NativeNode(
         askpool.ffi.NodeOptions(

@@ -40,6 +40,11 @@ data class NodeOptions(
     }
 
     companion object {
+        init {
+            // Before the library loads (this is the first call into it of most programs).
+            JvmThreads.ensure()
+        }
+
         /** The default [maxPayloadBytes]: the runtime's, 16 MiB. */
         @JvmField
         val DEFAULT_MAX_PAYLOAD_BYTES: Long = askpool.ffi.defaultMaxPayloadBytes().toLong()
@@ -57,7 +62,13 @@ data class PoolOptions(
     val dedupTtl: Duration = 2.minutes,
     /** A request still running after this is cancelled (null: the node's); positive. */
     val processingTimeout: Duration? = null,
-    /** Where handlers run; the runtime's threads never run host code. */
+    /**
+     * Where handlers run; the runtime's threads never run host code. A
+     * caller already running on this dispatcher starts the handler on its
+     * own thread (no dispatch) and gets on only when the handler first
+     * suspends: a handler that computes or blocks for long holds that
+     * caller, past its timeout too. Give such a pool a dispatcher of its own.
+     */
     val dispatcher: CoroutineDispatcher = Dispatchers.Default,
 ) {
     init {

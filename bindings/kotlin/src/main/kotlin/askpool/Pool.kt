@@ -203,6 +203,10 @@ class Pool internal constructor(
             byId.remove(pool.id)
         }
 
+        /** Whether the pool under [poolId] runs its handlers on [here]. */
+        fun runsOn(poolId: Long, here: ContinuationInterceptor?): Boolean =
+            here != null && byId[poolId]?.options?.dispatcher === here
+
         /** Pools registered (made and not yet closed), in every node. */
         fun registered(): Int = byId.size
 

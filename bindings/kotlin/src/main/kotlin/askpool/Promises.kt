@@ -161,6 +161,10 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
         DurablePromise(store { PromiseException.native { op(it) } })
 
     companion object {
+        init {
+            JvmThreads.ensure()
+        }
+
         /**
          * Opens (or creates) the SQLite store at [path]. A durable ask's
          * promise stays pending at most [durableTimeout].

@@ -1,5 +1,8 @@
 package askpool
 
+import askpool.ffi.uniffiCallbackInterfaceAskListener
+import askpool.ffi.uniffiCallbackInterfaceHostHandler
+import com.sun.jna.CallbackThreadInitializer
 import com.sun.jna.Native
 import java.util.concurrent.atomic.AtomicInteger
 
@@ -9,8 +12,36 @@ import java.util.concurrent.atomic.AtomicInteger
  * unless told otherwise; attaching creates a new java.lang.Thread each
  * time, which costs more than the callback. Each runtime thread is told
  * once to stay attached (JNA detaches it when the native thread exits).
+ *
+ * They are attached as daemon threads: the runtime's threads never end, so
+ * attached as ordinary threads they kept the JVM from exiting after `main`
+ * returned, whether or not every node was closed. JNA reads a callback's
+ * thread options when it makes the callback's native trampoline, which
+ * uniffi does when the library loads: [ensure] runs before anything loads
+ * the library (every entry point of the wrapper calls it first).
  */
 internal object JvmThreads {
+    init {
+        // detach = false: a thread stays attached after its first callback.
+        val options = CallbackThreadInitializer(true, false, "askpool-runtime")
+        listOf(
+            uniffiCallbackInterfaceAskListener.onReplyBytes,
+            uniffiCallbackInterfaceAskListener.onTold,
+            uniffiCallbackInterfaceAskListener.onFailure,
+            uniffiCallbackInterfaceAskListener.onStage,
+            uniffiCallbackInterfaceAskListener.onStagesEnd,
+            uniffiCallbackInterfaceAskListener.uniffiFree,
+            uniffiCallbackInterfaceAskListener.uniffiClone,
+            uniffiCallbackInterfaceHostHandler.handleBytes,
+            uniffiCallbackInterfaceHostHandler.cancelled,
+            uniffiCallbackInterfaceHostHandler.uniffiFree,
+            uniffiCallbackInterfaceHostHandler.uniffiClone,
+        ).forEach { Native.setCallbackThreadInitializer(it, options) }
+    }
+
+    /** Sets the callbacks' thread options; a call before the library loads (see the class doc). */
+    fun ensure() = Unit
+
     private val kept = ThreadLocal.withInitial { false }
 
     /** Java threads created for native callback threads and kept attached. */

@@ -12,9 +12,8 @@ import java.util.concurrent.atomic.AtomicInteger
 object DurableChild {
     @JvmStatic
     fun main(args: Array<String>) {
+        // No exitProcess: the JVM ends when main returns (ExitTest).
         run(args)
-        // The runtime's threads stay attached to the JVM: exit explicitly.
-        kotlin.system.exitProcess(0)
     }
 
     /** The durable pool of the tests: upper-cases UTF-8, counting its runs. */

@@ -2,6 +2,7 @@ package askpool
 
 import kotlinx.coroutines.CompletableDeferred
 import kotlinx.coroutines.CoroutineDispatcher
+import kotlinx.coroutines.Dispatchers
 import kotlinx.coroutines.ExecutorCoroutineDispatcher
 import kotlinx.coroutines.Runnable
 import kotlinx.coroutines.async
@@ -126,6 +127,28 @@ class InlineTest {
             assertTrue(withTimeout(5_000) { handlerSaw.await() })
             job.join()
             assertTrue(job.isCancelled)
+        }
+    }
+
+    @Test
+    fun `a handler started inline that blocks on a nested ask gets its reply`() = runBlocking {
+        // runBlocking in a handler (a blocking bridge): the nested ask's
+        // request came back to this thread in the nested hot call, and was
+        // held there for the loop that runs requests, which waited on the
+        // blocked handler: the nested ask timed out, every time.
+        Node().use { node ->
+            node.pool("inner") { m, _ -> m }
+            node.pool("outer") { m, _ -> runBlocking { node.ask("inner", m, AskOptions(timeout = 3.seconds)) } }
+            // A caller on the pool's dispatcher starts the handler inline.
+            val direct = withContext(Dispatchers.Default) {
+                runCatching { node.ask("outer", "x", AskOptions(timeout = 10.seconds)) }
+            }
+            assertEquals("x", direct.getOrThrow())
+            // Queued requests: the next one starts inline from the reply of
+            // the one before, whatever the callers' dispatcher.
+            val queued = (0 until 6).map { async { runCatching { node.ask("outer", it, AskOptions(timeout = 10.seconds)) } } }.awaitAll()
+            assertEquals((0 until 6).map { Result.success(it) }, queued)
+            assertEquals(0, node.stats().awaitedOutcomes)
         }
     }
 
