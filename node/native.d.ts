@@ -152,8 +152,16 @@ export interface DeadLetterInfo {
   requestId: string
   correlationId: string
   pool: string
-  /** Slot of the payload in the wrapper's object table. */
+  /**
+   * Slot of the payload in the wrapper's object table (`u32::MAX` for
+   * none: see `payload_json`).
+   */
   payload: number
+  /**
+   * The payload's JSON when it has no slot: the message of a durable ask
+   * resumed from its store exists only as the bytes stored there.
+   */
+  payloadJson?: Buffer
   error: ErrorInfo
   attempts: number
   /** `RETRIES_EXHAUSTED` or `POISON`. */

@@ -536,7 +536,8 @@ class Node {
       requestId: l.requestId,
       correlationId: l.correlationId,
       pool: l.pool,
-      payload: this.#table.get(l.payload),
+      // A resumed durable ask's message exists only as its stored JSON.
+      payload: l.payloadJson == null ? this.#table.get(l.payload) : decode(l.payloadJson),
       error: fromInfo(l.error),
       attempts: l.attempts,
       reason: l.reason,

@@ -40,3 +40,40 @@ test('a refused ask lands in the DLQ with its payload; replay and purge', async 
   await blocker2;
   await node.close();
 });
+
+test('a durable ask resumed from its store and dead-lettered keeps its payload in the letter', async () => {
+  const fs = require('node:fs');
+  const os = require('node:os');
+  const path = require('node:path');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-dlq-'));
+  const file = path.join(dir, 'promises.db');
+  try {
+    // A durable ask left pending by a node that closed under it.
+    const first = new Node().openPromises(file);
+    first.pool('orders').handle(() => new Promise(() => {}));
+    const ask = first.askDurable('orders', { order: 7 });
+    ask.result.catch(() => {});
+    await new Promise((r) => setTimeout(r, 10));
+    await first.close();
+
+    // Resumed by another node (its message now exists only as JSON), into a
+    // full pool: dead-lettered.
+    const node = new Node({ breaker: false, defaultTimeoutMs: 1000 }).openPromises(file);
+    let release;
+    node.pool('orders', { maxInFlight: 1 }).handle((m) =>
+      m.block ? new Promise((r) => (release = r)) : { got: m },
+    );
+    const blocker = node.ask('orders', { block: true });
+    await assert.rejects(node.awaitDurable(ask.id), BufferFullError);
+    const [letter] = node.deadLetters();
+    assert.equal(letter.requestId, ask.id);
+    assert.deepEqual(letter.payload, { order: 7 }, 'the letter shows the message it holds');
+    await new Promise((r) => setImmediate(r));
+    release('done');
+    await blocker;
+    assert.deepEqual(await node.replayDeadLetter(letter.requestId), { got: { order: 7 } });
+    await node.close();
+  } finally {
+    fs.rmSync(dir, { recursive: true });
+  }
+});

@@ -1,7 +1,7 @@
 //! Plain objects handed to the wrapper.
 
 use askpool::{AskIds, DeadLetter, NodeStats, StageEvent};
-use napi::bindgen_prelude::{Either, Null, Uint8Array};
+use napi::bindgen_prelude::{Buffer, Either, Null, Uint8Array};
 use napi_derive::napi;
 
 use crate::errors::ErrorInfo;
@@ -97,8 +97,12 @@ pub struct DeadLetterInfo {
     pub request_id: String,
     pub correlation_id: String,
     pub pool: String,
-    /// Slot of the payload in the wrapper's object table.
+    /// Slot of the payload in the wrapper's object table (`u32::MAX` for
+    /// none: see `payload_json`).
     pub payload: u32,
+    /// The payload's JSON when it has no slot: the message of a durable ask
+    /// resumed from its store exists only as the bytes stored there.
+    pub payload_json: Option<Buffer>,
     pub error: ErrorInfo,
     pub attempts: u32,
     /// `RETRIES_EXHAUSTED` or `POISON`.
@@ -112,6 +116,10 @@ impl From<&DeadLetter<Tok>> for DeadLetterInfo {
             correlation_id: letter.ids.correlation_id.to_string(),
             pool: letter.pool.to_string(),
             payload: letter.payload.id(),
+            payload_json: match letter.payload.slot() {
+                Some(_) => None,
+                None => letter.payload.bytes().map(|b| Buffer::from(b.to_vec())),
+            },
             error: ErrorInfo::from(&letter.error),
             attempts: letter.attempts,
             reason: letter.reason.as_str().to_owned(),
