@@ -295,6 +295,11 @@ export class Node {
   /** Resolves to the request id once the pool accepted the message. */
   tell(pool: PoolRef, msg: unknown, options?: TellOptions): Promise<string>;
   deadLetters<Msg = unknown>(): DeadLetter<Msg>[];
+  /**
+   * Asks a dead letter again with its ids. A replay that fails puts the
+   * letter back (its pool is gone: NO_ROUTE). With a promise store open,
+   * replaying a durable ask's letter settles the ask's promise.
+   */
   replayDeadLetter<Reply = any>(requestId: string): Promise<Reply>;
   purgeDeadLetters(): number;
   evictExpired(): void;

@@ -32,7 +32,11 @@ export declare class Core {
   dropStream(stream: number): void
   /** The dead letters, oldest first. */
   deadLetters(): Array<DeadLetterInfo>
-  /** Asks a dead letter again with its ids; returns the new task id. */
+  /**
+   * Asks a dead letter again with its ids; returns the new task id. With
+   * a promise store open, the replay of a durable ask's letter records
+   * its outcome in the ask's promise.
+   */
   replayDeadLetter(requestId: string): number
   purgeDeadLetters(): number
   /**

@@ -77,3 +77,38 @@ test('a durable ask resumed from its store and dead-lettered keeps its payload i
     fs.rmSync(dir, { recursive: true });
   }
 });
+
+test('replaying the dead letter of a durable ask settles its promise', async () => {
+  const fs = require('node:fs');
+  const os = require('node:os');
+  const path = require('node:path');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-dlq-'));
+  try {
+    const node = new Node({ breaker: false, defaultTimeoutMs: 1000 }).openPromises(
+      path.join(dir, 'promises.db'),
+    );
+    let release;
+    let runs = 0;
+    node.pool('orders', { maxInFlight: 1 }).handle((m) => {
+      if (m.block) return new Promise((r) => (release = r));
+      runs += 1;
+      return { got: m };
+    });
+    const blocker = node.ask('orders', { block: true });
+    const ask = node.askDurable('orders', { order: 8 });
+    await assert.rejects(ask.result, BufferFullError);
+    assert.equal(node.promises.get(ask.id).state, 'PENDING', 'a transient failure is no outcome');
+    await new Promise((r) => setImmediate(r));
+    release('done');
+    await blocker;
+    assert.deepEqual(await node.replayDeadLetter(ask.id), { got: { order: 8 } });
+    const settled = node.promises.get(ask.id);
+    assert.equal(settled.state, 'RESOLVED', 'the replay recorded its outcome');
+    assert.deepEqual(settled.value, { got: { order: 8 } });
+    assert.deepEqual(await node.awaitDurable(ask.id), { got: { order: 8 } });
+    assert.equal(runs, 1);
+    await node.close();
+  } finally {
+    fs.rmSync(dir, { recursive: true });
+  }
+});

@@ -3,6 +3,7 @@
 use std::str::FromStr;
 
 use askpool::{PayloadFingerprint, RequestId, RetryPolicy, WorkerId};
+use askpool_promises::DurableAsk;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
@@ -150,15 +151,24 @@ impl Core {
             .collect()
     }
 
-    /// Asks a dead letter again with its ids; returns the new task id.
+    /// Asks a dead letter again with its ids; returns the new task id. With
+    /// a promise store open, the replay of a durable ask's letter records
+    /// its outcome in the ask's promise.
     #[napi(catch_unwind)]
     pub fn replay_dead_letter(&mut self, request_id: String) -> Result<u32> {
         let id: RequestId = parse_id("requestId", &request_id)?;
-        let handle = {
+        let task = {
             let _enter = self.rt.enter();
-            self.node.replay_dead_letter(id).map_err(errors::throw)?
+            match &self.promises {
+                Some(promises) => Task::Durable(
+                    self.node
+                        .replay_dead_letter_durable(promises, id)
+                        .map_err(errors::throw)?,
+                ),
+                None => Task::Ask(self.node.replay_dead_letter(id).map_err(errors::throw)?),
+            }
         };
-        Ok(self.spawn(Task::Ask(handle)))
+        Ok(self.spawn(task))
     }
 
     #[napi(catch_unwind)]

@@ -131,6 +131,17 @@ pub trait DurableAsk<M, R> {
         promises: &DurablePromises,
         id: &str,
     ) -> Result<DurableHandle<R>, AskError>;
+
+    /// Replays the dead letter `id` (see `Node::replay_dead_letter`) and,
+    /// if it is the letter of a durable ask whose promise is still pending,
+    /// records the replay's outcome in that promise as the ask would have:
+    /// a replay that answered leaves no pending promise behind to be asked
+    /// (and run) again after a restart.
+    fn replay_dead_letter_durable(
+        &self,
+        promises: &DurablePromises,
+        id: RequestId,
+    ) -> Result<DurableHandle<R>, AskError>;
 }
 
 impl<M, R> DurableAsk<M, R> for Node<M, R>
@@ -210,6 +221,35 @@ where
             });
         }
         Ok(resume(self, promises, request_id, promise))
+    }
+
+    fn replay_dead_letter_durable(
+        &self,
+        promises: &DurablePromises,
+        id: RequestId,
+    ) -> Result<DurableHandle<R>, AskError> {
+        let key = id.to_string();
+        let pending = match promises.store().get(&key, now_millis()) {
+            Ok(p) => is_durable_ask(&p) && !p.state.is_settled(),
+            Err(_) => false,
+        };
+        let ask = self.replay_dead_letter(id)?;
+        let run = {
+            let promises = promises.clone();
+            let key = key.clone();
+            async move {
+                let outcome = ask.await;
+                if pending {
+                    record(&promises, &key, outcome)
+                } else {
+                    outcome
+                }
+            }
+        };
+        Ok(DurableHandle {
+            id: key,
+            inner: Box::pin(run),
+        })
     }
 }
 
