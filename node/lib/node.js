@@ -350,6 +350,15 @@ function promiseOf(info) {
   };
 }
 
+// A promise id as given: String(undefined) would make a promise named
+// "undefined" (as for pool names).
+function promiseId(id) {
+  if (typeof id !== 'string') {
+    throw new InvalidArgumentError('invalid argument: a promise id is a string');
+  }
+  return id;
+}
+
 /** Durable promises: create, get, resolve, reject, cancel, prune, await. */
 class DurablePromises {
   #core;
@@ -361,12 +370,12 @@ class DurablePromises {
     const timeoutMs = options?.timeoutMs ?? 3_600_000;
     return promiseOf(
       call(() =>
-        this.#core.promiseCreate(String(id), timeoutMs, encodeArg(options?.param, 'a promise param'), options?.key),
+        this.#core.promiseCreate(promiseId(id), timeoutMs, encodeArg(options?.param, 'a promise param'), options?.key),
       ),
     );
   }
   get(id) {
-    return promiseOf(call(() => this.#core.promiseGet(String(id))));
+    return promiseOf(call(() => this.#core.promiseGet(promiseId(id))));
   }
   resolve(id, value, options = {}) {
     return this.#complete(id, 'resolve', value, options);
@@ -379,7 +388,7 @@ class DurablePromises {
   }
   #complete(id, how, value, options) {
     return promiseOf(
-      call(() => this.#core.promiseComplete(String(id), how, encodeArg(value, 'a promise value'), options?.key)),
+      call(() => this.#core.promiseComplete(promiseId(id), how, encodeArg(value, 'a promise value'), options?.key)),
     );
   }
   /**
@@ -517,7 +526,7 @@ class Node {
   awaitDurable(id) {
     let task;
     try {
-      task = call(() => this.#core.awaitDurable(String(id)));
+      task = call(() => this.#core.awaitDurable(promiseId(id)));
     } catch (e) {
       return Promise.reject(e);
     }

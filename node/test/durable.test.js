@@ -147,3 +147,22 @@ test('a durable ask survives a restart: two processes, one SQLite file', () => {
     tmp.done();
   }
 });
+
+test('promises: an id that is not a string is INVALID_ARGUMENT, not a promise named "undefined"', async () => {
+  const tmp = tempFile();
+  try {
+    const node = new Node().openPromises(tmp.file);
+    const p = node.promises;
+    for (const id of [undefined, null, 7, {}]) {
+      assert.throws(() => p.create(id), InvalidArgumentError, String(id));
+      assert.throws(() => p.get(id), InvalidArgumentError, String(id));
+      assert.throws(() => p.resolve(id, 1), InvalidArgumentError, String(id));
+      await assert.rejects(p.await(id), InvalidArgumentError, String(id));
+      await assert.rejects(node.awaitDurable(id), InvalidArgumentError, String(id));
+    }
+    assert.throws(() => p.get('undefined'), /no promise with id "undefined"/, 'nothing was created');
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});
