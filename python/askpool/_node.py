@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import weakref
 from types import TracebackType
-from typing import Any, AsyncIterator, NamedTuple, Optional, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, NamedTuple, Optional, TypeVar
 
 from . import _dispatch, _native
 from ._dispatch import Handler
@@ -72,9 +73,32 @@ def _driver(loop: asyncio.AbstractEventLoop) -> _native.LoopDriver:
     driver = _drivers.get(loop)
     if driver is None:
         driver = _native.LoopDriver()
-        loop.add_reader(driver.fileno(), driver.drain)
+        end = _until_shutdown(driver)
+        # Its first step registers it with the running loop, which closes
+        # it in `shutdown_asyncgens()`.
+        with contextlib.suppress(StopIteration):
+            end.asend(None).send(None)
+        # The reader holds it (the loop keeps only a weak reference), and
+        # drops it when the loop closes.
+        loop.add_reader(driver.fileno(), _drain, driver, end)
         _drivers[loop] = driver
     return driver
+
+
+def _drain(driver: _native.LoopDriver, _end: object) -> None:
+    driver.drain()
+
+
+async def _until_shutdown(driver: _native.LoopDriver) -> AsyncGenerator[None, None]:
+    """Suspended until its loop shuts down its async generators, which
+    ``asyncio.run`` (and ``asyncio.Runner``) do once every task is done.
+    What is still in flight on the loop then (an ask nobody awaited, a
+    tell, a stage stream) can never be awaited, nor polled once the loop
+    closes: the driver cancels it, and the node forgets it."""
+    try:
+        yield
+    finally:
+        driver.close()
 
 
 class StageEvent(NamedTuple):

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import time
 import weakref
 from typing import Any
 
@@ -197,3 +198,73 @@ async def test_a_cancelled_wait_cancelled_future_is_released_while_its_handler_r
         assert alive == [], f"{len(alive)} timed-out wait_cancelled() futures still held"
         release.set()
         assert await ask == 1
+
+
+def test_asks_a_finished_asyncio_run_left_in_flight_leave_nothing_behind() -> None:
+    """A caller loop that ends (``asyncio.run`` returns) with asks, tells and
+    stage streams still in flight to a pool on another loop: nobody can
+    await them any more, so they are cancelled with the loop, and the
+    node's pending count returns to 0 (no ask waits for a loop that will
+    never poll it again), with nothing reported."""
+    import sys
+    import threading
+
+    unraisable: list[Any] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    node = Node(circuit_breaker=False)
+    ready = threading.Event()
+    stop = threading.Event()
+    release = threading.Event()
+
+    def host() -> None:
+        async def main() -> None:
+            pool = node.pool("far", concurrency=64)
+
+            @pool.handler
+            async def handle(msg: Any, ctx: Context) -> Any:
+                while not release.is_set() and not ctx.cancelled:
+                    await asyncio.sleep(0.001)
+                return msg
+
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.001)
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=host)
+    thread.start()
+    try:
+        assert ready.wait(10)
+        kept: list[AskHandle] = []
+
+        async def caller() -> None:
+            kept.extend(node.ask("far", i, timeout=30) for i in range(20))
+
+            async def read(handle: AskHandle) -> None:
+                async for _ in handle.stages():
+                    pass
+
+            # Stage streams read by tasks: asyncio.run cancels those.
+            for handle in kept[:5]:
+                asyncio.get_running_loop().create_task(read(handle))
+            await asyncio.sleep(0.05)
+            assert node.stats()["pending"] == 20
+
+        asyncio.run(caller())
+        release.set()
+        for _ in range(500):
+            if node.stats()["pending"] == 0:
+                break
+            time.sleep(0.01)
+        assert node.stats()["pending"] == 0
+        assert node.stats()["armed_timers"] == 0
+        assert all(h.cancelled() for h in kept)
+        gc.collect()
+        assert unraisable == []
+    finally:
+        sys.unraisablehook = hook
+        stop.set()
+        thread.join()
+        node.close()

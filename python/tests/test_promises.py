@@ -279,3 +279,34 @@ def test_a_process_that_died_mid_ask_is_resumed_by_the_next(tmp_path: Path) -> N
     assert (tmp_path / "runs").read_text().split() == ["crash", "await"]
     db = Promises.open(tmp_path / "p.db")
     assert db.get(rid).state == "resolved"
+
+
+async def test_a_stored_taxonomy_rejection_comes_back_as_the_same_error(
+    promises: Promises,
+) -> None:
+    """A handler's taxonomy error rejects a durable ask; awaiting it again
+    (as after a restart) raises the same class with the same message, not
+    another one (an ``except ValueError`` must catch both)."""
+    async with Node(promises=promises) as node:
+        pool = node.pool("strict")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if msg == "validation":
+                raise askpool.ValidationError("bad input")
+            if msg == "permission":
+                raise askpool.PermissionDeniedError("not yours")
+            raise askpool.InvalidArgumentError("no such thing")
+
+        for msg, cls in (
+            ("validation", askpool.ValidationError),
+            ("permission", askpool.PermissionDeniedError),
+            ("argument", askpool.InvalidArgumentError),
+        ):
+            handle_ = node.ask_durable("strict", msg)
+            with pytest.raises(cls) as first:
+                await handle_
+            assert promises.get(handle_.id).state == "rejected"
+            with pytest.raises(cls) as again:
+                await node.await_durable(handle_.id)
+            assert str(again.value) == str(first.value)

@@ -14,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -27,7 +27,21 @@ pub(crate) trait LoopTask: Send + Sync + 'static {
     /// `run` panicked (caught by the driver, so the rest of the queue still
     /// runs): the task puts itself back in a state it can go on from.
     fn recover(self: Arc<Self>, _py: Python<'_>) {}
+    /// The loop shut down (see [`LoopDriver::close`]): the task drops what
+    /// it drives and cancels the asyncio future waiting for it.
+    fn shut_down(self: Arc<Self>, _py: Python<'_>) {}
 }
+
+/// The tasks of a driver that complete an asyncio future, held weakly, so
+/// that a loop that shuts down can cancel them.
+struct Live {
+    tasks: Vec<Weak<dyn LoopTask>>,
+    /// Length at which finished tasks are next swept out (twice the live
+    /// ones after a sweep): amortized O(1) per task.
+    sweep_at: usize,
+}
+
+const LIVE_SWEEP_MIN: usize = 64;
 
 pub(crate) struct DriverShared {
     queue: Mutex<Vec<Arc<dyn LoopTask>>>,
@@ -35,6 +49,9 @@ pub(crate) struct DriverShared {
     /// ask would otherwise grow a fresh vector each time.
     spare: Mutex<Vec<Arc<dyn LoopTask>>>,
     signalled: AtomicBool,
+    /// The loop shut down: nothing runs here any more.
+    closed: AtomicBool,
+    live: Mutex<Live>,
     tx: UnixStream,
     rx: UnixStream,
 }
@@ -50,6 +67,10 @@ impl DriverShared {
         if task.queued().swap(true, Ordering::AcqRel) {
             return;
         }
+        if self.closed.load(Ordering::Acquire) {
+            // Shut down by `close`, or a task that completes no future.
+            return;
+        }
         self.queue.lock().push(task);
         if DRAINING.with(|d| std::ptr::eq(d.get(), self)) {
             return;
@@ -59,6 +80,21 @@ impl DriverShared {
             // on a connected pair.
             let _ = (&self.tx).write(&[1]);
         }
+    }
+
+    /// Whether the loop shut down (see [`LoopDriver::close`]).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Remembers `task` for [`LoopDriver::close`].
+    pub(crate) fn track(&self, task: Weak<dyn LoopTask>) {
+        let mut live = self.live.lock();
+        if live.tasks.len() >= live.sweep_at {
+            live.tasks.retain(|t| t.strong_count() > 0);
+            live.sweep_at = (live.tasks.len() * 2).max(LIVE_SWEEP_MIN);
+        }
+        live.tasks.push(task);
     }
 
     /// Reads the wake-up bytes (the loop saw the socket readable), then runs
@@ -122,6 +158,11 @@ impl LoopDriver {
                 queue: Mutex::new(Vec::new()),
                 spare: Mutex::new(Vec::new()),
                 signalled: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+                live: Mutex::new(Live {
+                    tasks: Vec::new(),
+                    sweep_at: LIVE_SWEEP_MIN,
+                }),
                 tx,
                 rx,
             }),
@@ -136,6 +177,29 @@ impl LoopDriver {
     /// they wake, until none is left.
     fn drain(&self, py: Python<'_>) {
         self.shared.drain_signalled(py);
+    }
+
+    /// The loop shuts down (the wrapper calls this when the loop closes its
+    /// async generators, which `asyncio.run` does once every task is done):
+    /// every ask, tell, stage stream or durable wait still in flight here is
+    /// cancelled (its asyncio future too), since no task is left to await
+    /// it and the loop will never poll it again; left alone, each would stay
+    /// pending in the node for good. Work started here afterwards fails at
+    /// once.
+    fn close(&self, py: Python<'_>) {
+        if self.shared.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let queued = std::mem::take(&mut *self.shared.queue.lock());
+        drop(queued);
+        let live = std::mem::take(&mut self.shared.live.lock().tasks);
+        for task in live.iter().filter_map(Weak::upgrade) {
+            let shut = catch_unwind(AssertUnwindSafe(|| task.shut_down(py)));
+            if let Err(panic) = shut {
+                report_panic(py, &crate::errors::panic_error(panic.as_ref()), false);
+            }
+        }
+        crate::obj::release_dropped(py);
     }
 
     /// Tasks waiting to run (for tests: 0 once the loop is idle).

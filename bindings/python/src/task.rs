@@ -43,6 +43,23 @@ where
         target: Py<PyAny>,
         convert: Convert<F::Output>,
     ) -> Arc<Self> {
+        if driver.is_closed() {
+            // Its loop shut down: nothing would ever poll the future.
+            drop(future);
+            Python::attach(|py| {
+                let error = AskError::FailedPrecondition {
+                    message: "this event loop has shut down".to_owned(),
+                };
+                complete(py, target.bind(py), Err(error));
+            });
+            return Arc::new(Self {
+                queued: AtomicBool::new(false),
+                driver: Arc::clone(driver),
+                future: Mutex::new(None),
+                target: Mutex::new(None),
+                convert,
+            });
+        }
         let task = Arc::new(Self {
             queued: AtomicBool::new(false),
             driver: Arc::clone(driver),
@@ -50,7 +67,9 @@ where
             target: Mutex::new(Some(target)),
             convert,
         });
-        driver.schedule(task.clone());
+        let dyn_task: Arc<dyn LoopTask> = task.clone();
+        driver.track(Arc::downgrade(&dyn_task));
+        driver.schedule(dyn_task);
         task
     }
 
@@ -112,6 +131,26 @@ where
         };
         let result = output.and_then(|output| (self.convert)(py, output));
         complete(py, target.bind(py), result);
+    }
+
+    fn shut_down(self: Arc<Self>, py: Python<'_>) {
+        // Dropping the future cancels what it drives (an ask: the pool is
+        // told, the node forgets it).
+        let future = self.future.lock().take();
+        drop(future);
+        let Some(target) = self.target.lock().take() else {
+            return;
+        };
+        let target = target.bind(py);
+        let done = target
+            .call_method0(intern!(py, "done"))
+            .and_then(|d| d.is_truthy())
+            .unwrap_or(true);
+        if !done {
+            if let Err(e) = target.call_method0(intern!(py, "cancel")) {
+                e.write_unraisable(py, Some(target));
+            }
+        }
     }
 }
 

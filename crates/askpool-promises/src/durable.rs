@@ -421,9 +421,16 @@ fn outcome_of<R: Durable>(p: &Promise) -> Result<R, AskError> {
 }
 
 fn encode_error(e: &AskError) -> Vec<u8> {
+    // The bare message of a code `decode_error` rebuilds, so that the
+    // error reads back as it was first raised.
     let (type_name, message) = match e {
         AskError::HandlerFailed { type_name, message } => (type_name.clone(), message.clone()),
-        AskError::DecodeFailure { message } => (String::new(), message.clone()),
+        AskError::DecodeFailure { message }
+        | AskError::InvalidArgument { message }
+        | AskError::ValidationError { message }
+        | AskError::PermissionDenied { message }
+        | AskError::FailedPrecondition { message }
+        | AskError::Internal { message } => (String::new(), message.clone()),
         e => (String::new(), e.to_string()),
     };
     serde_json::json!({ "code": e.code().as_str(), "type": type_name, "message": message })
@@ -431,7 +438,9 @@ fn encode_error(e: &AskError) -> Vec<u8> {
         .into_bytes()
 }
 
-/// A stored rejection as an error: a handler's failure, or a value that
+/// A stored rejection as an error: a handler's failure, a taxonomy error a
+/// handler may raise (`ValidationError`, `PermissionDenied`, ...: the same
+/// exception class in every binding as when first raised), or a value that
 /// cannot be stored or read, comes back as it was; any other code as
 /// `FailedPrecondition` naming it.
 fn decode_error(bytes: &[u8]) -> AskError {
@@ -442,13 +451,13 @@ fn decode_error(bytes: &[u8]) -> AskError {
             .unwrap_or_default()
             .to_owned()
     };
-    if s("code") == ErrorCode::HandlerFailed.as_str() {
+    let code = ErrorCode::from_name(&s("code"));
+    if code == Some(ErrorCode::HandlerFailed) {
         AskError::handler_failed(s("type"), s("message"))
-    } else if s("code") == ErrorCode::DecodeFailure.as_str() {
-        // About the value itself: the same answer every time it is read.
-        AskError::DecodeFailure {
-            message: s("message"),
-        }
+    } else if code.is_some_and(ErrorCode::kept_from_handler) {
+        // `DecodeFailure` is about the value itself: the same answer every
+        // time it is read.
+        AskError::from_handler(code, s("type"), s("message"))
     } else {
         AskError::FailedPrecondition {
             message: format!("durable ask rejected with {}: {}", s("code"), s("message")),
