@@ -297,8 +297,8 @@ export class Node {
   deadLetters<Msg = unknown>(): DeadLetter<Msg>[];
   /**
    * Asks a dead letter again with its ids. A replay that fails puts the
-   * letter back (its pool is gone: NO_ROUTE). With a promise store open,
-   * replaying a durable ask's letter settles the ask's promise.
+   * letter back (its pool is gone: NO_ROUTE). Replaying a durable ask's
+   * letter records its outcome in the ask's promise.
    */
   replayDeadLetter<Reply = any>(requestId: string): Promise<Reply>;
   purgeDeadLetters(): number;

@@ -33,9 +33,9 @@ export declare class Core {
   /** The dead letters, oldest first. */
   deadLetters(): Array<DeadLetterInfo>
   /**
-   * Asks a dead letter again with its ids; returns the new task id. With
-   * a promise store open, the replay of a durable ask's letter records
-   * its outcome in the ask's promise.
+   * Asks a dead letter again with its ids; returns the new task id. The
+   * replay of a durable ask's letter records its outcome in the ask's
+   * promise (the core's replay hook).
    */
   replayDeadLetter(requestId: string): number
   purgeDeadLetters(): number

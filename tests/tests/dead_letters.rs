@@ -158,6 +158,48 @@ async fn a_dead_letter_replays_with_its_request_id() {
     );
 }
 
+/// The hook an ask is given hears the outcomes of its dead letter's
+/// replays (a durable ask records them in its promise), not the ask's own,
+/// and goes back into the queue with a letter a replay files again.
+#[tokio::test(start_paused = true)]
+async fn replay_outcomes_reach_the_asks_hook() {
+    let node: TestNode = Node::with_config(config(10));
+    let pool = node.pool("p").max_in_flight(1).build().unwrap();
+    let stuck = node.ask("p", 0).send();
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let hook = Arc::clone(&heard);
+    let handle = node
+        .ask("p", 7)
+        .on_replay_outcome(move |outcome: Result<String, AskError>| {
+            hook.lock().unwrap().push(outcome.map_err(|e| e.code()));
+        })
+        .send();
+    let id = handle.request_id();
+    handle.await.unwrap_err();
+    assert!(
+        heard.lock().unwrap().is_empty(),
+        "not the ask's own outcome"
+    );
+    // Replayed while the pool is still full: it fails again, is heard, and
+    // its letter is filed again with the hook.
+    let err = node.replay_dead_letter(id).unwrap().await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::BufferFull);
+    assert_eq!(*heard.lock().unwrap(), vec![Err(ErrorCode::BufferFull)]);
+    let r = pool.next_request().await.unwrap();
+    r.responder.reply("zero".into());
+    assert_eq!(stuck.await.unwrap(), "zero");
+    let served = tokio::spawn(async move {
+        let r = pool.next_request().await.unwrap();
+        r.responder.reply("seven".into());
+    });
+    assert_eq!(node.replay_dead_letter(id).unwrap().await.unwrap(), "seven");
+    served.await.unwrap();
+    assert_eq!(
+        *heard.lock().unwrap(),
+        vec![Err(ErrorCode::BufferFull), Ok("seven".to_owned())]
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failed_replay_puts_its_letter_back() {
     let (node, pool, stuck, id) = a_dead_letter_of_a_full_pool().await;

@@ -3,7 +3,6 @@
 use std::str::FromStr;
 
 use askpool::{PayloadFingerprint, RequestId, RetryPolicy, WorkerId};
-use askpool_promises::DurableAsk;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
@@ -151,24 +150,17 @@ impl Core {
             .collect()
     }
 
-    /// Asks a dead letter again with its ids; returns the new task id. With
-    /// a promise store open, the replay of a durable ask's letter records
-    /// its outcome in the ask's promise.
+    /// Asks a dead letter again with its ids; returns the new task id. The
+    /// replay of a durable ask's letter records its outcome in the ask's
+    /// promise (the core's replay hook).
     #[napi(catch_unwind)]
     pub fn replay_dead_letter(&mut self, request_id: String) -> Result<u32> {
         let id: RequestId = parse_id("requestId", &request_id)?;
-        let task = {
+        let handle = {
             let _enter = self.rt.enter();
-            match &self.promises {
-                Some(promises) => Task::Durable(
-                    self.node
-                        .replay_dead_letter_durable(promises, id)
-                        .map_err(errors::throw)?,
-                ),
-                None => Task::Ask(self.node.replay_dead_letter(id).map_err(errors::throw)?),
-            }
+            self.node.replay_dead_letter(id).map_err(errors::throw)?
         };
-        Ok(self.spawn(task))
+        Ok(self.spawn(Task::Ask(handle)))
     }
 
     #[napi(catch_unwind)]

@@ -131,17 +131,6 @@ pub trait DurableAsk<M, R> {
         promises: &DurablePromises,
         id: &str,
     ) -> Result<DurableHandle<R>, AskError>;
-
-    /// Replays the dead letter `id` (see `Node::replay_dead_letter`) and,
-    /// if it is the letter of a durable ask whose promise is still pending,
-    /// records the replay's outcome in that promise as the ask would have:
-    /// a replay that answered leaves no pending promise behind to be asked
-    /// (and run) again after a restart.
-    fn replay_dead_letter_durable(
-        &self,
-        promises: &DurablePromises,
-        id: RequestId,
-    ) -> Result<DurableHandle<R>, AskError>;
 }
 
 impl<M, R> DurableAsk<M, R> for Node<M, R>
@@ -221,35 +210,6 @@ where
             });
         }
         Ok(resume(self, promises, request_id, promise))
-    }
-
-    fn replay_dead_letter_durable(
-        &self,
-        promises: &DurablePromises,
-        id: RequestId,
-    ) -> Result<DurableHandle<R>, AskError> {
-        let key = id.to_string();
-        let pending = match promises.store().get(&key, now_millis()) {
-            Ok(p) => is_durable_ask(&p) && !p.state.is_settled(),
-            Err(_) => false,
-        };
-        let ask = self.replay_dead_letter(id)?;
-        let run = {
-            let promises = promises.clone();
-            let key = key.clone();
-            async move {
-                let outcome = ask.await;
-                if pending {
-                    record(&promises, &key, outcome)
-                } else {
-                    outcome
-                }
-            }
-        };
-        Ok(DurableHandle {
-            id: key,
-            inner: Box::pin(run),
-        })
     }
 }
 
@@ -335,6 +295,7 @@ where
                     .ask(pool.clone(), msg.clone())
                     .request_id(id)
                     .payload_size(size)
+                    .on_replay_outcome(recorder(&promises, &key))
                     .await;
                 // Refused as pending after all (an ask of the id not made
                 // through these promises started meanwhile): wait for it.
@@ -350,6 +311,22 @@ where
         if p.state.is_settled() {
             return outcome_of(&p);
         }
+    }
+}
+
+/// What a replay of the ask's dead letter got (whoever replays it: the
+/// node's `replay_dead_letter`, in any binding) is recorded as the ask's
+/// own outcome would have been, so that a pending promise is not asked,
+/// and its handler run, again later. A store that fails here leaves the
+/// promise pending, as a transient failure does.
+fn recorder<R: Durable + Send + 'static>(
+    promises: &DurablePromises,
+    key: &str,
+) -> impl Fn(Result<R, AskError>) + Send + Sync + 'static {
+    let promises = promises.clone();
+    let key = key.to_owned();
+    move |outcome| {
+        let _ = record(&promises, &key, outcome);
     }
 }
 

@@ -61,7 +61,13 @@ pub struct AskBuilder<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> 
     /// A dead letter's replay: if it fails in any way, the letter goes back
     /// to the queue (with this reason unless the new error has its own).
     refile: Option<DeadLetterReason>,
+    /// Told the outcome of this ask's dead letter's replays.
+    replay_hook: Option<ReplayHook<R>>,
 }
+
+/// Told the outcome of a dead letter's replay (see
+/// [`AskBuilder::on_replay_outcome`]).
+pub type ReplayHook<R> = Arc<dyn Fn(Result<R, AskError>) + Send + Sync>;
 
 impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M, R> {
     pub(crate) fn new(node: &'a Node<M, R>, pool: PoolName, payload: M) -> Self {
@@ -72,12 +78,34 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
             options: AskOptions::default(),
             one_way: false,
             refile: None,
+            replay_hook: None,
         }
     }
 
     /// Makes this ask the replay of a dead letter filed for `reason`.
     pub(crate) fn refile_on_failure(mut self, reason: DeadLetterReason) -> Self {
         self.refile = Some(reason);
+        self
+    }
+
+    /// Calls `hook` with the outcome of every replay of this ask's dead
+    /// letter ([`Node::replay_dead_letter`](crate::Node::replay_dead_letter)),
+    /// whoever replays it: an outcome kept elsewhere (a durable ask's
+    /// promise) learns what the replay got. Not called for this ask itself,
+    /// nor for a replay refused before it was sent or dropped unfinished. It
+    /// runs where the replay is polled: it must not block for long.
+    pub fn on_replay_outcome(
+        mut self,
+        hook: impl Fn(Result<R, AskError>) + Send + Sync + 'static,
+    ) -> Self {
+        self.replay_hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// A replay carries its letter's hook (and files it with the letter if
+    /// it fails again).
+    pub(crate) fn replay_hook(mut self, hook: Option<ReplayHook<R>>) -> Self {
+        self.replay_hook = hook;
         self
     }
 
@@ -186,6 +214,9 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     permit: Option<BreakerPermit>,
     /// Set on a dead letter's replay (see `AskBuilder::refile`).
     refile: Option<DeadLetterReason>,
+    /// See `AskBuilder::on_replay_outcome`: filed with the dead letter, and
+    /// called when this ask is a replay (`refile` set).
+    replay_hook: Option<ReplayHook<R>>,
     /// Whether the ask's end was reported to the breaker.
     settled: bool,
     span: tracing::Span,
@@ -242,6 +273,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             registered: false,
             permit: None,
             refile: b.refile,
+            replay_hook: b.replay_hook,
             settled: false,
             span,
             finished: false,
@@ -312,7 +344,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             return;
         };
         let mut dlq = self.node.caller.dlq.lock();
-        dlq.push(DeadLetter {
+        let letter = DeadLetter {
             ids: self.meta.ids,
             pool: self.meta.pool.clone(),
             payload,
@@ -320,7 +352,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             attempts: self.machine.attempts_sent(),
             reason,
             failed_at: now,
-        });
+        };
+        dlq.push(letter, self.replay_hook.clone());
         telemetry::dlq_depth(dlq.len());
     }
 
@@ -502,6 +535,14 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
         self.release();
         self.finished = true;
+        if let (Some(hook), Some(_)) = (&self.replay_hook, self.refile) {
+            // A reply is a durable ask's (never a tell's): `None` is no outcome.
+            match &result {
+                Ok(Some(reply)) => hook(Ok(reply.clone())),
+                Ok(None) => {}
+                Err(error) => hook(Err(error.clone())),
+            }
+        }
         Poll::Ready(result)
     }
 

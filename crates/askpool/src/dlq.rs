@@ -12,6 +12,8 @@ use std::collections::VecDeque;
 
 use askpool_proto::{AskError, AskIds, ErrorClass, PoolName, RequestId, RetryPolicy, Timestamp};
 
+use crate::ask::ReplayHook;
+
 /// Why an ask was dead-lettered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeadLetterReason {
@@ -62,13 +64,19 @@ pub(crate) fn reason_for(error: &AskError, policy: &RetryPolicy) -> Option<DeadL
     }
 }
 
-pub(crate) struct DeadLetterQueue<M> {
+/// A letter as the queue keeps it: with the hook its replays tell.
+pub(crate) struct Filed<M, R> {
+    pub(crate) letter: DeadLetter<M>,
+    pub(crate) replay_hook: Option<ReplayHook<R>>,
+}
+
+pub(crate) struct DeadLetterQueue<M, R> {
     capacity: usize,
-    letters: VecDeque<DeadLetter<M>>,
+    letters: VecDeque<Filed<M, R>>,
     dropped: u64,
 }
 
-impl<M> DeadLetterQueue<M> {
+impl<M, R> DeadLetterQueue<M, R> {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             capacity,
@@ -77,7 +85,7 @@ impl<M> DeadLetterQueue<M> {
         }
     }
 
-    pub(crate) fn push(&mut self, letter: DeadLetter<M>) {
+    pub(crate) fn push(&mut self, letter: DeadLetter<M>, replay_hook: Option<ReplayHook<R>>) {
         if self.capacity == 0 {
             self.dropped += 1;
             return;
@@ -86,20 +94,23 @@ impl<M> DeadLetterQueue<M> {
             self.letters.pop_front();
             self.dropped += 1;
         }
-        self.letters.push_back(letter);
+        self.letters.push_back(Filed {
+            letter,
+            replay_hook,
+        });
     }
 
-    pub(crate) fn take(&mut self, id: RequestId) -> Option<DeadLetter<M>> {
-        let index = self.letters.iter().position(|l| l.request_id() == id)?;
+    pub(crate) fn take(&mut self, id: RequestId) -> Option<Filed<M, R>> {
+        let index = self.iter().position(|l| l.request_id() == id)?;
         self.letters.remove(index)
     }
 
     pub(crate) fn get(&self, id: RequestId) -> Option<&DeadLetter<M>> {
-        self.letters.iter().find(|l| l.request_id() == id)
+        self.iter().find(|l| l.request_id() == id)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &DeadLetter<M>> {
-        self.letters.iter()
+        self.letters.iter().map(|f| &f.letter)
     }
 
     pub(crate) fn purge(&mut self) -> usize {

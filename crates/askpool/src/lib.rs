@@ -45,7 +45,7 @@ mod telemetry;
 mod transport;
 mod worker;
 
-pub use ask::{AskBuilder, AskHandle, AskOptions, TellBuilder, TellHandle};
+pub use ask::{AskBuilder, AskHandle, AskOptions, ReplayHook, TellBuilder, TellHandle};
 pub use breakers::BreakerStats;
 pub use config::{
     NodeConfig, PoolConfig, TimeoutConfig, DEFAULT_MAX_PAYLOAD_BYTES, MAX_CONCURRENCY,

@@ -16,7 +16,7 @@ use crate::ask::{AskBuilder, AskHandle, TellBuilder};
 use crate::breakers::Breakers;
 use crate::clock::{IdSource, NodeClock};
 use crate::config::{NodeConfig, PoolConfig};
-use crate::dlq::DeadLetter;
+use crate::dlq::{DeadLetter, Filed};
 use crate::pending::{CallerSide, LateOutcome};
 use crate::pool::{PoolControl, PoolShared};
 use crate::stats::{NodeStats, PoolStats};
@@ -301,12 +301,16 @@ where
             telemetry::dlq_depth(dlq.len());
             taken
         };
-        let letter = taken.ok_or_else(|| AskError::FailedPrecondition {
+        let Filed {
+            letter,
+            replay_hook,
+        } = taken.ok_or_else(|| AskError::FailedPrecondition {
             message: format!("no dead letter with request id {id}"),
         })?;
         let mut ask = self
             .ask(letter.pool, letter.payload)
             .refile_on_failure(letter.reason)
+            .replay_hook(replay_hook)
             .request_id(letter.ids.request_id)
             .correlation_id(letter.ids.correlation_id);
         if let Some(causation) = letter.ids.causation_id {

@@ -537,7 +537,7 @@ pub(crate) struct CallerSide<M, R> {
     /// Frames that arrived for an ask no longer pending (duplicates, late).
     pub(crate) ignored_frames: AtomicU64,
     pub(crate) late_outcomes: AtomicU64,
-    pub(crate) dlq: Mutex<DeadLetterQueue<M>>,
+    pub(crate) dlq: Mutex<DeadLetterQueue<M, R>>,
     timed_out: Mutex<TimedOutAsks<R>>,
     late_hook: RwLock<Option<LateHook<R>>>,
     clock: Arc<NodeClock>,
