@@ -25,7 +25,7 @@ pub use node::{
     NodeOptions, PoolOptions,
 };
 pub use payload::{live_host_refs, take_released, Payload};
-pub use promises::{NativePromises, PromiseFault, PromiseRecord};
+pub use promises::{promise_waits_in_flight, NativePromises, PromiseFault, PromiseRecord};
 pub use runtime::runtime_worker_threads;
 
 uniffi::setup_scaffolding!();

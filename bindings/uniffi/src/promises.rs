@@ -4,6 +4,7 @@
 //! outlives the process, so the Kotlin side encodes it with a codec.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use askpool_promises::{
     PromiseError,
 };
 use futures::FutureExt;
+use tokio::sync::watch;
 
 use crate::error::{Failure, NativeError};
 use crate::node::NativeNode;
@@ -69,6 +71,25 @@ impl From<PromiseError> for PromiseFault {
 #[derive(uniffi::Object)]
 pub struct NativePromises {
     durable: DurablePromises,
+    /// Set by [`shutdown`](NativePromises::shutdown): running waits end
+    /// with `Closed` (each holds the store, a SQLite connection with it).
+    closed: watch::Sender<bool>,
+}
+
+impl NativePromises {
+    fn new(durable: DurablePromises) -> Arc<Self> {
+        Arc::new(Self {
+            durable,
+            closed: watch::Sender::new(false),
+        })
+    }
+}
+
+fn closed_fault() -> PromiseFault {
+    PromiseFault::Store {
+        code: "Closed".into(),
+        detail: "promise store closed".into(),
+    }
 }
 
 #[uniffi::export]
@@ -79,7 +100,7 @@ impl NativePromises {
     pub fn open(path: String, durable_timeout_ms: u64) -> Result<Arc<Self>, PromiseFault> {
         let mut durable = DurablePromises::open(path)?;
         durable.timeout = Duration::from_millis(durable_timeout_ms);
-        Ok(Arc::new(Self { durable }))
+        Ok(Self::new(durable))
     }
 
     /// A store in memory, gone with the process.
@@ -87,7 +108,7 @@ impl NativePromises {
     pub fn memory(durable_timeout_ms: u64) -> Arc<Self> {
         let mut durable = DurablePromises::in_memory();
         durable.timeout = Duration::from_millis(durable_timeout_ms);
-        Arc::new(Self { durable })
+        Self::new(durable)
     }
 
     /// Creates a promise pending for `timeout_ms`; with `key`, a repeat of
@@ -141,19 +162,76 @@ impl NativePromises {
         Ok(pruned as u64)
     }
 
-    /// The promise once settled (or timed out). Runs on the library's
-    /// runtime, so the host's executor needs no tokio.
+    /// The promise once settled (or timed out), or `Closed` once the
+    /// store is shut down. Runs on the library's runtime, so the host's
+    /// executor needs no tokio; dropping this future (the awaiting
+    /// coroutine cancelled) ends the wait there too, else it would poll
+    /// the store until the promise's timeout.
     pub async fn wait(&self, id: String) -> Result<PromiseRecord, PromiseFault> {
         let durable = self.durable.clone();
-        let waited = runtime()
-            .spawn(async move { durable.wait(&id).await })
-            .await
-            .map_err(|e| PromiseFault::Store {
-                code: "Internal".into(),
-                detail: format!("promise wait failed: {e}"),
-            })?;
-        Ok(PromiseRecord::of(waited?, false))
+        let mut closed = self.closed.subscribe();
+        let task = AbortOnDrop(runtime().spawn(async move {
+            let _counted = WaitCount::enter();
+            tokio::select! {
+                waited = durable.wait(&id) => Some(waited),
+                _ = closed.wait_for(|closed| *closed) => None,
+            }
+        }));
+        let waited = task.await.map_err(|e| PromiseFault::Store {
+            code: "Internal".into(),
+            detail: format!("promise wait failed: {e}"),
+        })?;
+        Ok(PromiseRecord::of(waited.ok_or_else(closed_fault)??, false))
     }
+
+    /// Ends the running waits with `Closed` (the Kotlin `close`, before it
+    /// frees the object); a wait started after ends at once. Idempotent.
+    pub fn shutdown(&self) {
+        self.closed.send_replace(true);
+    }
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+static WAITS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a running [`NativePromises::wait`] while it lives.
+struct WaitCount;
+
+impl WaitCount {
+    fn enter() -> Self {
+        WAITS.fetch_add(1, Ordering::Relaxed);
+        WaitCount
+    }
+}
+
+impl Drop for WaitCount {
+    fn drop(&mut self) {
+        WAITS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Promise waits running in the library (a leak check: 0 once no await runs).
+#[uniffi::export]
+pub fn promise_waits_in_flight() -> u64 {
+    WAITS.load(Ordering::Relaxed)
 }
 
 fn completed(done: askpool_promises::Result<Completed>) -> Result<PromiseRecord, PromiseFault> {

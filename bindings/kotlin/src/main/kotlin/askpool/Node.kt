@@ -273,12 +273,39 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         )
     }
 
-    /** Fails pending asks (`Unavailable`), stops the pools, frees the node. */
+    /** The thread running the first [close], while it runs. */
+    @Volatile private var closer: Thread? = null
+    private val closeDone = java.util.concurrent.CountDownLatch(1)
+
+    /**
+     * Fails pending asks (`Unavailable`), stops the pools, frees the node.
+     * A close while another runs returns once that one is done (its
+     * handlers cancelled), except one called from inside it (a handler's
+     * cancellation handler): that one returns at once.
+     */
     override fun close() {
-        synchronized(this) {
-            if (closed) return
-            closed = true
+        val first = synchronized(this) {
+            if (closed) {
+                false
+            } else {
+                closed = true
+                closer = Thread.currentThread()
+                true
+            }
         }
+        if (!first) {
+            if (closer !== Thread.currentThread()) closeDone.await()
+            return
+        }
+        try {
+            shutDown()
+        } finally {
+            closer = null
+            closeDone.countDown()
+        }
+    }
+
+    private fun shutDown() {
         native.shutdown()
         pools.values.forEach {
             Pool.forget(it)

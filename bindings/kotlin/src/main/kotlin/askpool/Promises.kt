@@ -56,6 +56,7 @@ sealed class PromiseException(message: String, val code: String) : RuntimeExcept
                 "Corrupt", "Foreign", "NewerVersion" -> BadDatabase(m, f.code)
                 "Locked" -> Locked(m)
                 "InvalidArgument" -> InvalidArgument(m)
+                "Closed" -> Closed(m)
                 else -> Storage(m, f.code)
             }
         }
@@ -135,7 +136,9 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
 
     /**
      * Suspends until [id] settles (or times out). Completions by this store
-     * wake it at once; another process's are seen by polling.
+     * wake it at once; another process's are seen by polling. Cancelling
+     * the calling coroutine ends the wait; [close] ends it with
+     * [PromiseException.Closed].
      */
     suspend fun await(id: String): DurablePromise {
         if (closed) throw PromiseException.Closed()
@@ -149,9 +152,16 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
         }
     }
 
-    /** Closes the store; every call after throws [PromiseException.Closed]. Idempotent. */
+    /**
+     * Closes the store; every call after throws [PromiseException.Closed],
+     * and so does every [await] still waiting. Idempotent.
+     */
     override fun close() {
-        closed = true
+        synchronized(this) {
+            if (closed) return
+            closed = true
+        }
+        native.shutdown()
         native.close()
     }
 

@@ -1,12 +1,21 @@
 package askpool
 
 import kotlinx.coroutines.CompletableDeferred
+import kotlinx.coroutines.Dispatchers
+import kotlinx.coroutines.async
+import kotlinx.coroutines.suspendCancellableCoroutine
 import kotlinx.coroutines.awaitCancellation
 import kotlinx.coroutines.runBlocking
 import kotlinx.coroutines.withTimeout
 import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertFalse
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
+import java.util.concurrent.CountDownLatch
+import java.util.concurrent.TimeUnit
+import java.util.concurrent.atomic.AtomicBoolean
+import kotlin.concurrent.thread
+import kotlin.time.Duration.Companion.seconds
 
 /** Calls on a closed node: a typed error, no waiter left behind. */
 class ClosedNodeTest {
@@ -61,5 +70,55 @@ class ClosedNodeTest {
         // The waiter goes when the failure is delivered, which may finish on
         // another thread just after the await returns.
         eventually("no waiter") { node.stats().awaitedOutcomes == 0L }
+    }
+
+    @Test
+    fun `a second close returns once the first is done`() = runBlocking {
+        val node = Node()
+        val started = CompletableDeferred<Unit>()
+        val inCancel = CountDownLatch(1)
+        val cleaned = AtomicBoolean()
+        val pool = node.pool("lingers") { _, _ ->
+            suspendCancellableCoroutine<Unit> { c ->
+                // Runs on the thread that cancels the handler: the node's close.
+                c.invokeOnCancellation {
+                    inCancel.countDown()
+                    Thread.sleep(300)
+                    cleaned.set(true)
+                }
+                started.complete(Unit)
+            }
+        }
+        val caller = async(Dispatchers.Default) { runCatching { node.ask("lingers", 1, AskOptions(timeout = 30.seconds)) } }
+        withTimeout(5_000) { started.await() }
+        // Closed, its handler still running: only the node's close cancels it.
+        pool.close()
+        val first = thread { node.close() }
+        assertTrue(inCancel.await(5, TimeUnit.SECONDS), "the node's close did not cancel the handler")
+        node.close()
+        assertTrue(cleaned.get(), "the second close returned while the first was still closing the node")
+        first.join()
+        withTimeout(5_000) { caller.await() }
+        Unit
+    }
+
+    @Test
+    fun `a close from inside the node's own close returns`() = runBlocking {
+        val node = Node()
+        val started = CompletableDeferred<Unit>()
+        val pool = node.pool("recloses") { _, _ ->
+            suspendCancellableCoroutine<Unit> { c ->
+                c.invokeOnCancellation { node.close() }
+                started.complete(Unit)
+            }
+        }
+        val caller = async(Dispatchers.Default) { runCatching { node.ask("recloses", 1, AskOptions(timeout = 30.seconds)) } }
+        withTimeout(5_000) { started.await() }
+        pool.close()
+        val closer = thread { node.close() }
+        closer.join(5_000)
+        assertFalse(closer.isAlive, "a close called by a cancel handler during the close deadlocked it")
+        withTimeout(5_000) { caller.await() }
+        Unit
     }
 }
