@@ -389,6 +389,14 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 message: format!("request id {id} is already pending on this node"),
             });
         }
+        // A shutdown between the check above and the insert aborted the
+        // asks it found pending, not this one: looked at again now, after
+        // the insert (the pending map's lock orders the two), it is seen.
+        if self.node.is_closed() {
+            self.node.caller.pending.remove(id);
+            self.settle_breaker(Verdict::Release, now);
+            return Err(AskError::node_closed());
+        }
         self.registered = true;
         telemetry::pending(1.0);
         Ok(())
