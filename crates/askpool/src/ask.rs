@@ -541,16 +541,18 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 }
             }
         }
-        self.release();
-        self.finished = true;
         if let (Some(hook), Some(_)) = (&self.replay_hook, self.refile) {
-            // A reply is a durable ask's (never a tell's): `None` is no outcome.
+            // Told while the id is still pending here: what records the
+            // outcome elsewhere is done before another ask of the id can
+            // start. A tell's acknowledgement (`None`) is no outcome.
             match &result {
                 Ok(Some(reply)) => hook(Ok(reply.clone())),
                 Ok(None) => {}
                 Err(error) => hook(Err(error.clone())),
             }
         }
+        self.release();
+        self.finished = true;
         Poll::Ready(result)
     }
 
