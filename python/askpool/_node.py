@@ -344,9 +344,12 @@ class Node:
             default_timeout, dlq_capacity, track_stages, circuit_breaker, max_payload_bytes
         )
         self.promises = promises
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._driver: Optional[_native.LoopDriver] = None
-        self._fast: Optional[tuple[asyncio.BaseEventLoop, _native.LoopDriver]] = None
+        # The loop of the last call and its driver, as one tuple: read (and
+        # replaced) in one step, so a thread switch can never pair one
+        # thread's loop with another loop's driver.
+        self._current: Optional[tuple[asyncio.AbstractEventLoop, _native.LoopDriver]] = None
+        #: `_current` when its loop is one of asyncio's own (see `_here`).
+        self._fast: Optional[tuple[asyncio.AbstractEventLoop, _native.LoopDriver]] = None
 
     async def __aenter__(self) -> Node:
         return self
@@ -372,16 +375,17 @@ class Node:
 
     def _here(self, what: str) -> tuple[asyncio.AbstractEventLoop, _native.LoopDriver]:
         loop = _running_loop(what)
-        driver = self._driver
-        if loop is not self._loop or driver is None:
-            driver = _driver(loop)
-            self._loop, self._driver = loop, driver
-            # asyncio's own loops record the thread running them: `ask` can
-            # then tell that this loop is still the running one without
-            # `asyncio._get_running_loop()`, which costs a getpid() system
-            # call per ask on Python < 3.12.
-            self._fast = (loop, driver) if isinstance(loop, asyncio.BaseEventLoop) else None
-        return loop, driver
+        current = self._current
+        if current is not None and current[0] is loop:
+            return current
+        current = (loop, _driver(loop))
+        self._current = current
+        # asyncio's own loops record the thread running them: `ask` can
+        # then tell that this loop is still the running one without
+        # `asyncio._get_running_loop()`, which costs a getpid() system
+        # call per ask on Python < 3.12.
+        self._fast = current if isinstance(loop, asyncio.BaseEventLoop) else None
+        return current
 
     def pool(
         self,
