@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import NamedTuple, Optional, Union
 
 from . import _native
@@ -86,15 +85,28 @@ class Promises:
     async def wait(
         self, id: str, *, timeout: Optional[float] = None, poll: float = 0.01
     ) -> Promise:
-        """Waits until the promise is settled (by this process or another
-        one sharing the store) and returns it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            promise = self.get(id)
-            if promise.settled:
-                return promise
-            if deadline is not None and time.monotonic() >= deadline:
-                from ._errors import AskTimeoutError
+        """Waits until the promise is settled and returns it (timed out, once
+        its own timeout passes). A completion through this store (a durable
+        ask's outcome included) ends the wait at once; one made elsewhere (by
+        another process, or another ``Promises`` on the same file) is found
+        by looking at the store every ``poll`` seconds. ``timeout``: seconds
+        before ``AskTimeoutError`` (None: no limit). The wait runs off the
+        event loop (the loop is never blocked), and cancelling the awaiting
+        task ends it. Negative or NaN seconds are ``InvalidArgumentError``;
+        so is an unknown ``id``."""
+        from ._node import _driver, _running_loop
 
-                raise AskTimeoutError(f"promise {id!r} still pending after {timeout} s")
-            await asyncio.sleep(poll)
+        loop = _running_loop("Promises.wait")
+        target: asyncio.Future[Optional[_native._PromiseTuple]] = loop.create_future()
+        native = self._native.wait(_driver(loop), target, id, timeout, poll)
+        try:
+            record = await target
+        finally:
+            # Over already, unless the awaiting task was cancelled: then the
+            # wait ends here, and the driver lets go of it.
+            native.cancel()
+        if record is None:
+            from ._errors import AskTimeoutError
+
+            raise AskTimeoutError(f"promise {id!r} still pending after {timeout} s")
+        return Promise(*record)

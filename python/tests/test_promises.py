@@ -96,6 +96,86 @@ async def test_wait_returns_once_settled(promises: Promises) -> None:
         await promises.wait("never", timeout=0.05)
 
 
+async def test_wait_wakes_on_a_completion_in_this_process_without_blocking_the_loop(
+    promises: Promises,
+) -> None:
+    promises.create("soon", timeout=60)
+    ticks = 0
+
+    async def count() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.ensure_future(count())
+    # A poll of a minute: only the completion's own wake-up can end the
+    # wait in time.
+    waiting = asyncio.ensure_future(promises.wait("soon", poll=60))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    before = ticks
+    await asyncio.sleep(0.05)
+    # The loop runs other tasks while the wait is pending.
+    assert ticks > before
+    promises.resolve("soon", b"now")
+    settled = await asyncio.wait_for(waiting, 5)
+    counter.cancel()
+    assert (settled.state, settled.value) == ("resolved", b"now")
+    assert promises._native._waits() == 0
+
+
+async def test_wait_finds_a_completion_made_elsewhere_by_polling(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    here = Promises.open(path)
+    # Another store on the same file (as another process would open it):
+    # its completions do not wake this store's waiters.
+    elsewhere = Promises.open(path)
+    here.create("remote", timeout=60)
+    waiting = asyncio.ensure_future(here.wait("remote", poll=0.01))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    elsewhere.reject("remote", b"no")
+    settled = await asyncio.wait_for(waiting, 5)
+    assert (settled.state, settled.value) == ("rejected", b"no")
+
+
+async def test_a_cancelled_wait_leaves_nothing_behind(promises: Promises) -> None:
+    promises.create("abandoned", timeout=60)
+    waiting = asyncio.ensure_future(promises.wait("abandoned", poll=0.01))
+    await asyncio.sleep(0.05)
+    assert promises._native._waits() == 1
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    # The wait stops at once on the runtime's thread.
+    deadline = time.monotonic() + 5
+    while promises._native._waits() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert promises._native._waits() == 0
+    # A timed-out wait too.
+    with pytest.raises(askpool.AskTimeoutError):
+        await promises.wait("abandoned", timeout=0.02)
+    deadline = time.monotonic() + 5
+    while promises._native._waits() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert promises._native._waits() == 0
+    # The promise is still there to settle and wait for.
+    promises.cancel("abandoned")
+    assert (await promises.wait("abandoned")).state == "canceled"
+
+
+async def test_wait_checks_its_arguments(promises: Promises) -> None:
+    promises.create("args", timeout=60)
+    for bad in (-1.0, math.nan):
+        with pytest.raises(askpool.InvalidArgumentError):
+            await promises.wait("args", timeout=bad)
+        with pytest.raises(askpool.InvalidArgumentError):
+            await promises.wait("args", poll=bad)
+    with pytest.raises(askpool.InvalidArgumentError):
+        await promises.wait("missing")
+
+
 def test_a_corrupt_database_is_a_typed_error(tmp_path: Path) -> None:
     path = tmp_path / "corrupt.db"
     path.write_bytes(b"this is not a database" * 100)
