@@ -10,19 +10,28 @@ from . import _native
 
 
 class Promise(NamedTuple):
+    """A durable promise as the store holds it (a snapshot: ``get`` it again
+    to see later changes)."""
+
     id: str
     #: "pending", "resolved", "rejected", "canceled" or "timedout".
     state: str
+    #: What it was created with.
     param: bytes
+    #: What it was settled with; None while pending or once timed out.
     value: Optional[bytes]
     #: Unix milliseconds.
     timeout_at: int
     tags: dict[str, str]
+    #: Unix milliseconds.
     created_at: int
+    #: Unix milliseconds; None while pending.
     settled_at: Optional[int]
 
     @property
     def settled(self) -> bool:
+        """Whether it is no longer pending (resolved, rejected, canceled or
+        timed out)."""
         return self.state != "pending"
 
 
@@ -44,6 +53,7 @@ class Promises:
 
     @classmethod
     def memory(cls) -> Promises:
+        """A store in memory, gone with the process (for tests)."""
         return cls(_native.NativePromises.memory())
 
     def create(
@@ -66,12 +76,23 @@ class Promises:
         return Promise(*self._native.get(id))
 
     def resolve(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        """Settles pending promise ``id`` as resolved with ``value`` and
+        returns it; its waiters in this process wake at once. See ``cancel``
+        for ``key`` and the errors."""
         return Promise(*self._native.complete(id, "resolve", value, key))
 
     def reject(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        """Settles pending promise ``id`` as rejected with ``value``, as
+        ``resolve`` does."""
         return Promise(*self._native.complete(id, "reject", value, key))
 
     def cancel(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        """Settles pending promise ``id`` as canceled with ``value``, as
+        ``resolve`` does. A completion with the ``key`` of the one that
+        settled the promise returns it unchanged; any other completion of a
+        settled promise raises ``FailedPreconditionError``, and an unknown
+        ``id`` ``InvalidArgumentError``. A promise past its timeout
+        is returned timed out, not settled again."""
         return Promise(*self._native.complete(id, "cancel", value, key))
 
     def prune(self, older_than: float) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -176,6 +177,49 @@ async def test_wait_checks_its_arguments(promises: Promises) -> None:
         await promises.wait("missing")
 
 
+class GatedUpper:
+    """A handler that answers ``msg.upper()`` once ``go`` is set, counting
+    its runs."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.runs = 0
+
+    async def __call__(self, msg: str, ctx: Context) -> str:
+        await self.go.wait()
+        self.runs += 1
+        return msg.upper()
+
+
+async def test_replaying_a_durable_asks_dead_letter_settles_its_promise(
+    promises: Promises,
+) -> None:
+    upper = GatedUpper()
+    async with Node(promises=promises, default_timeout=0.3) as node:
+        node.pool("one", concurrency=1, max_in_flight=1).handler(upper)
+
+        # Holds the pool's only place: the durable ask is refused until its
+        # retries or its time run out, and dead-lettered with its promise
+        # still pending.
+        blocker = node.ask("one", "first", timeout=30)
+        await asyncio.sleep(0.05)
+        durable = node.ask_durable("one", "hi")
+        with pytest.raises(askpool.AskpoolError):
+            await durable
+        assert promises.get(durable.id).state == "pending"
+        [letter] = node.dead_letters()
+        assert letter.request_id == durable.id
+        upper.go.set()
+        assert await blocker == "FIRST"
+        assert await node.replay_dead_letter(letter.request_id) == "HI"
+        settled = promises.get(durable.id)
+        assert settled.state == "resolved"
+        assert settled.value is not None and pickle.loads(settled.value) == "HI"
+        # Awaited again (as after a restart): the stored outcome, no new run.
+        assert await node.await_durable(durable.id) == "HI"
+        assert upper.runs == 2
+
+
 def test_a_corrupt_database_is_a_typed_error(tmp_path: Path) -> None:
     path = tmp_path / "corrupt.db"
     path.write_bytes(b"this is not a database" * 100)
@@ -215,22 +259,14 @@ async def test_ask_durable_records_the_outcome(promises: Promises) -> None:
 async def test_a_cancelled_durable_wait_still_settles_the_promise(
     promises: Promises,
 ) -> None:
-    runs = 0
-    go = asyncio.Event()
+    upper = GatedUpper()
     async with Node(promises=promises) as node:
-        pool = node.pool("slow")
-
-        @pool.handler
-        async def handle(msg: str, ctx: Context) -> str:
-            nonlocal runs
-            await go.wait()
-            runs += 1
-            return msg.upper()
+        node.pool("slow").handler(upper)
 
         handle_ = node.ask_durable("slow", "hi")
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(handle_, 0.05)
-        go.set()
+        upper.go.set()
         # Nobody awaits the ask now; it still runs and records its reply.
         for _ in range(1000):
             if promises.get(handle_.id).state != "pending":
@@ -238,7 +274,7 @@ async def test_a_cancelled_durable_wait_still_settles_the_promise(
             await asyncio.sleep(0.01)
         assert promises.get(handle_.id).state == "resolved"
         assert await node.await_durable(handle_.id) == "HI"
-        assert runs == 1
+        assert upper.runs == 1
 
 
 async def test_a_reply_that_cannot_be_stored_rejects_the_durable_ask(
