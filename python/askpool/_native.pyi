@@ -11,6 +11,7 @@ __all__ = [
     "NativeNode",
     "NativePool",
     "NativePromises",
+    "NativeWait",
     "Reply",
     "register_dispatch",
     "register_error_factory",
@@ -186,3 +187,16 @@ class NativePromises:
         self, id: str, how: str, value: bytes = ..., key: Optional[str] = None
     ) -> _PromiseTuple: ...
     def prune(self, older_than: float) -> int: ...
+    def wait(
+        self,
+        driver: LoopDriver,
+        target: asyncio.Future[Optional[_PromiseTuple]],
+        id: str,
+        timeout: Optional[float] = None,
+        poll: float = 0.01,
+    ) -> NativeWait: ...
+    def _waits(self) -> int: ...
+
+@final
+class NativeWait:
+    def cancel(self) -> None: ...

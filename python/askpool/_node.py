@@ -116,11 +116,18 @@ class StageEvent(NamedTuple):
 
 
 class DeadLetter(NamedTuple):
+    """An ask that failed for good, kept in the node's dead-letter queue
+    (``Node.dead_letters()``) until replayed or purged."""
+
     request_id: str
     correlation_id: str
+    #: The pool it was asked of.
     pool: str
+    #: The message asked (the very object, not a copy).
     payload: Any
+    #: The error it failed with.
     error: AskpoolError
+    #: Attempts sent.
     attempts: int
     #: "POISON" or "RETRIES_EXHAUSTED" (as in every binding).
     reason: str
@@ -305,6 +312,9 @@ class Pool:
             self._native.close()
 
     def stats(self) -> PoolStats:
+        """A snapshot of the pool's counters (requests in flight and queued,
+        handler runs, duplicates, replays, cancels, ...). Raises
+        ``FailedPreconditionError`` before the pool has a handler."""
         if self._native is None:
             from ._errors import FailedPreconditionError
 
@@ -344,9 +354,12 @@ class Node:
             default_timeout, dlq_capacity, track_stages, circuit_breaker, max_payload_bytes
         )
         self.promises = promises
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._driver: Optional[_native.LoopDriver] = None
-        self._fast: Optional[tuple[asyncio.BaseEventLoop, _native.LoopDriver]] = None
+        # The loop of the last call and its driver, as one tuple: read (and
+        # replaced) in one step, so a thread switch can never pair one
+        # thread's loop with another loop's driver.
+        self._current: Optional[tuple[asyncio.AbstractEventLoop, _native.LoopDriver]] = None
+        #: `_current` when its loop is one of asyncio's own (see `_here`).
+        self._fast: Optional[tuple[asyncio.AbstractEventLoop, _native.LoopDriver]] = None
 
     async def __aenter__(self) -> Node:
         return self
@@ -360,28 +373,36 @@ class Node:
         self.close()
 
     def close(self) -> None:
+        """Shuts the node down: pending asks fail with ``UnavailableError``,
+        its pools stop admitting and cancel what is queued, and later asks
+        and tells fail at once with ``UnavailableError``. Idempotent; leaving
+        ``async with`` calls it."""
         self._native.shutdown()
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` was called."""
         return self._native.closed
 
     @property
     def caller_id(self) -> str:
+        """This node's id as a caller (16 hex digits, new for every node):
+        pools deduplicate requests by caller id and request id."""
         return self._native.caller_id
 
     def _here(self, what: str) -> tuple[asyncio.AbstractEventLoop, _native.LoopDriver]:
         loop = _running_loop(what)
-        driver = self._driver
-        if loop is not self._loop or driver is None:
-            driver = _driver(loop)
-            self._loop, self._driver = loop, driver
-            # asyncio's own loops record the thread running them: `ask` can
-            # then tell that this loop is still the running one without
-            # `asyncio._get_running_loop()`, which costs a getpid() system
-            # call per ask on Python < 3.12.
-            self._fast = (loop, driver) if isinstance(loop, asyncio.BaseEventLoop) else None
-        return loop, driver
+        current = self._current
+        if current is not None and current[0] is loop:
+            return current
+        current = (loop, _driver(loop))
+        self._current = current
+        # asyncio's own loops record the thread running them: `ask` can
+        # then tell that this loop is still the running one without
+        # `asyncio._get_running_loop()`, which costs a getpid() system
+        # call per ask on Python < 3.12.
+        self._fast = current if isinstance(loop, asyncio.BaseEventLoop) else None
+        return current
 
     def pool(
         self,
@@ -516,6 +537,9 @@ class Node:
         return target
 
     def stats(self) -> NodeStats:
+        """A snapshot of the node's counters (pending asks, armed timers,
+        retries, late outcomes, dead-letter queue depth and drops) and of
+        each pool it hosts, by name (see ``Pool.stats``)."""
         return self._native.stats()  # type: ignore[return-value]
 
     def dead_letters(self) -> list[DeadLetter]:
@@ -524,12 +548,19 @@ class Node:
         return [DeadLetter(*letter) for letter in self._native.dead_letters()]
 
     def replay_dead_letter(self, request_id: str) -> AskHandle:
-        """Takes a dead letter out and asks it again with its request id."""
+        """Takes a dead letter out and asks it again with its request id (its
+        pool may answer from its reply cache without running the handler).
+        A replay that fails puts the letter back with its new error. The
+        replay of a durable ask's letter settles that ask's promise with its
+        outcome. Raises ``FailedPreconditionError`` at once if there is no
+        dead letter with that id (``InvalidArgumentError`` if ``request_id``
+        is not 32 hex digits)."""
         loop, driver = self._here("Node.replay_dead_letter")
         handle = AskHandle(loop=loop)
         handle._native = self._native.replay_dead_letter(driver, handle, request_id)
         return handle
 
     def purge_dead_letters(self) -> int:
+        """Empties the dead-letter queue; returns how many letters it held."""
         return self._native.purge_dead_letters()
 

@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import NamedTuple, Optional, Union
 
 from . import _native
 
 
 class Promise(NamedTuple):
+    """A durable promise as the store holds it (a snapshot: ``get`` it again
+    to see later changes)."""
+
     id: str
     #: "pending", "resolved", "rejected", "canceled" or "timedout".
     state: str
+    #: What it was created with.
     param: bytes
+    #: What it was settled with; None while pending or once timed out.
     value: Optional[bytes]
     #: Unix milliseconds.
     timeout_at: int
     tags: dict[str, str]
+    #: Unix milliseconds.
     created_at: int
+    #: Unix milliseconds; None while pending.
     settled_at: Optional[int]
 
     @property
     def settled(self) -> bool:
+        """Whether it is no longer pending (resolved, rejected, canceled or
+        timed out)."""
         return self.state != "pending"
 
 
@@ -45,6 +53,7 @@ class Promises:
 
     @classmethod
     def memory(cls) -> Promises:
+        """A store in memory, gone with the process (for tests)."""
         return cls(_native.NativePromises.memory())
 
     def create(
@@ -67,12 +76,23 @@ class Promises:
         return Promise(*self._native.get(id))
 
     def resolve(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        """Settles pending promise ``id`` as resolved with ``value`` and
+        returns it; its waiters in this process wake at once. See ``cancel``
+        for ``key`` and the errors."""
         return Promise(*self._native.complete(id, "resolve", value, key))
 
     def reject(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        """Settles pending promise ``id`` as rejected with ``value``, as
+        ``resolve`` does."""
         return Promise(*self._native.complete(id, "reject", value, key))
 
     def cancel(self, id: str, value: bytes = b"", *, key: Optional[str] = None) -> Promise:
+        """Settles pending promise ``id`` as canceled with ``value``, as
+        ``resolve`` does. A completion with the ``key`` of the one that
+        settled the promise returns it unchanged; any other completion of a
+        settled promise raises ``FailedPreconditionError``, and an unknown
+        ``id`` ``InvalidArgumentError``. A promise past its timeout
+        is returned timed out, not settled again."""
         return Promise(*self._native.complete(id, "cancel", value, key))
 
     def prune(self, older_than: float) -> int:
@@ -86,15 +106,28 @@ class Promises:
     async def wait(
         self, id: str, *, timeout: Optional[float] = None, poll: float = 0.01
     ) -> Promise:
-        """Waits until the promise is settled (by this process or another
-        one sharing the store) and returns it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            promise = self.get(id)
-            if promise.settled:
-                return promise
-            if deadline is not None and time.monotonic() >= deadline:
-                from ._errors import AskTimeoutError
+        """Waits until the promise is settled and returns it (timed out, once
+        its own timeout passes). A completion through this store (a durable
+        ask's outcome included) ends the wait at once; one made elsewhere (by
+        another process, or another ``Promises`` on the same file) is found
+        by looking at the store every ``poll`` seconds. ``timeout``: seconds
+        before ``AskTimeoutError`` (None: no limit). The wait runs off the
+        event loop (the loop is never blocked), and cancelling the awaiting
+        task ends it. Negative or NaN seconds are ``InvalidArgumentError``;
+        so is an unknown ``id``."""
+        from ._node import _driver, _running_loop
 
-                raise AskTimeoutError(f"promise {id!r} still pending after {timeout} s")
-            await asyncio.sleep(poll)
+        loop = _running_loop("Promises.wait")
+        target: asyncio.Future[Optional[_native._PromiseTuple]] = loop.create_future()
+        native = self._native.wait(_driver(loop), target, id, timeout, poll)
+        try:
+            record = await target
+        finally:
+            # Over already, unless the awaiting task was cancelled: then the
+            # wait ends here, and the driver lets go of it.
+            native.cancel()
+        if record is None:
+            from ._errors import AskTimeoutError
+
+            raise AskTimeoutError(f"promise {id!r} still pending after {timeout} s")
+        return Promise(*record)

@@ -103,7 +103,7 @@ async def test_100k_asks_with_timeouts_and_cancels_leave_nothing_behind() -> Non
             assert pool["dedup_terminal"] <= 2_000, pool
         assert not [o for o in gc.get_objects() if isinstance(o, AskHandle)]
         # No task is left queued on the loop's driver.
-        assert node._driver is not None and node._driver.queued() == 0
+        assert node._current is not None and node._current[1].queued() == 0
         handler_tasks = [
             t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "") == "_finish"
         ]
@@ -168,7 +168,7 @@ async def test_wait_cancelled_futures_are_released_once_the_handler_answers() ->
         assert len(futures) == 400
         alive = [f for f in futures if f() is not None]
         assert alive == [], f"{len(alive)} wait_cancelled() futures still held"
-        assert node._driver is not None and node._driver.queued() == 0
+        assert node._current is not None and node._current[1].queued() == 0
 
 
 async def test_a_cancelled_wait_cancelled_future_is_released_while_its_handler_runs() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -96,6 +97,129 @@ async def test_wait_returns_once_settled(promises: Promises) -> None:
         await promises.wait("never", timeout=0.05)
 
 
+async def test_wait_wakes_on_a_completion_in_this_process_without_blocking_the_loop(
+    promises: Promises,
+) -> None:
+    promises.create("soon", timeout=60)
+    ticks = 0
+
+    async def count() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.ensure_future(count())
+    # A poll of a minute: only the completion's own wake-up can end the
+    # wait in time.
+    waiting = asyncio.ensure_future(promises.wait("soon", poll=60))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    before = ticks
+    await asyncio.sleep(0.05)
+    # The loop runs other tasks while the wait is pending.
+    assert ticks > before
+    promises.resolve("soon", b"now")
+    settled = await asyncio.wait_for(waiting, 5)
+    counter.cancel()
+    assert (settled.state, settled.value) == ("resolved", b"now")
+    assert promises._native._waits() == 0
+
+
+async def test_wait_finds_a_completion_made_elsewhere_by_polling(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    here = Promises.open(path)
+    # Another store on the same file (as another process would open it):
+    # its completions do not wake this store's waiters.
+    elsewhere = Promises.open(path)
+    here.create("remote", timeout=60)
+    waiting = asyncio.ensure_future(here.wait("remote", poll=0.01))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    elsewhere.reject("remote", b"no")
+    settled = await asyncio.wait_for(waiting, 5)
+    assert (settled.state, settled.value) == ("rejected", b"no")
+
+
+async def test_a_cancelled_wait_leaves_nothing_behind(promises: Promises) -> None:
+    promises.create("abandoned", timeout=60)
+    waiting = asyncio.ensure_future(promises.wait("abandoned", poll=0.01))
+    await asyncio.sleep(0.05)
+    assert promises._native._waits() == 1
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    # The wait stops at once on the runtime's thread.
+    deadline = time.monotonic() + 5
+    while promises._native._waits() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert promises._native._waits() == 0
+    # A timed-out wait too.
+    with pytest.raises(askpool.AskTimeoutError):
+        await promises.wait("abandoned", timeout=0.02)
+    deadline = time.monotonic() + 5
+    while promises._native._waits() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert promises._native._waits() == 0
+    # The promise is still there to settle and wait for.
+    promises.cancel("abandoned")
+    assert (await promises.wait("abandoned")).state == "canceled"
+
+
+async def test_wait_checks_its_arguments(promises: Promises) -> None:
+    promises.create("args", timeout=60)
+    for bad in (-1.0, math.nan):
+        with pytest.raises(askpool.InvalidArgumentError):
+            await promises.wait("args", timeout=bad)
+        with pytest.raises(askpool.InvalidArgumentError):
+            await promises.wait("args", poll=bad)
+    with pytest.raises(askpool.InvalidArgumentError):
+        await promises.wait("missing")
+
+
+class GatedUpper:
+    """A handler that answers ``msg.upper()`` once ``go`` is set, counting
+    its runs."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.runs = 0
+
+    async def __call__(self, msg: str, ctx: Context) -> str:
+        await self.go.wait()
+        self.runs += 1
+        return msg.upper()
+
+
+async def test_replaying_a_durable_asks_dead_letter_settles_its_promise(
+    promises: Promises,
+) -> None:
+    upper = GatedUpper()
+    async with Node(promises=promises, default_timeout=0.3) as node:
+        node.pool("one", concurrency=1, max_in_flight=1).handler(upper)
+
+        # Holds the pool's only place: the durable ask is refused until its
+        # retries or its time run out, and dead-lettered with its promise
+        # still pending.
+        blocker = node.ask("one", "first", timeout=30)
+        await asyncio.sleep(0.05)
+        durable = node.ask_durable("one", "hi")
+        with pytest.raises(askpool.AskpoolError):
+            await durable
+        assert promises.get(durable.id).state == "pending"
+        [letter] = node.dead_letters()
+        assert letter.request_id == durable.id
+        upper.go.set()
+        assert await blocker == "FIRST"
+        assert await node.replay_dead_letter(letter.request_id) == "HI"
+        settled = promises.get(durable.id)
+        assert settled.state == "resolved"
+        assert settled.value is not None and pickle.loads(settled.value) == "HI"
+        # Awaited again (as after a restart): the stored outcome, no new run.
+        assert await node.await_durable(durable.id) == "HI"
+        assert upper.runs == 2
+
+
 def test_a_corrupt_database_is_a_typed_error(tmp_path: Path) -> None:
     path = tmp_path / "corrupt.db"
     path.write_bytes(b"this is not a database" * 100)
@@ -135,22 +259,14 @@ async def test_ask_durable_records_the_outcome(promises: Promises) -> None:
 async def test_a_cancelled_durable_wait_still_settles_the_promise(
     promises: Promises,
 ) -> None:
-    runs = 0
-    go = asyncio.Event()
+    upper = GatedUpper()
     async with Node(promises=promises) as node:
-        pool = node.pool("slow")
-
-        @pool.handler
-        async def handle(msg: str, ctx: Context) -> str:
-            nonlocal runs
-            await go.wait()
-            runs += 1
-            return msg.upper()
+        node.pool("slow").handler(upper)
 
         handle_ = node.ask_durable("slow", "hi")
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(handle_, 0.05)
-        go.set()
+        upper.go.set()
         # Nobody awaits the ask now; it still runs and records its reply.
         for _ in range(1000):
             if promises.get(handle_.id).state != "pending":
@@ -158,7 +274,7 @@ async def test_a_cancelled_durable_wait_still_settles_the_promise(
             await asyncio.sleep(0.01)
         assert promises.get(handle_.id).state == "resolved"
         assert await node.await_durable(handle_.id) == "HI"
-        assert runs == 1
+        assert upper.runs == 1
 
 
 async def test_a_reply_that_cannot_be_stored_rejects_the_durable_ask(

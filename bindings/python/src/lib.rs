@@ -58,6 +58,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::Ctx>()?;
     m.add_class::<pool::Reply>()?;
     m.add_class::<promises::NativePromises>()?;
+    m.add_class::<promises::NativeWait>()?;
     m.add_function(wrap_pyfunction!(errors::register_error_factory, m)?)?;
     m.add_function(wrap_pyfunction!(pool::register_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;

@@ -1,24 +1,31 @@
 //! Durable promises (`askpool-promises`) for Python: a store (SQLite file or
-//! memory) with create / get / resolve / reject / cancel, and the payload
-//! encoding of durable asks.
+//! memory) with create / get / resolve / reject / cancel / wait, and the
+//! payload encoding of durable asks.
 //!
 //! A durable ask's message and reply outlive the process, so unlike an
 //! in-process ask they are serialized: with `pickle`, Python's own idiom.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use askpool::AskError;
 use askpool_promises::{
-    now_millis, CompleteRequest, Completion, CreateRequest, Durable, DurablePromises, MemoryStore,
-    Promise, SqliteStore,
+    now_millis, Completion, CreateRequest, Durable, DurablePromises, MemoryStore, Promise,
+    PromiseError, SqliteStore,
 };
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
+use crate::driver::LoopDriver;
 use crate::errors::to_py;
 use crate::obj::Obj;
+use crate::task::FutureTask;
 
 fn pickle<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyModule>> {
     py.import(intern!(py, "pickle"))
@@ -83,6 +90,83 @@ fn millis(what: &str, seconds: f64) -> Result<u64, AskError> {
 #[pyclass(frozen, module = "askpool._native")]
 pub(crate) struct NativePromises {
     pub(crate) durable: DurablePromises,
+    /// Waits in flight on the runtime (for tests: 0 once none is left).
+    waits: Arc<AtomicUsize>,
+}
+
+impl NativePromises {
+    fn of(durable: DurablePromises) -> Self {
+        Self {
+            durable,
+            waits: Arc::default(),
+        }
+    }
+}
+
+/// What a wait gives: the settled promise, the store's error, or `None` once
+/// the caller's timeout passed.
+type Waited = Option<Result<Promise, PromiseError>>;
+
+/// A task on the runtime, aborted when dropped: a wait whose asyncio future
+/// is abandoned stops looking at the store.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+/// Counts a wait in [`NativePromises::waits`] while it lives.
+struct WaitCount(Arc<AtomicUsize>);
+
+impl WaitCount {
+    fn enter(waits: &Arc<AtomicUsize>) -> Self {
+        waits.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(waits))
+    }
+}
+
+impl Drop for WaitCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn waited(
+    py: Python<'_>,
+    out: Result<Waited, tokio::task::JoinError>,
+) -> Result<Py<PyAny>, AskError> {
+    let waited = out.map_err(|e| AskError::internal(format!("a promise wait failed: {e}")))?;
+    match waited {
+        None => Ok(py.None()),
+        Some(promise) => promise_tuple(py, promise.map_err(AskError::from)?)
+            .map(|t| t.into_any().unbind())
+            .map_err(|e| AskError::internal(e.to_string())),
+    }
+}
+
+/// A promise wait in flight (see [`NativePromises::wait`]).
+#[pyclass(frozen, module = "askpool._native")]
+pub(crate) struct NativeWait {
+    task: Arc<FutureTask<AbortOnDrop<Waited>>>,
+}
+
+#[pymethods]
+impl NativeWait {
+    /// Ends the wait: it stops looking at the store, and the driver lets go
+    /// of it and of its asyncio future (which is left as it is). Nothing
+    /// once the wait is over.
+    fn cancel(&self) {
+        drop(self.task.abandon());
+    }
 }
 
 #[pymethods]
@@ -97,15 +181,13 @@ impl NativePromises {
         )?;
         let mut durable = DurablePromises::new(store);
         durable.timeout = Duration::from_millis(to_py(millis("durable_timeout", durable_timeout))?);
-        Ok(Self { durable })
+        Ok(Self::of(durable))
     }
 
     /// A store in memory (for tests: it dies with the process).
     #[staticmethod]
     fn memory() -> Self {
-        Self {
-            durable: DurablePromises::new(MemoryStore::new()),
-        }
+        Self::of(DurablePromises::new(MemoryStore::new()))
     }
 
     /// Creates a promise pending for `timeout` seconds. With `key`, a repeat
@@ -163,13 +245,48 @@ impl NativePromises {
                 }))
             }
         };
-        let mut req = CompleteRequest::new(id, completion).value(value);
-        if let Some(key) = key {
-            req = req.key(key);
-        }
-        let store = self.durable.store();
-        let completed = py.detach(|| store.complete(&req, now_millis()));
+        // Through the facade, which wakes this process's waits at once.
+        let completed = py.detach(|| self.durable.complete(&id, completion, value, key));
         promise_tuple(py, to_py(completed.map_err(AskError::from))?.promise)
+    }
+
+    /// Completes `target` (an asyncio future of `driver`'s loop) with the
+    /// promise once it is settled, or with `None` after `timeout` seconds.
+    /// The wait runs on the runtime, off the loop: a completion through this
+    /// store (or a durable ask on it) wakes it at once, and it looks at the
+    /// store every `poll` seconds for completions made elsewhere.
+    #[pyo3(signature = (driver, target, id, timeout=None, poll=0.01))]
+    fn wait(
+        &self,
+        py: Python<'_>,
+        driver: &LoopDriver,
+        target: Py<PyAny>,
+        id: String,
+        timeout: Option<f64>,
+        poll: f64,
+    ) -> PyResult<NativeWait> {
+        let timeout = to_py(timeout.map(|t| duration("timeout", t)).transpose())?;
+        let mut durable = self.durable.clone();
+        durable.poll = to_py(duration("poll", poll))?.max(Duration::from_millis(1));
+        let counted = WaitCount::enter(&self.waits);
+        let wait = async move {
+            let _counted = counted;
+            let settled = durable.wait(&id);
+            match timeout {
+                None => Some(settled.await),
+                Some(timeout) => tokio::time::timeout(timeout, settled).await.ok(),
+            }
+        };
+        let wait = AbortOnDrop(crate::runtime().spawn(wait));
+        let task = driver.eager(py, || {
+            FutureTask::spawn(&driver.shared, wait, target, waited)
+        });
+        Ok(NativeWait { task })
+    }
+
+    /// Waits in flight (for tests).
+    fn _waits(&self) -> usize {
+        self.waits.load(Ordering::Relaxed)
     }
 
     /// Deletes the promises settled more than `older_than` seconds ago,
