@@ -8,7 +8,10 @@
 // counts) or out-of-range value throws (or rejects with) InvalidArgumentError.
 
 export interface NodeOptions {
-  /** Timeout of an ask that sets none (default 30 000). */
+  /**
+   * Timeout of an ask that sets none (default 30 000): milliseconds above 0
+   * (an ask needs time for one attempt), at most 2^53 - 1.
+   */
   defaultTimeoutMs?: number;
   /** Most dead letters kept (default 1 000). */
   dlqCapacity?: number;
@@ -45,6 +48,10 @@ export interface PoolOptions {
 }
 
 export interface AskOptions {
+  /**
+   * The ask's timeout (default: the node's `defaultTimeoutMs`): milliseconds
+   * above 0 (0 would leave no time for one attempt), at most 2^53 - 1.
+   */
   timeoutMs?: number;
   /**
    * Aborting it cancels the ask (a protocol cancel reaches the pool): it

@@ -229,6 +229,8 @@ const MAX_MILLIS: f64 = 9_007_199_254_740_991.0;
 pub(crate) fn js_number(value: f64) -> String {
     match value {
         v if v.is_nan() => "NaN".to_owned(),
+        // -0 too, as JS prints it.
+        0.0 => "0".to_owned(),
         f64::INFINITY => "Infinity".to_owned(),
         f64::NEG_INFINITY => "-Infinity".to_owned(),
         v => v.to_string(),
@@ -282,6 +284,25 @@ pub(crate) fn opt_millis(what: &str, ms: Option<f64>) -> Result<Option<Duration>
     ms.map(|ms| millis(what, ms)).transpose()
 }
 
+/// A timeout an ask must be able to run in (`timeoutMs`,
+/// `defaultTimeoutMs`): above 0, which the core refuses (it could not make
+/// one attempt). Checked here so that the message names the JS option and
+/// says what is accepted, as for the other durations, not the core's
+/// "must be positive" under its Rust field name.
+pub(crate) fn opt_timeout(what: &str, ms: Option<f64>) -> Result<Option<Duration>> {
+    ms.map(|ms| {
+        if ms > 0.0 && ms <= MAX_MILLIS {
+            Ok(Duration::from_secs_f64(ms / 1e3))
+        } else {
+            Err(errors::invalid(format!(
+                "{what} must be a number of milliseconds above 0 and at most 2^53 - 1, got {}",
+                js_number(ms)
+            )))
+        }
+    })
+    .transpose()
+}
+
 struct Out<'a> {
     buf: &'a mut [u32],
     n: usize,
@@ -313,7 +334,7 @@ impl Core {
             max_payload_bytes: None,
         });
         let mut config = NodeConfig::default();
-        if let Some(t) = opt_millis("defaultTimeoutMs", o.default_timeout_ms)? {
+        if let Some(t) = opt_timeout("defaultTimeoutMs", o.default_timeout_ms)? {
             config.default_timeout = t;
         }
         if let Some(n) = o.dlq_capacity {
