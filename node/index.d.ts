@@ -8,7 +8,10 @@
 // counts) or out-of-range value throws (or rejects with) InvalidArgumentError.
 
 export interface NodeOptions {
-  /** Timeout of an ask that sets none (default 30 000). */
+  /**
+   * Timeout of an ask that sets none (default 30 000): milliseconds above 0
+   * (an ask needs time for one attempt), at most 2^53 - 1.
+   */
   defaultTimeoutMs?: number;
   /** Most dead letters kept (default 1 000). */
   dlqCapacity?: number;
@@ -45,6 +48,10 @@ export interface PoolOptions {
 }
 
 export interface AskOptions {
+  /**
+   * The ask's timeout (default: the node's `defaultTimeoutMs`): milliseconds
+   * above 0 (0 would leave no time for one attempt), at most 2^53 - 1.
+   */
   timeoutMs?: number;
   /**
    * Aborting it cancels the ask (a protocol cancel reaches the pool): it
@@ -146,9 +153,17 @@ export class HandlerFailedError extends AskError {
 }
 export const errorCodes: readonly ErrorCode[];
 
-/** What a handler gets besides the message; valid while the handler runs. */
+/**
+ * What a handler gets besides the message; valid while the handler runs.
+ * Once the handler ended (returned, threw, or its promise settled), the id
+ * getters and `progress()` throw `FailedPreconditionError` ("the context of
+ * a request ended with its handler"), whether or not they were read before:
+ * keep an id you need later while the handler runs
+ * (`const id = ctx.requestId`). `cancelled` and `signal` still answer.
+ */
 export class Context {
   private constructor();
+  /** @throws {FailedPreconditionError} once the handler ended (as every id getter). */
   readonly requestId: string;
   readonly correlationId: string;
   /** The request that caused this one, if its caller named it. */
@@ -156,13 +171,20 @@ export class Context {
   readonly pool: string;
   readonly attempt: number;
   readonly workerId: string;
-  /** True once the request is cancelled, and once the node closed. */
+  /**
+   * True once the request is cancelled, and once the node closed. False
+   * after the handler ended without either (its request was answered).
+   */
   readonly cancelled: boolean;
-  /** Aborts when the request is cancelled (caller cancel, timeout, pool or node close). */
+  /**
+   * Aborts when the request is cancelled (caller cancel, timeout, pool or
+   * node close); read first after the handler ended, it is already aborted.
+   */
   readonly signal: AbortSignal;
   /**
    * Reports progress to the caller (a PARTIAL stage): `fraction` from 0 to 1
-   * (else InvalidArgumentError). Does nothing once the node closed.
+   * (else InvalidArgumentError). Does nothing once the node closed while
+   * the handler runs; throws FailedPreconditionError once the handler ended.
    */
   progress(fraction: number, note?: string): void;
 }

@@ -5,7 +5,7 @@ const native = require('./native');
 const errors = require('./errors');
 const { ObjectTable } = require('./table');
 
-const { fromInfo, fromNative, describeThrown, AskCancelledError, InvalidArgumentError } = errors;
+const { fromInfo, fromNative, describeThrown, AskCancelledError, FailedPreconditionError, InvalidArgumentError } = errors;
 
 // Event kinds of Core.drain (bindings/node/src/core.rs, mod event).
 const FREE = 0;
@@ -178,7 +178,23 @@ function isSignal(signal) {
   );
 }
 
-/** What a handler gets besides the message. Valid while the handler runs. */
+// A context used after its handler ended (answered, threw, or its promise
+// settled): the request is gone from the addon, its slot maybe another's.
+function contextEnded(what) {
+  return new FailedPreconditionError(
+    `failed precondition: ctx.${what} after the handler ended: the context of a request ` +
+      'ended with its handler (to use an id later, keep it while the handler runs: ' +
+      'const id = ctx.requestId)',
+  );
+}
+
+/**
+ * What a handler gets besides the message. Valid while the handler runs:
+ * once it ended, the id getters and progress() throw FailedPreconditionError
+ * (`cancelled` and `signal` still answer). The ids are not kept past the
+ * handler: fetching them for every request would cost each ask about 40%
+ * more (1.8 us on 4.5 us), for the few handlers that read them late.
+ */
 class Context {
   #node;
   #request;
@@ -187,33 +203,38 @@ class Context {
   // Set when the node closed under the running handler: the request is gone
   // from the addon, so the context answers from what it kept.
   #closed = false;
+  // Set when the handler ended.
+  #ended = false;
   /** @internal */
   constructor(node, request) {
     this.#node = node;
     this.#request = request;
   }
-  #details() {
+  #details(what) {
+    // Also when the ids were read before: the same answer, whether or not
+    // the handler happened to read them while it ran.
+    if (this.#ended) throw contextEnded(what);
     this.#info ??= this.#node._request(this.#request, 'requestInfo');
     return this.#info;
   }
   get requestId() {
-    return this.#details().requestId;
+    return this.#details('requestId').requestId;
   }
   get correlationId() {
-    return this.#details().correlationId;
+    return this.#details('correlationId').correlationId;
   }
   /** The request that caused this one, if its caller named it. */
   get causationId() {
-    return this.#details().causationId ?? undefined;
+    return this.#details('causationId').causationId ?? undefined;
   }
   get pool() {
-    return this.#details().pool;
+    return this.#details('pool').pool;
   }
   get attempt() {
-    return this.#details().attempt;
+    return this.#details('attempt').attempt;
   }
   get workerId() {
-    return this.#details().worker;
+    return this.#details('workerId').worker;
   }
   /** Whether the request was cancelled (by its caller, a timeout, the pool). */
   get cancelled() {
@@ -239,18 +260,20 @@ class Context {
         `invalid argument: progress must be a fraction from 0 to 1, got ${typeof fraction}`,
       );
     }
+    if (this.#ended) throw contextEnded('progress()');
     if (this.#closed) return;
     this.#node._request(this.#request, 'progress', fraction, String(note));
   }
   /** @internal */
   _end() {
     this.#request = -1;
+    this.#ended = true;
   }
   /** @internal The node is closing: keep the details, end as cancelled. */
   _close() {
-    if (this.#request < 0) return;
+    if (this.#ended) return;
     try {
-      this.#details();
+      this.#details('requestId');
     } catch {
       // The details stay unknown; the request is ending anyway.
     }

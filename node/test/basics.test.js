@@ -1,7 +1,7 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { Node, InternalError, PayloadMismatchError, OversizePayloadError } = require('..');
+const { Node, InternalError, PayloadMismatchError, OversizePayloadError, FailedPreconditionError } = require('..');
 
 test('a reply comes back, and both objects pass by identity', async () => {
   const node = new Node();
@@ -62,6 +62,55 @@ test('ids and the preferred worker reach the handler context', async () => {
   const correlationId = 'fedcba9876543210fedcba9876543210';
   await node.ask('ctx', 1, { requestId, correlationId, preferredWorker: 'w2' });
   assert.deepEqual(ctxSeen, { requestId, correlationId, worker: 'w2', pool: 'ctx', attempt: 1 });
+  await node.close();
+});
+
+test('a context used after its handler ended: FailedPreconditionError, not a TypeError', async () => {
+  const node = new Node();
+  const contexts = [];
+  node.pool('p').handle(async (msg, ctx) => {
+    contexts.push(ctx);
+    // Read while the handler runs or not: the same answer once it ended.
+    if (msg === 'read') assert.equal(typeof ctx.requestId, 'string');
+    if (msg === 'throw') throw new Error('no');
+    return msg;
+  });
+  await node.ask('p', 'plain');
+  await node.ask('p', 'read');
+  await assert.rejects(node.ask('p', 'throw'));
+  const ended = (e) => {
+    assert.ok(e instanceof FailedPreconditionError, `${e?.constructor?.name}: ${e?.message}`);
+    assert.equal(e.code, 'FAILED_PRECONDITION');
+    assert.match(e.message, /^failed precondition: ctx\.\S+ after the handler ended: the context of a request ended with its handler/);
+    return true;
+  };
+  for (const ctx of contexts) {
+    for (const getter of ['requestId', 'correlationId', 'causationId', 'pool', 'attempt', 'workerId']) {
+      assert.throws(() => ctx[getter], ended, getter);
+    }
+    assert.throws(() => ctx.progress(0.5, 'late'), ended);
+    assert.throws(() => ctx.progress('x'), /progress must be a fraction/, 'a bad argument is still reported first');
+    // What tells a handler to stop keeps answering.
+    assert.equal(ctx.cancelled, false);
+    assert.equal(ctx.signal.aborted, true);
+  }
+  // The case as met: a timer the handler set, firing after it resolved.
+  let late;
+  node.pool('timer').handle(async (msg, ctx) => {
+    late = new Promise((resolve) =>
+      setTimeout(() => {
+        try {
+          ctx.progress(1);
+          resolve(null);
+        } catch (e) {
+          resolve(e);
+        }
+      }, 5),
+    );
+    return msg;
+  });
+  assert.equal(await node.ask('timer', 1), 1);
+  assert.ok(ended(await late));
   await node.close();
 });
 

@@ -279,6 +279,34 @@ test('INVALID_ARGUMENT: bad options throw or reject with InvalidArgumentError', 
   await node.close();
 });
 
+test('timeoutMs and defaultTimeoutMs: one message, in the JS option names, saying what is accepted', async () => {
+  const node = new Node();
+  node.pool('p').handle((m) => m);
+  const above0 = (name, got) => ({
+    name: 'InvalidArgumentError',
+    code: 'INVALID_ARGUMENT',
+    message: `invalid argument: ${name} must be a number of milliseconds above 0 and at most 2^53 - 1, got ${got}`,
+  });
+  for (const bad of [0, -0, -1, Number.NaN, Infinity, 2 ** 53]) {
+    const got = Object.is(bad, -0) ? '0' : String(bad);
+    await assert.rejects(node.ask('p', 1, { timeoutMs: bad }), above0('timeoutMs', got));
+    await assert.rejects(node.askHandle('p', 1, { timeoutMs: bad }).result, above0('timeoutMs', got));
+    await assert.rejects(node.tell('p', 1, { timeoutMs: bad }), above0('timeoutMs', got));
+    assert.throws(() => new Node({ defaultTimeoutMs: bad }), above0('defaultTimeoutMs', got));
+  }
+  // What the message says is accepted is: a fraction of a millisecond too.
+  assert.equal(await node.ask('p', 'ok', { timeoutMs: 0.5 }), 'ok');
+  assert.equal(await node.ask('p', 'ok', { timeoutMs: 2 ** 53 - 1 }), 'ok');
+  const quick = new Node({ defaultTimeoutMs: 0.5 });
+  await quick.close();
+  // Options where 0 means something keep accepting it, and say so.
+  assert.throws(() => node.pool('q', { dedupTtlMs: -1 }), {
+    message: 'invalid argument: dedupTtlMs must be a number of milliseconds from 0 to 2^53 - 1, got -1',
+  });
+  node.pool('r', { dedupTtlMs: 0 });
+  await node.close();
+});
+
 test('an ask refused for a mistyped option or a throwing getter holds nothing, and never throws', async () => {
   const node = new Node();
   node.pool('p').handle((m) => m);

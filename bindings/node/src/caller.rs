@@ -6,7 +6,7 @@ use askpool::{PayloadFingerprint, RequestId, RetryPolicy, WorkerId};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use crate::core::{byte_count, opt_millis, whole, Core, Task};
+use crate::core::{byte_count, opt_timeout, whole, Core, Task};
 use crate::errors;
 use crate::info::{AskOptions, DeadLetterInfo};
 
@@ -51,7 +51,7 @@ impl Core {
     pub fn ask(&mut self, pool: u32, msg: u32, timeout_ms: f64) -> Result<u32> {
         let msg = self.tok(msg);
         let pool = self.pool_name(pool)?;
-        let timeout = opt_millis("timeoutMs", Some(timeout_ms).filter(|&t| t != 0.0))?;
+        let timeout = opt_timeout("timeoutMs", Some(timeout_ms).filter(|&t| t != 0.0))?;
         let handle = {
             let _enter = self.rt.enter();
             let mut ask = self.node.ask(pool, msg);
@@ -172,7 +172,7 @@ impl Core {
 /// The options of an ask or tell, checked and converted (one place for both).
 fn parse_options(options: AskOptions) -> Result<askpool::AskOptions> {
     Ok(askpool::AskOptions {
-        timeout: opt_millis("timeoutMs", options.timeout_ms)?,
+        timeout: opt_timeout("timeoutMs", options.timeout_ms)?,
         preferred_worker: options.preferred_worker.map(WorkerId::from),
         request_id: opt_id("requestId", options.request_id.as_deref())?,
         correlation_id: opt_id("correlationId", options.correlation_id.as_deref())?,

@@ -17,7 +17,7 @@ use askpool::{
 use futures::Stream;
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
-use tokio::runtime::Runtime;
+use tokio::runtime::{Handle, Runtime};
 
 use askpool_promises::{DurableHandle, DurablePromises};
 
@@ -152,10 +152,52 @@ impl Streams {
     }
 }
 
+/// The tokio runtime of every node in the process: it runs their timers
+/// (timeouts, retries, processing deadlines, the deadline sweepers) and the
+/// few tasks the core spawns (ack flushes, durable asks recording their
+/// outcome); asks, pulls and stage streams are polled on the JS thread.
+///
+/// Shared rather than one per node: a runtime per node kept an OS thread
+/// per node until the node was collected, closed or not (3,000 closed nodes
+/// still referenced held 3,000 threads, a container's limit), and made
+/// every `new Node()` start a thread (110 to 160 µs a node, measured
+/// creating 1,000; 15 to 30 µs on the shared one).
+/// Shutting a node's own runtime down at `close()` was the other way out,
+/// but its timers and tasks may still be touched after the close (an ask
+/// polled once more, a durable ask recording its outcome, a timer dropped
+/// later), and a tokio timer polled after its runtime shut down panics.
+/// A runtime that lives as long as the process has no such edge: nothing a
+/// node made on it outlives it. Its threads are a fixed number whatever
+/// the number of nodes (or of worker_threads loading the addon), and they
+/// never keep the process alive: Node exits without joining them.
+/// Two workers, not one: a durable ask writes its SQLite store on this
+/// runtime, and a write waiting on another process's lock (up to the busy
+/// timeout) must not hold every node's timers; with two, the other worker
+/// keeps driving them.
+static RUNTIME: std::sync::OnceLock<std::result::Result<Runtime, String>> =
+    std::sync::OnceLock::new();
+
+/// The shared runtime's handle (built on first use).
+fn runtime() -> Result<Handle> {
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("askpool-node")
+                .enable_time()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map(|rt| rt.handle().clone())
+        .map_err(|e| errors::throw(AskError::internal(format!("tokio runtime: {e}"))))
+}
+
 /// One askpool node with objects passed by reference to the JS table.
 #[napi]
 pub struct Core {
-    pub(crate) rt: Runtime,
+    /// The shared [`RUNTIME`], entered around every call into the core.
+    pub(crate) rt: Handle,
     pub(crate) node: JsNode,
     pub(crate) shared: Arc<Shared>,
     pub(crate) freed: Arc<FreeList>,
@@ -187,6 +229,8 @@ const MAX_MILLIS: f64 = 9_007_199_254_740_991.0;
 pub(crate) fn js_number(value: f64) -> String {
     match value {
         v if v.is_nan() => "NaN".to_owned(),
+        // -0 too, as JS prints it.
+        0.0 => "0".to_owned(),
         f64::INFINITY => "Infinity".to_owned(),
         f64::NEG_INFINITY => "-Infinity".to_owned(),
         v => v.to_string(),
@@ -240,6 +284,25 @@ pub(crate) fn opt_millis(what: &str, ms: Option<f64>) -> Result<Option<Duration>
     ms.map(|ms| millis(what, ms)).transpose()
 }
 
+/// A timeout an ask must be able to run in (`timeoutMs`,
+/// `defaultTimeoutMs`): above 0, which the core refuses (it could not make
+/// one attempt). Checked here so that the message names the JS option and
+/// says what is accepted, as for the other durations, not the core's
+/// "must be positive" under its Rust field name.
+pub(crate) fn opt_timeout(what: &str, ms: Option<f64>) -> Result<Option<Duration>> {
+    ms.map(|ms| {
+        if ms > 0.0 && ms <= MAX_MILLIS {
+            Ok(Duration::from_secs_f64(ms / 1e3))
+        } else {
+            Err(errors::invalid(format!(
+                "{what} must be a number of milliseconds above 0 and at most 2^53 - 1, got {}",
+                js_number(ms)
+            )))
+        }
+    })
+    .transpose()
+}
+
 struct Out<'a> {
     buf: &'a mut [u32],
     n: usize,
@@ -271,7 +334,7 @@ impl Core {
             max_payload_bytes: None,
         });
         let mut config = NodeConfig::default();
-        if let Some(t) = opt_millis("defaultTimeoutMs", o.default_timeout_ms)? {
+        if let Some(t) = opt_timeout("defaultTimeoutMs", o.default_timeout_ms)? {
             config.default_timeout = t;
         }
         if let Some(n) = o.dlq_capacity {
@@ -298,12 +361,7 @@ impl Core {
             }
             Some(Either::B(Null)) => config.max_payload_bytes = None,
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("askpool-node")
-            .enable_time()
-            .build()
-            .map_err(|e| errors::throw(AskError::internal(format!("tokio runtime: {e}"))))?;
+        let rt = runtime()?;
         let node = {
             let _enter = rt.enter();
             Node::try_with_transport(Arc::new(askpool::InProcessTransport::new()), config)
