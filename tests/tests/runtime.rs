@@ -620,6 +620,63 @@ async fn a_zero_timeout_is_invalid_and_files_no_dead_letter() {
     assert!(node.stats().breakers.is_empty());
 }
 
+/// A zero stage deadline or processing timeout would fail or cancel every
+/// ask at once: refused as the zero ask timeout is, naming the setting; the
+/// infallible constructor falls back to the default deadlines.
+#[tokio::test(start_paused = true)]
+async fn zero_stage_deadlines_and_processing_timeouts_are_invalid() {
+    let node: TestNode = Node::new();
+    let err = node
+        .pool("p")
+        .config(askpool::PoolConfig {
+            processing_timeout: Some(Duration::ZERO),
+            ..Default::default()
+        })
+        .build()
+        .err()
+        .expect("refused");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("processing_timeout"), "{err}");
+    for (name, timeouts) in [
+        (
+            "delivery",
+            askpool::TimeoutConfig {
+                delivery: Some(Duration::ZERO),
+                ..Default::default()
+            },
+        ),
+        (
+            "read",
+            askpool::TimeoutConfig {
+                read: Some(Duration::ZERO),
+                ..Default::default()
+            },
+        ),
+        (
+            "processing",
+            askpool::TimeoutConfig {
+                processing: Some(Duration::ZERO),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let config = NodeConfig {
+            timeouts,
+            ..NodeConfig::default()
+        };
+        let err = TestNode::try_with_transport(Arc::new(InProcessTransport::new()), config.clone())
+            .err()
+            .expect("refused");
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{name}: {err}");
+        assert!(err.to_string().contains(name), "{name}: {err}");
+        let node = TestNode::with_config(config);
+        node.pool("p")
+            .handler(|m: u64, _ctx| async move { Ok(format!("{m}")) })
+            .unwrap();
+        assert_eq!(node.ask("p", 5).await.unwrap(), "5", "{name}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_running_handler_is_told_when_its_pool_closes() {
     let node: TestNode = Node::new();

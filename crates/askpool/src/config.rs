@@ -24,6 +24,24 @@ pub struct TimeoutConfig {
     pub processing: Option<Duration>,
 }
 
+impl TimeoutConfig {
+    /// A zero deadline would fail (or cancel) every ask at once.
+    pub(crate) fn validate(&self) -> Result<(), AskError> {
+        for (name, value) in [
+            ("delivery", self.delivery),
+            ("read", self.read),
+            ("processing", self.processing),
+        ] {
+            if value.is_some_and(|d| d.is_zero()) {
+                return Err(AskError::InvalidArgument {
+                    message: format!("timeouts.{name} must be positive (None lifts it)"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for TimeoutConfig {
     fn default() -> Self {
         Self {
@@ -153,6 +171,9 @@ impl PoolConfig {
         }
         if self.dedup.max_terminal == 0 {
             return bad("dedup.max_terminal must be at least 1");
+        }
+        if self.processing_timeout.is_some_and(|d| d.is_zero()) {
+            return bad("processing_timeout must be positive (None uses the node's)");
         }
         Ok(())
     }

@@ -15,7 +15,7 @@ use rustc_hash::FxHashMap;
 use crate::ask::{AskBuilder, AskHandle, TellBuilder};
 use crate::breakers::Breakers;
 use crate::clock::{IdSource, NodeClock};
-use crate::config::{NodeConfig, PoolConfig};
+use crate::config::{NodeConfig, PoolConfig, TimeoutConfig};
 use crate::dlq::{DeadLetter, Filed};
 use crate::pending::{CallerSide, LateOutcome};
 use crate::pool::{PoolControl, PoolShared};
@@ -147,6 +147,11 @@ where
                         }
                     }),
                     default_timeout,
+                    timeouts: if config.timeouts.validate().is_ok() {
+                        config.timeouts
+                    } else {
+                        TimeoutConfig::default()
+                    },
                     ..config
                 };
                 match Self::try_with_transport(Arc::clone(&transport), fixed.clone()) {
@@ -177,6 +182,7 @@ where
                 message: "default_timeout must be positive".into(),
             });
         }
+        config.timeouts.validate()?;
         let breakers = Breakers::new(config.breaker)?;
         telemetry::describe();
         let seed = config.seed.unwrap_or_else(rand::random);
