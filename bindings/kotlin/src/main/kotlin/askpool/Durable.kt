@@ -51,8 +51,15 @@ fun <M, R> Node.askDurable(
     replyCodec: DurableCodec<R>,
     id: String? = null,
 ): DurableAsk<R> {
+    // Before anything is registered: a message the codec refuses is the
+    // caller's input, not an askpool failure.
+    val encoded = try {
+        codec.encode(msg)
+    } catch (e: Exception) {
+        throw AskException.InvalidArgument("${codec.javaClass.name} cannot encode the message: $e")
+    }
     val handle = durableHandle()
-    val askId = startDurable(handle) { token -> promises.held(::storeClosed) { native.askDurable(it, pool, codec.encode(msg), id, token) } }
+    val askId = startDurable(handle) { token -> promises.held(::storeClosed) { native.askDurable(it, pool, encoded, id, token) } }
     handle.requestId = askId
     return DurableAsk(askId, handle, replyCodec)
 }

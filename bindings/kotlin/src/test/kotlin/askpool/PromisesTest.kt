@@ -127,6 +127,24 @@ class PromisesTest {
     }
 
     @Test
+    fun `a codec that cannot encode the message is an invalid argument and stores nothing`() = runBlocking {
+        val refusing = object : DurableCodec<String> {
+            override fun encode(value: String): ByteArray = throw IllegalStateException("not this one")
+            override fun decode(bytes: ByteArray): String = bytes.decodeToString()
+        }
+        Promises.memory().use { p ->
+            Node().use { node ->
+                node.pool("upper", handler = DurableChild.upper(AtomicInteger()))
+                val e = assertThrows(AskException.InvalidArgument::class.java) {
+                    node.askDurable(p, "upper", "hi", refusing, DurableCodec.UTF8)
+                }
+                assertTrue("not this one" in e.detail, e.detail)
+                assertEquals(0L, node.stats().pending)
+            }
+        }
+    }
+
+    @Test
     fun `a durable ask's handler failure rejects the promise and bad ids are refused`() = runBlocking {
         Promises.memory().use { p ->
             Node().use { node ->
