@@ -2,6 +2,7 @@
 //! transport wrapper that records every frame and decides each one's fate
 //! (deliver, drop, duplicate, delay).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,8 @@ pub struct Tap<M, R> {
     inner: Arc<dyn WorkerTransport<M, R>>,
     rule: Mutex<Arc<Rule>>,
     log: Mutex<Vec<Record>>,
+    /// What `hands_over_directly` answers (see `claim_direct`).
+    direct: AtomicBool,
 }
 
 impl<M, R> Tap<M, R>
@@ -74,7 +77,17 @@ where
             inner,
             rule: Mutex::new(Arc::new(|_: &FrameInfo| Fate::Deliver)),
             log: Mutex::new(Vec::new()),
+            direct: AtomicBool::new(false),
         })
+    }
+
+    /// Makes the tap say it hands frames over directly, as the in-process
+    /// transport it wraps does: a node made on it then answers its own
+    /// asks without routing the frames back through the tap, which sees
+    /// only requests and cancels. For taps whose rule only delivers
+    /// (set before the node is made; its pools read it when made).
+    pub fn claim_direct(&self) {
+        self.direct.store(true, Ordering::Relaxed);
     }
 
     /// A tap over a fresh in-process transport.
@@ -235,5 +248,9 @@ where
     fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError> {
         let fate = self.decide(caller_info(&frame));
         self.carry(fate, frame, |t, f| t.send_to_caller(f))
+    }
+
+    fn hands_over_directly(&self) -> bool {
+        self.direct.load(Ordering::Relaxed)
     }
 }

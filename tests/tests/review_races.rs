@@ -94,42 +94,55 @@ mod racing {
     /// removing its pending entry is a late outcome (before, it was stored
     /// in the finished handle's slot and lost). The worker replies while the
     /// caller's timeout Cancel goes out: the same instant on two threads.
+    /// Routed through the transport, and handed straight to the closed slot
+    /// by a transport that hands frames over directly.
     #[tokio::test(start_paused = true)]
     async fn a_reply_crossing_the_timeout_is_a_late_outcome() {
-        let tap = Tap::in_process();
-        let node: Node<u64, u64> =
-            Node::with_transport(tap.clone(), askpool::NodeConfig::default());
-        let late = Arc::new(AtomicUsize::new(0));
-        let seen = late.clone();
-        node.on_late_outcome(move |_| {
-            seen.fetch_add(1, Ordering::SeqCst);
-        });
-        let pool = node.pool("p").build().unwrap();
-        let handle = node.ask("p", 1).timeout(Duration::from_millis(100)).send();
-        let id = handle.request_id();
-        let ask = tokio::spawn(handle);
-        let stash = Arc::new(Mutex::new(pool.next_request().await));
-        let replier = Arc::clone(&stash);
-        tap.set_rule(move |frame| {
-            if frame.kind == FrameKind::Cancel {
-                if let Some(request) = replier.lock().unwrap().take() {
-                    request.reply(7);
-                }
+        for direct in [false, true] {
+            let tap = Tap::in_process();
+            if direct {
+                tap.claim_direct();
             }
-            Fate::Deliver
-        });
-        let err = ask.await.unwrap().unwrap_err();
-        assert!(matches!(err, AskError::AskTimeout { .. }), "{err:?}");
-        assert!(stash.lock().unwrap().is_none(), "the worker replied");
-        assert_eq!(
-            late.load(Ordering::SeqCst),
-            1,
-            "the crossing reply is a late outcome"
-        );
-        assert!(
-            node.dead_letter(id).is_none(),
-            "the late outcome took the ask's dead letter"
-        );
+            let node: Node<u64, u64> =
+                Node::with_transport(tap.clone(), askpool::NodeConfig::default());
+            let late = Arc::new(AtomicUsize::new(0));
+            let seen = late.clone();
+            node.on_late_outcome(move |_| {
+                seen.fetch_add(1, Ordering::SeqCst);
+            });
+            let pool = node.pool("p").build().unwrap();
+            let handle = node.ask("p", 1).timeout(Duration::from_millis(100)).send();
+            let id = handle.request_id();
+            let ask = tokio::spawn(handle);
+            let stash = Arc::new(Mutex::new(pool.next_request().await));
+            let replier = Arc::clone(&stash);
+            tap.set_rule(move |frame| {
+                if frame.kind == FrameKind::Cancel {
+                    if let Some(request) = replier.lock().unwrap().take() {
+                        request.reply(7);
+                    }
+                }
+                Fate::Deliver
+            });
+            let err = ask.await.unwrap().unwrap_err();
+            assert!(matches!(err, AskError::AskTimeout { .. }), "{err:?}");
+            assert!(stash.lock().unwrap().is_none(), "the worker replied");
+            assert_eq!(
+                late.load(Ordering::SeqCst),
+                1,
+                "the crossing reply is a late outcome (direct: {direct})"
+            );
+            assert!(
+                node.dead_letter(id).is_none(),
+                "the late outcome took the ask's dead letter (direct: {direct})"
+            );
+            assert_eq!(
+                tap.sent(FrameKind::Reply).is_empty(),
+                direct,
+                "a direct reply passes the tap by"
+            );
+            node.shutdown();
+        }
     }
 }
 

@@ -59,6 +59,7 @@ impl<M, R> NodeShared<M, R> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        self.caller.close();
         self.transport.deregister_caller(self.caller_id);
         self.caller.deadlines.close();
         let pools: Vec<_> = self.pools.lock().drain().map(|(_, p)| p).collect();
@@ -380,6 +381,10 @@ where
             config,
             Arc::clone(&self.shared.transport),
             Arc::clone(&self.shared.clock),
+            self.shared
+                .transport
+                .hands_over_directly()
+                .then(|| (self.shared.caller_id, Arc::clone(&self.shared.caller))),
         );
         let mut pools = self.shared.pools.lock();
         if pools.contains_key(&name) {

@@ -1,7 +1,10 @@
 //! The caller's pending map: request id -> the slot its [`AskHandle`] polls.
 //!
 //! The transport completes slots directly (in process, the worker's reply is a
-//! function call that stores the reply and wakes the caller's task). An Ack
+//! function call that stores the reply and wakes the caller's task); on a
+//! transport that hands frames over directly, the node's own pools hold the
+//! slot of each ask they admitted and skip the routing by id
+//! ([`CallerSide::deliver_direct`]). An Ack
 //! only sets a flag: the handle reads it when it next wakes, which is when a
 //! re-send would be due, so an Ack costs no wake-up.
 //!
@@ -9,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -151,6 +154,10 @@ pub(crate) struct Arrivals<R> {
 
 pub(crate) struct AskSlot<R> {
     inner: Mutex<SlotInner<R>>,
+    /// Whether the slot is in its node's pending map: a pool answering
+    /// straight into the slot (`CallerSide::deliver_direct`) does so only
+    /// while it is, and routes the frame as the transport would otherwise.
+    pending: AtomicBool,
     /// The ask's payload fingerprint, if it has one.
     fingerprint: Option<PayloadFingerprint>,
     /// A tell: it ends at its Ack, so the Ack wakes its handle (an ask's
@@ -169,6 +176,7 @@ impl<R> AskSlot<R> {
         Self {
             fingerprint,
             ends_at_ack,
+            pending: AtomicBool::new(false),
             inner: Mutex::new(SlotInner {
                 acked: false,
                 read: false,
@@ -494,6 +502,8 @@ impl<R> PendingMap<R> {
         match self.shard(id).entry(id) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(v) => {
+                // Under the shard's lock, as the removal's store.
+                slot.pending.store(true, Ordering::Relaxed);
                 v.insert(Arc::clone(slot));
                 true
             }
@@ -506,7 +516,14 @@ impl<R> PendingMap<R> {
 
     pub(crate) fn remove(&self, id: RequestId) {
         // Dropped outside the lock.
-        let slot = self.shard(id).remove(&id);
+        let slot = {
+            let mut shard = self.shard(id);
+            let slot = shard.remove(&id);
+            if let Some(slot) = &slot {
+                slot.pending.store(false, Ordering::Relaxed);
+            }
+            slot
+        };
         drop(slot);
     }
 
@@ -541,6 +558,10 @@ pub(crate) struct CallerSide<M, R> {
     timed_out: Mutex<TimedOutAsks<R>>,
     late_hook: RwLock<Option<LateHook<R>>>,
     clock: Arc<NodeClock>,
+    /// Set as the node shuts down, before it leaves its transport: from
+    /// then on the transport drops frames for it, and so does
+    /// `deliver_direct`.
+    closed: AtomicBool,
 }
 
 impl<M, R> CallerSide<M, R> {
@@ -567,11 +588,43 @@ impl<M, R> CallerSide<M, R> {
             }),
             late_hook: RwLock::new(None),
             clock,
+            closed: AtomicBool::new(false),
         })
     }
 
     fn ignored(&self) {
         self.ignored_frames.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The node is shutting down (see `closed`).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// A frame from one of the node's own pools about an ask whose slot the
+    /// pool holds, on a transport that hands frames over directly (see
+    /// `WorkerTransport::hands_over_directly`): delivered into `slot` as
+    /// the transport's routing would (`deliver`) while the slot is the
+    /// pending one for its id, else routed. `now` is the pool's clock (the
+    /// node's), when it read it for this frame already.
+    pub(crate) fn deliver_direct(
+        &self,
+        slot: &AskSlot<R>,
+        frame: ToCaller<R>,
+        now: Option<Timestamp>,
+    ) where
+        M: Send,
+        R: Send,
+    {
+        if self.closed.load(Ordering::Acquire) {
+            // The transport has no route to a closed caller: it drops the frame.
+            return;
+        }
+        if !slot.pending.load(Ordering::Relaxed) || !slot.answers(&frame) {
+            return self.deliver(frame);
+        }
+        let ids = *frame.ids().expect("a direct frame is about one ask");
+        self.deliver_to(slot, ids, frame, || now.unwrap_or_else(|| self.clock.now()));
     }
 
     /// Fails every pending ask with `error` (the node is shutting down).
@@ -736,7 +789,20 @@ impl<M: Send, R: Send> CallerEndpoint<R> for CallerSide<M, R> {
             }
             return;
         };
-        let now = || self.clock.now();
+        self.deliver_to(&slot, ids, frame, || self.clock.now());
+    }
+}
+
+impl<M, R> CallerSide<M, R> {
+    /// Delivers a frame about the ask of `slot`, the pending slot of
+    /// `ids.request_id`, which `answers` it.
+    fn deliver_to(
+        &self,
+        slot: &AskSlot<R>,
+        ids: AskIds,
+        frame: ToCaller<R>,
+        now: impl FnOnce() -> Timestamp,
+    ) {
         let fresh = match frame {
             ToCaller::Ack { .. } => {
                 slot.ack(AckStage::Received, now);

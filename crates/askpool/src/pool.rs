@@ -6,6 +6,7 @@
 //! requests wait in a flume queue (the pool's, or the preferred worker's) for
 //! a worker; the queue is bounded by `max_in_flight`, enforced at admission.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -23,6 +24,7 @@ use crate::clock::NodeClock;
 use crate::config::PoolConfig;
 use crate::deadlines::{DeadlineOwner, DeadlineQueue};
 use crate::expiry::{Expiring, ExpiryKey};
+use crate::pending::{AskSlot, CallerSide};
 use crate::queue::QueueSignal;
 use crate::shard::StripedCounter;
 use crate::stats::PoolStats;
@@ -74,6 +76,10 @@ pub(crate) struct Admitted {
     /// Set when the request is cancelled (by its caller, a processing
     /// timeout or the pool); the handler may read it.
     pub(crate) cancel: CancelSignal,
+    /// The pending slot of the ask that sent it, when that ask is the
+    /// pool's own node's on a transport that hands frames over directly
+    /// (an `AskSlot<R>`: this struct does not know `R`).
+    pub(crate) reply_to: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 /// An admitted request on its way to a worker.
@@ -126,6 +132,10 @@ pub(crate) struct PoolShared<M, R> {
     compacting: AtomicBool,
     /// Set when the pool closes: running handlers see it in their context.
     closing: CancelSignal,
+    /// The pool's own node's caller, and its id, when the transport hands
+    /// frames over directly: that caller's asks are answered straight into
+    /// their slots (`Admitted::reply_to`).
+    local_caller: Option<(CallerId, Arc<CallerSide<M, R>>)>,
 }
 
 /// Which entry of a key a step may change.
@@ -159,6 +169,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         config: PoolConfig,
         transport: Arc<dyn WorkerTransport<M, R>>,
         clock: Arc<NodeClock>,
+        local_caller: Option<(CallerId, Arc<CallerSide<M, R>>)>,
     ) -> Arc<Self> {
         let (queue_tx, queue_rx) = flume::unbounded();
         Arc::new_cyclic(|weak_self| Self {
@@ -179,6 +190,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             flush_scheduled: AtomicBool::new(false),
             compacting: AtomicBool::new(false),
             closing: CancelSignal::default(),
+            local_caller,
         })
     }
 
@@ -343,13 +355,45 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         }
     }
 
-    fn send_now(&self, frame: ToCaller<R>) {
-        let (stage, code): (AckStage, Option<ErrorCode>) = match &frame {
+    /// Sends a frame about `request`: straight into its ask's slot when
+    /// the ask is this node's own (see `Admitted::reply_to`), else through
+    /// the transport. `now` is the pool's clock if it was read for this
+    /// frame. Acks that wait for the end of the tick (`batch_acks`) are
+    /// batched as before.
+    fn send_about(&self, request: &Admitted, frame: ToCaller<R>, now: Option<Timestamp>) {
+        let slot = request
+            .reply_to
+            .as_deref()
+            .and_then(|slot| slot.downcast_ref::<AskSlot<R>>());
+        match (slot, &self.local_caller) {
+            (Some(slot), Some((_, caller)))
+                if !(self.config.batch_acks && matches!(frame, ToCaller::Ack { .. })) =>
+            {
+                Self::note_sent(&frame);
+                caller.deliver_direct(slot, frame, now);
+            }
+            _ => self.send(frame),
+        }
+    }
+
+    /// The pending slot of the ask that sent `ids`, if it is this node's
+    /// own (see `local_caller`).
+    fn local_slot(&self, ids: &AskIds) -> Option<Arc<dyn Any + Send + Sync>> {
+        let (caller_id, caller) = self.local_caller.as_ref()?;
+        if ids.caller_id != *caller_id {
+            return None;
+        }
+        let slot: Arc<dyn Any + Send + Sync> = caller.pending.get(ids.request_id)?;
+        Some(slot)
+    }
+
+    /// Counts a frame sent back to a caller (`askpool_acks_sent_total`).
+    fn note_sent(frame: &ToCaller<R>) {
+        let (stage, code): (AckStage, Option<ErrorCode>) = match frame {
             ToCaller::AckBatch { acks, .. } => {
                 for _ in 0..acks.len() {
                     telemetry::ack_sent(AckStage::Received, None);
                 }
-                let _ = self.transport.send_to_caller(frame);
                 return;
             }
             ToCaller::Ack { .. } => (AckStage::Received, None),
@@ -365,6 +409,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             ToCaller::Cancelled { .. } => (AckStage::Failed, Some(ErrorCode::AskCancelled)),
         };
         telemetry::ack_sent(stage, code);
+    }
+
+    fn send_now(&self, frame: ToCaller<R>) {
+        Self::note_sent(&frame);
         // A caller that is gone has nobody to tell; its asks already ended.
         let _ = self.transport.send_to_caller(frame);
     }
@@ -397,6 +445,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let request = Arc::new(Admitted {
             meta,
             cancel: CancelSignal::default(),
+            reply_to: self.local_slot(&ids),
         });
         let now = self.clock.now();
         let Some((action, _)) = self.step(ids.dedup_key(), now, event, Some(&request), Only::Any)
@@ -411,7 +460,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let answer = match action {
             InboundAction::RunHandlerAndAck => {
                 self.counters.admitted.add(1);
-                self.send(ToCaller::Ack { ids });
+                self.send_about(&request, ToCaller::Ack { ids }, Some(now));
                 self.enqueue(WorkItem { request, payload });
                 return;
             }
@@ -594,11 +643,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         };
         match action {
             InboundAction::SendReply(outcome) if meta.expects_reply => {
-                self.send(ToCaller::Reply {
+                let reply = ToCaller::Reply {
                     ids: meta.ids,
                     outcome,
                     fingerprint: meta.fingerprint,
-                });
+                };
+                self.send_about(request, reply, Some(now));
             }
             InboundAction::SuppressReply => {
                 self.counters
@@ -610,14 +660,19 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     }
 
     /// A worker took the request (the READ stage).
-    pub(crate) fn read(&self, meta: &RequestMeta) {
+    pub(crate) fn read(&self, request: &Admitted) {
+        let meta = &request.meta;
         if meta.expects_reply {
-            self.send(ToCaller::Read { ids: meta.ids });
+            self.send_about(request, ToCaller::Read { ids: meta.ids }, None);
         }
     }
 
-    pub(crate) fn progress(&self, ids: AskIds, progress: Progress) {
-        self.send(ToCaller::Progress { ids, progress });
+    pub(crate) fn progress(&self, request: &Admitted, progress: Progress) {
+        let frame = ToCaller::Progress {
+            ids: request.meta.ids,
+            progress,
+        };
+        self.send_about(request, frame, None);
     }
 
     /// Stops admitting, cancels what is queued, and leaves the transport.

@@ -48,6 +48,17 @@ pub trait WorkerTransport<M, R>: Send + Sync {
     fn deregister_caller(&self, caller: CallerId);
     fn send_to_pool(&self, frame: ToWorker<M>) -> Result<(), AskError>;
     fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError>;
+
+    /// Whether every frame between a node and its own pools would pass
+    /// unchanged, at once and in order (the in-process transport): such a
+    /// node's pools then answer its asks straight into their pending
+    /// slots, instead of routing each frame back by caller and request id.
+    /// A transport that may drop, delay, reorder, copy or encode a frame
+    /// (a fault injector, a tap, a codec) must answer `false`, the default,
+    /// so that every frame goes through it.
+    fn hands_over_directly(&self) -> bool {
+        false
+    }
 }
 
 /// Frames pass as objects to endpoints registered in this process. Several
@@ -127,6 +138,10 @@ impl<M: Send + 'static, R: Send + 'static> WorkerTransport<M, R> for InProcessTr
                 pool: frame.pool().for_error(),
             }),
         }
+    }
+
+    fn hands_over_directly(&self) -> bool {
+        true
     }
 
     fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError> {

@@ -36,13 +36,13 @@ pub struct RequestContext {
 /// What a running request reaches of its pool: where its progress reports
 /// go, and the signal of the pool's close.
 pub(crate) trait PoolLink: Send + Sync {
-    fn progress(&self, ids: AskIds, progress: Progress);
+    fn progress(&self, request: &Admitted, progress: Progress);
     fn closing(&self) -> &CancelSignal;
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> PoolLink for PoolShared<M, R> {
-    fn progress(&self, ids: AskIds, progress: Progress) {
-        PoolShared::progress(self, ids, progress);
+    fn progress(&self, request: &Admitted, progress: Progress) {
+        PoolShared::progress(self, request, progress);
     }
     fn closing(&self) -> &CancelSignal {
         PoolShared::closing(self)
@@ -97,7 +97,7 @@ impl RequestContext {
     /// `ctx.report(Progress::new(0.45, "2300/5000").with("shard", "7"))`.
     pub fn report(&self, mut progress: Progress) {
         progress.fraction = progress.fraction.clamp(0.0, 1.0);
-        self.pool.progress(self.request.meta.ids, progress);
+        self.pool.progress(&self.request, progress);
     }
 }
 
@@ -169,9 +169,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Request<M, R> {
         pool.counters.handler_runs.add(1);
         // READ is a stage report, best effort: a transport (or telemetry)
         // that panics sending it must not lose the request it reports.
-        let meta = &item.request.meta;
-        if catch_unwind(AssertUnwindSafe(|| pool.read(meta))).is_err() {
-            tracing::error!(request_id = %meta.ids.request_id, "sending READ panicked");
+        let request = &item.request;
+        if catch_unwind(AssertUnwindSafe(|| pool.read(request))).is_err() {
+            tracing::error!(request_id = %request.meta.ids.request_id, "sending READ panicked");
         }
         Self {
             message: item.payload,
