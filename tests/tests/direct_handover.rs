@@ -198,3 +198,238 @@ async fn a_routed_node_still_shows_every_frame_to_its_transport() {
     }
     node.shutdown();
 }
+
+/// Counts the wake-ups of a task, and so (by its `Arc`) who holds its waker.
+struct CountingWake(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWake {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A pool kept after its node is gone (a pull worker) keeps nothing of the
+/// node's caller side (late hook, dead letters, timed-out records): the
+/// pool lets go of it when it closes (review of the direct hand-over).
+#[test]
+fn a_worker_outliving_its_node_keeps_none_of_the_nodes_caller_state() {
+    let node: TestNode = Node::new();
+    let token = Arc::new(());
+    let held = Arc::clone(&token);
+    node.on_late_outcome(move |_| {
+        let _ = &held;
+    });
+    let pool = node.pool("p").build().unwrap();
+    let worker = pool.worker("w").unwrap();
+    drop(pool);
+    drop(node);
+    assert_eq!(
+        Arc::strong_count(&token),
+        1,
+        "the late hook went with the node"
+    );
+    drop(worker);
+}
+
+/// An ask that ended leaves nothing of its caller (its task's waker, its
+/// spans, its stage log) in the request its pool still holds: a tell acked
+/// at once, queued with nobody pulling (review of the direct hand-over).
+#[tokio::test]
+async fn a_finished_tell_leaves_nothing_of_its_caller_in_the_pool() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let counter = Arc::new(CountingWake(Default::default()));
+    let waker = Waker::from(Arc::clone(&counter));
+    let mut tell = node.tell("p", 1).send();
+    let mut cx = Context::from_waker(&waker);
+    assert!(
+        std::pin::Pin::new(&mut tell).poll(&mut cx).is_ready(),
+        "acked at once"
+    );
+    drop(tell);
+    drop(waker);
+    assert_eq!(Arc::strong_count(&counter), 1, "no one holds the waker");
+    assert_eq!(pool.stats().queued, 1, "the request still waits");
+    drop(pool);
+}
+
+mod equivalence {
+    use std::time::Duration;
+
+    use askpool::{AskError, Node, NodeConfig, PayloadFingerprint, PoolConfig, RequestId};
+    use askpool_tests::Tap;
+    use futures::StreamExt;
+
+    type N = Node<u64, u64>;
+
+    fn show(r: Result<u64, AskError>) -> String {
+        match r {
+            Ok(v) => format!("ok {v}"),
+            Err(e) => format!("{:?}", e.code()),
+        }
+    }
+
+    /// An id reused after its pool was closed and made again while the first
+    /// request runs, with and without fingerprints; batch_acks; a tell; a
+    /// shutdown under a running handler (from the review of the direct
+    /// hand-over).
+    async fn scenario(node: N) -> (Vec<String>, Vec<Vec<askpool::AckStage>>, String) {
+        let mut out = Vec::new();
+        let mut stages = Vec::new();
+        let id = RequestId::from_parts(9, 9);
+        for fp in [None, Some((1u128, 2u128))] {
+            let p1 = node.pool("p").build().unwrap();
+            let mut a = node.ask("p", 1).request_id(id);
+            if let Some((f, _)) = fp {
+                a = a.fingerprint(PayloadFingerprint::from_u128(f));
+            }
+            let a = a.send();
+            let ra = p1.next_request().await.unwrap();
+            p1.close(); // ra keeps running
+            drop(a); // its cancel finds no pool
+            let p2 = node.pool("p").build().unwrap();
+            let mut b = node
+                .ask("p", 2)
+                .request_id(id)
+                .timeout(Duration::from_millis(50));
+            if let Some((_, f)) = fp {
+                b = b.fingerprint(PayloadFingerprint::from_u128(f));
+            }
+            let b = b.send();
+            let s = b.stages();
+            ra.reply(111); // the first request's late reply
+            out.push(show(b.await));
+            stages.push(s.map(|e| e.stage).collect().await);
+            p2.close();
+        }
+        // batch_acks and a tell
+        let p = node
+            .pool("q")
+            .config(PoolConfig {
+                batch_acks: true,
+                ..PoolConfig::default()
+            })
+            .handler(|m: u64, ctx| async move {
+                ctx.progress(0.5, "x");
+                Ok(m + 1)
+            })
+            .unwrap();
+        for m in 0..3u64 {
+            let h = node.ask("q", m).send();
+            let s = h.stages();
+            out.push(show(h.await));
+            stages.push(s.map(|e| e.stage).collect().await);
+        }
+        node.tell("q", 7).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // shutdown while a handler runs
+        let r = node.pool("r").build().unwrap();
+        let h = tokio::spawn(node.ask("r", 5).send());
+        let req = r.next_request().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stats = format!("{:?}", node.stats());
+        node.shutdown();
+        req.reply(6);
+        out.push(show(h.await.unwrap()));
+        drop(p);
+        (out, stages, stats)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn direct_and_routed_alike_on_id_reuse_batch_acks_tells_shutdown() {
+        let cfg = || NodeConfig {
+            seed: Some(3),
+            ..NodeConfig::default()
+        };
+        let direct = scenario(Node::with_config(cfg())).await;
+        let routed = scenario(Node::with_transport(Tap::in_process(), cfg())).await;
+        assert_eq!(direct.0, routed.0);
+        assert_eq!(direct.1, routed.1);
+        assert_eq!(direct.2, routed.2);
+    }
+}
+
+mod mt_stress {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use askpool::{
+        AskError, DedupConfig, Node, NodeConfig, PayloadFingerprint, PoolConfig, RequestId,
+    };
+    use rand::Rng;
+
+    /// Ids reused back to back (each ask its own fingerprint and message),
+    /// replies racing timeouts and drops, on two threads: no ask ever gets
+    /// another's reply, nothing stays pending.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reused_ids_never_get_anothers_reply() {
+        let node: Node<u64, u64> = Node::with_config(NodeConfig {
+            breaker: None,
+            ..NodeConfig::default()
+        });
+        node.pool("p")
+            .config(PoolConfig {
+                concurrency: 4,
+                dedup: DedupConfig {
+                    max_terminal: 4,
+                    terminal_ttl: Duration::from_micros(1),
+                },
+                ..PoolConfig::default()
+            })
+            .handler(|m: u64, ctx| async move {
+                let us = rand::rng().random_range(0..1500);
+                tokio::time::sleep(Duration::from_micros(us)).await;
+                ctx.progress(0.5, "half");
+                Ok(m * 10)
+            })
+            .unwrap();
+        let wrong = Arc::new(AtomicU64::new(0));
+        let ok = Arc::new(AtomicU64::new(0));
+        let next = Arc::new(AtomicU64::new(1));
+        let mut tasks = Vec::new();
+        for k in 0..8u64 {
+            let (node, wrong, ok, next) = (node.clone(), wrong.clone(), ok.clone(), next.clone());
+            tasks.push(tokio::spawn(async move {
+                let id = RequestId::from_parts(77, k);
+                for _ in 0..400 {
+                    let m = next.fetch_add(1, Ordering::Relaxed);
+                    let h = node
+                        .ask("p", m)
+                        .request_id(id)
+                        .fingerprint(PayloadFingerprint::from_u128(m as u128))
+                        .timeout(Duration::from_micros(rand::rng().random_range(200..2000)))
+                        .send();
+                    let r: Result<u64, AskError> = if m % 5 == 0 {
+                        match tokio::time::timeout(Duration::from_micros(300), h).await {
+                            Ok(r) => r,
+                            Err(_) => continue,
+                        }
+                    } else {
+                        h.await
+                    };
+                    match r {
+                        Ok(v) if v == m * 10 => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {
+                            wrong.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let stats = node.stats();
+        assert!(ok.load(Ordering::Relaxed) > 0, "{:?}", stats.pools[0]);
+        assert_eq!(wrong.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.pending, 0);
+        node.shutdown();
+    }
+}

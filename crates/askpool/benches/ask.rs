@@ -311,8 +311,8 @@ fn ratio_report(mode: Mode) {
             .floor(floor.clone())
             .note(
                 "every ask does two dedup-table transitions, a pending-map entry, a deadline \
-                 timer, three frames back (Ack, Read, Reply), breaker and expiry bookkeeping; \
-                 the 100,000-entry reply cache misses the CPU caches on each new key",
+                 timer, three stage reports (Ack, Read, Reply) into its slot, breaker and expiry \
+                 bookkeeping; the 100,000-entry reply cache misses the CPU caches on each new key",
             ),
         );
         // What the issue-2 target leaves for the protocol: the floor (raw

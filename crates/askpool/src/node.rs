@@ -77,6 +77,9 @@ impl<M, R> Drop for NodeShared<M, R> {
     /// a pending ask holds its node.
     fn drop(&mut self) {
         self.shutdown();
+        // A pool may outlive its node (a worker kept by a binding) and
+        // keeps the caller side it answers directly: not what it held.
+        self.caller.forget();
     }
 }
 

@@ -601,6 +601,21 @@ impl<M, R> CallerSide<M, R> {
         self.closed.store(true, Ordering::Release);
     }
 
+    /// The node is gone: drops what only it could reach (the late-outcome
+    /// hook, dead letters with their payloads and hooks, timed-out
+    /// records), for a pool that outlives it still holds this caller side.
+    pub(crate) fn forget(&self) {
+        let hook = self.late_hook.write().take();
+        let letters = std::mem::replace(&mut *self.dlq.lock(), DeadLetterQueue::new(0));
+        let records = {
+            let mut t = self.timed_out.lock();
+            (std::mem::take(&mut t.records), std::mem::take(&mut t.order))
+        };
+        // Dropped outside the locks: a payload's or a hook's drop may run
+        // anything.
+        drop((hook, letters, records));
+    }
+
     /// A frame from one of the node's own pools about an ask whose slot the
     /// pool holds, on a transport that hands frames over directly (see
     /// `WorkerTransport::hands_over_directly`): delivered into `slot` as

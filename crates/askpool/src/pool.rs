@@ -78,8 +78,11 @@ pub(crate) struct Admitted {
     pub(crate) cancel: CancelSignal,
     /// The pending slot of the ask that sent it, when that ask is the
     /// pool's own node's on a transport that hands frames over directly
-    /// (an `AskSlot<R>`: this struct does not know `R`).
-    pub(crate) reply_to: Option<Arc<dyn Any + Send + Sync>>,
+    /// (an `AskSlot<R>`: this struct does not know `R`). Weak: a request
+    /// (its queue item, its handler's context, a context a handler keeps)
+    /// must not keep a finished ask's slot, with its waker and spans; a
+    /// slot gone is an ask no longer pending, whose frames are routed.
+    pub(crate) reply_to: Option<Weak<dyn Any + Send + Sync>>,
 }
 
 /// An admitted request on its way to a worker.
@@ -134,7 +137,10 @@ pub(crate) struct PoolShared<M, R> {
     closing: CancelSignal,
     /// The pool's own node's caller, and its id, when the transport hands
     /// frames over directly: that caller's asks are answered straight into
-    /// their slots (`Admitted::reply_to`).
+    /// their slots (`Admitted::reply_to`). A pool kept after its node is
+    /// gone (a binding's worker, a request, a context) keeps this much of
+    /// it: the node let go of the caller side's contents (hooks, dead
+    /// letters, records) when it was dropped (`CallerSide::forget`).
     local_caller: Option<(CallerId, Arc<CallerSide<M, R>>)>,
 }
 
@@ -361,30 +367,28 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// frame. Acks that wait for the end of the tick (`batch_acks`) are
     /// batched as before.
     fn send_about(&self, request: &Admitted, frame: ToCaller<R>, now: Option<Timestamp>) {
-        let slot = request
-            .reply_to
-            .as_deref()
-            .and_then(|slot| slot.downcast_ref::<AskSlot<R>>());
-        match (slot, &self.local_caller) {
-            (Some(slot), Some((_, caller)))
-                if !(self.config.batch_acks && matches!(frame, ToCaller::Ack { .. })) =>
-            {
-                Self::note_sent(&frame);
-                caller.deliver_direct(slot, frame, now);
+        let batched = self.config.batch_acks && matches!(frame, ToCaller::Ack { .. });
+        if let Some(slot) = request.reply_to.as_ref().filter(|_| !batched) {
+            if let (Some(slot), Some((_, caller))) = (slot.upgrade(), &self.local_caller) {
+                if let Some(slot) = slot.downcast_ref::<AskSlot<R>>() {
+                    Self::note_sent(&frame);
+                    caller.deliver_direct(slot, frame, now);
+                    return;
+                }
             }
-            _ => self.send(frame),
         }
+        self.send(frame);
     }
 
     /// The pending slot of the ask that sent `ids`, if it is this node's
     /// own (see `local_caller`).
-    fn local_slot(&self, ids: &AskIds) -> Option<Arc<dyn Any + Send + Sync>> {
+    fn local_slot(&self, ids: &AskIds) -> Option<Weak<dyn Any + Send + Sync>> {
         let (caller_id, caller) = self.local_caller.as_ref()?;
         if ids.caller_id != *caller_id {
             return None;
         }
         let slot: Arc<dyn Any + Send + Sync> = caller.pending.get(ids.request_id)?;
-        Some(slot)
+        Some(Arc::downgrade(&slot))
     }
 
     /// Counts a frame sent back to a caller (`askpool_acks_sent_total`).
