@@ -433,3 +433,94 @@ mod mt_stress {
         node.shutdown();
     }
 }
+
+/// A timed-out ask's dead letter keeps a replay hook holding the last clone
+/// of its node. The pool's late reply is reconciled and takes the letter;
+/// the node goes with it, and its drop empties the caller side
+/// (`CallerSide::forget`), which locks the dead-letter queue: the letter
+/// must be dropped after that lock is released, or the replying thread
+/// deadlocks (second review of the direct hand-over). Routed and direct.
+mod late_reply_drops_the_last_node {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    use askpool::{AskError, Node, NodeConfig};
+    use askpool_tests::{Fate, FrameKind, Tap};
+
+    struct Flag(Arc<AtomicUsize>);
+
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn run(direct: bool) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let transport = Tap::<u64, u64>::in_process();
+        if direct {
+            transport.claim_direct();
+        }
+        // The timeout's cancel is lost: the pool answers after all.
+        transport.set_rule(|f| {
+            if f.kind == FrameKind::Cancel {
+                Fate::Drop
+            } else {
+                Fate::Deliver
+            }
+        });
+        let node: Node<u64, u64> = Node::with_transport(transport, NodeConfig::default());
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let late = Arc::new(AtomicUsize::new(0));
+        let request = rt.block_on(async {
+            let pool = node.pool("p").build().unwrap();
+            let kept = (node.clone(), Flag(dropped.clone()));
+            let seen = late.clone();
+            node.on_late_outcome(move |_| {
+                seen.fetch_add(1, Ordering::SeqCst);
+            });
+            let handle = node
+                .ask("p", 1)
+                .timeout(Duration::from_millis(50))
+                .on_replay_outcome(move |_| {
+                    let _ = &kept;
+                })
+                .send();
+            let id = handle.request_id();
+            let ask = tokio::spawn(handle);
+            let request = pool.next_request().await.unwrap();
+            let err = ask.await.unwrap().unwrap_err();
+            assert!(matches!(err, AskError::AskTimeout { .. }), "{err:?}");
+            assert!(node.dead_letter(id).is_some(), "a letter holds the hook");
+            drop(pool);
+            request
+        });
+        drop(node);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            request.reply(7);
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "the late reply deadlocked (direct: {direct})"
+        );
+        assert_eq!(late.load(Ordering::SeqCst), 1, "a late outcome");
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "the hook went");
+    }
+
+    #[test]
+    fn routed() {
+        run(false);
+    }
+
+    #[test]
+    fn direct() {
+        run(true);
+    }
+}

@@ -469,16 +469,23 @@ struct TimedOutAsks<R> {
 }
 
 impl<R> TimedOutAsks<R> {
-    fn trim(&mut self, now: Timestamp) {
+    /// Forgets the records past the window or the capacity; returns them,
+    /// to be dropped once the lock is released (a slot's waker may run
+    /// anything when it goes, even the drop of the node, which takes this
+    /// lock: `CallerSide::forget`).
+    #[must_use = "dropped outside the lock"]
+    fn trim(&mut self, now: Timestamp) -> Vec<TimedOutAsk<R>> {
+        let mut gone = Vec::new();
         while let Some(&(id, at)) = self.order.front() {
             if self.order.len() <= self.capacity && at + self.window > now {
                 break;
             }
             self.order.pop_front();
             if self.records.get(&id).is_some_and(|r| r.at == at) {
-                self.records.remove(&id);
+                gone.extend(self.records.remove(&id));
             }
         }
+        gone
     }
 }
 
@@ -657,24 +664,31 @@ impl<M, R> CallerSide<M, R> {
         slot: Arc<AskSlot<R>>,
         now: Timestamp,
     ) {
-        let mut t = self.timed_out.lock();
-        t.records.insert(
-            ids.request_id,
-            TimedOutAsk {
-                ids,
-                pool,
-                at: now,
-                slot,
-            },
-        );
-        t.order.push_back((ids.request_id, now));
-        t.trim(now);
+        let gone = {
+            let mut t = self.timed_out.lock();
+            let replaced = t.records.insert(
+                ids.request_id,
+                TimedOutAsk {
+                    ids,
+                    pool,
+                    at: now,
+                    slot,
+                },
+            );
+            t.order.push_back((ids.request_id, now));
+            (replaced, t.trim(now))
+        };
+        drop(gone);
     }
 
     pub(crate) fn timed_out_len(&self) -> usize {
-        let mut t = self.timed_out.lock();
-        t.trim(self.clock.now());
-        t.records.len()
+        let (len, gone) = {
+            let mut t = self.timed_out.lock();
+            let gone = t.trim(self.clock.now());
+            (t.records.len(), gone)
+        };
+        drop(gone);
+        len
     }
 
     pub(crate) fn set_late_hook(&self, hook: Option<LateHook<R>>) {
@@ -718,14 +732,16 @@ impl<M, R> CallerSide<M, R> {
         }
         let id = frame.ids().expect("not a batch").request_id;
         let now = self.clock.now();
-        let record = {
+        let (record, gone) = {
             let mut t = self.timed_out.lock();
-            t.trim(now);
-            match t.records.get(&id) {
+            let gone = t.trim(now);
+            let record = match t.records.get(&id) {
                 Some(r) if r.slot.answers(&frame) => t.records.remove(&id),
                 _ => None,
-            }
+            };
+            (record, gone)
         };
+        drop(gone);
         let result = match frame {
             ToCaller::Reply { outcome, .. } => LateResult::Reply(outcome),
             ToCaller::Cancelled { reason, .. } => LateResult::Cancelled(reason),
@@ -737,11 +753,15 @@ impl<M, R> CallerSide<M, R> {
         };
         self.late_outcomes.fetch_add(1, Ordering::Relaxed);
         telemetry::late_outcome();
-        {
+        // Dropped last, outside the lock: its payload or replay hook may
+        // hold the last clone of the node, whose drop locks the DLQ
+        // (`CallerSide::forget`).
+        let letter = {
             let mut dlq = self.dlq.lock();
-            dlq.take(id);
+            let letter = dlq.take(id);
             telemetry::dlq_depth(dlq.len());
-        }
+            letter
+        };
         let stage = record.slot.reconcile(
             match &result {
                 LateResult::Reply(outcome) => AckStage::terminal_for_outcome(outcome),
@@ -759,6 +779,7 @@ impl<M, R> CallerSide<M, R> {
                 late_by: now.saturating_since(record.at),
             });
         }
+        drop(letter);
     }
 }
 
