@@ -84,8 +84,9 @@ where
     /// Makes the tap say it hands frames over directly, as the in-process
     /// transport it wraps does: a node made on it then answers its own
     /// asks without routing the frames back through the tap, which sees
-    /// only requests and cancels. For taps whose rule only delivers
-    /// (set before the node is made; its pools read it when made).
+    /// only requests and cancels: a rule can still drop or delay those,
+    /// but has no say over the frames back. Set it before the node's
+    /// pools are made (they read it then).
     pub fn claim_direct(&self) {
         self.direct.store(true, Ordering::Relaxed);
     }
