@@ -86,6 +86,22 @@ impl DedupState for Record {
     }
 }
 
+/// A worker task on `rt` answering each request with `work(m)`: the raw
+/// baseline (`m + 1`) and the floor share it.
+fn spawn_worker(
+    rt: &Runtime,
+    mut work: impl FnMut(u64) -> u64 + Send + 'static,
+) -> mpsc::Sender<RawRequest> {
+    let _guard = rt.enter();
+    let (tx, mut rx) = mpsc::channel::<RawRequest>(RAW_CAPACITY);
+    rt.spawn(async move {
+        while let Some((m, reply)) = rx.recv().await {
+            let _ = reply.send(work(m));
+        }
+    });
+    tx
+}
+
 /// The raw worker, plus the one piece of work no implementation of the
 /// issues' protocol can skip: the pool's exactly-once record of each request
 /// in a reply cache at the pool's default bound (issue 3's table, inserted
@@ -95,45 +111,40 @@ impl DedupState for Record {
 /// `floor ÷ raw` bounds from below what any design of that protocol could
 /// score against the raw baseline.
 fn spawn_floor_worker(rt: &Runtime) -> mpsc::Sender<RawRequest> {
-    let _guard = rt.enter();
-    let (tx, mut rx) = mpsc::channel::<RawRequest>(RAW_CAPACITY);
     let table: DedupTable<Record> = DedupTable::new(DedupConfig::default());
-    rt.spawn(async move {
-        let now = Timestamp::from_nanos(1_000_000_000);
-        let caller = CallerId::from_u64(7);
-        let mut n: u64 = 0;
-        while let Some((m, reply)) = rx.recv().await {
-            n += 1;
-            // Ids as generated: time in the high half, a random low half.
-            let key = DedupKey {
-                caller,
-                request: RequestId::from_parts(1_700_000_000_000_000 + n, splitmix(n)),
-            };
-            let fresh = table.apply(key, now, |cur| match cur {
-                None => (
-                    Some(Record {
-                        done: false,
-                        _reply: 0,
-                    }),
-                    true,
-                ),
-                Some(_) => (None, false),
-            });
-            debug_assert!(fresh);
-            let r = m + 1;
-            table.apply(key, now, |_| {
-                (
-                    Some(Record {
-                        done: true,
-                        _reply: r,
-                    }),
-                    (),
-                )
-            });
-            let _ = reply.send(r);
-        }
-    });
-    tx
+    let now = Timestamp::from_nanos(1_000_000_000);
+    let caller = CallerId::from_u64(7);
+    let mut n: u64 = 0;
+    spawn_worker(rt, move |m| {
+        n += 1;
+        // Ids as generated: time in the high half, a random low half.
+        let key = DedupKey {
+            caller,
+            request: RequestId::from_parts(1_700_000_000_000_000 + n, splitmix(n)),
+        };
+        let fresh = table.apply(key, now, |cur| match cur {
+            None => (
+                Some(Record {
+                    done: false,
+                    _reply: 0,
+                }),
+                true,
+            ),
+            Some(_) => (None, false),
+        });
+        debug_assert!(fresh);
+        let r = m + 1;
+        table.apply(key, now, |_| {
+            (
+                Some(Record {
+                    done: true,
+                    _reply: r,
+                }),
+                (),
+            )
+        });
+        r
+    })
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -157,15 +168,10 @@ struct Fixture {
 impl Fixture {
     fn new(flavour: Flavour) -> Self {
         let rt = flavour.runtime();
-        let (raw, node) = {
-            // Both spawn their worker task onto `rt`.
+        let raw = spawn_worker(&rt, |m| m + 1);
+        let (node, untracked) = {
+            // The pools spawn their workers onto `rt`.
             let _guard = rt.enter();
-            let (tx, mut rx) = mpsc::channel::<RawRequest>(RAW_CAPACITY);
-            rt.spawn(async move {
-                while let Some((m, reply)) = rx.recv().await {
-                    let _ = reply.send(m + 1);
-                }
-            });
             let node: Node<u64, u64> = Node::new();
             let untracked: Node<u64, u64> = Node::with_config(NodeConfig {
                 track_stages: false,
@@ -177,9 +183,8 @@ impl Fixture {
                     .handler(|m, _ctx| async move { Ok(m + 1) })
                     .expect("handler pool");
             }
-            (tx, (node, untracked))
+            (node, untracked)
         };
-        let (raw, (node, untracked)) = (raw, node);
         let floor = spawn_floor_worker(&rt);
         Self {
             rt,

@@ -387,8 +387,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         if ids.caller_id != *caller_id {
             return None;
         }
-        let slot: Arc<dyn Any + Send + Sync> = caller.pending.get(ids.request_id)?;
-        Some(Arc::downgrade(&slot))
+        let slot: Weak<dyn Any + Send + Sync> = caller.pending.downgrade(ids.request_id)?;
+        Some(slot)
     }
 
     /// Counts a frame sent back to a caller (`askpool_acks_sent_total`).
