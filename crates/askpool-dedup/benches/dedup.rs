@@ -24,7 +24,7 @@
 
 use std::collections::VecDeque;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -353,6 +353,36 @@ fn lookup(t: &dyn Table, inputs: &Inputs, idx: &[u32], i: usize) {
     black_box(t.get(&inputs.keys[idx[i & (SAMPLES - 1)] as usize]));
 }
 
+/// One entry of the hit floor: a lock, the key and a value on one cache
+/// line, as a perfect index would find it (no bucket, no chain).
+#[repr(C, align(64))]
+struct FloorEntry {
+    lock: AtomicBool,
+    key: DedupKey,
+    value: u64,
+}
+
+/// The least a hit of this design does: an epoch pin (crossbeam-epoch, as
+/// the table), then the entry, locked and released as `NodeLock` does (a
+/// compare-and-swap, then a store) around the key compare and the value's
+/// read; the entries as many as the table's, picked by the same key
+/// sequence as the lookups, so the entry misses the caches as a node does.
+fn hit_floor(entries: &[FloorEntry], inputs: &Inputs, idx: &[u32], i: usize) {
+    let guard = crossbeam_epoch::pin();
+    let k = idx[i & (SAMPLES - 1)] as usize;
+    let entry = &entries[k];
+    while entry
+        .lock
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::hint::spin_loop();
+    }
+    black_box((entry.key == inputs.keys[k]).then_some(entry.value));
+    entry.lock.store(false, Ordering::Release);
+    drop(guard);
+}
+
 fn insert_evicting(t: &dyn Table, next: u64, done: bool) {
     let oldest = key(next - cap() as u64);
     black_box(t.insert_if_absent(key(next), next, done, Some(oldest)));
@@ -484,6 +514,17 @@ fn workload<'t>(
     trials: usize,
     make: impl Fn(&'t dyn Table) -> Box<dyn FnMut() -> f64 + 't>,
 ) -> Vec<Vec<f64>> {
+    workload_with(tables, trials, make, Vec::new())
+}
+
+/// [`workload`] with more runs in the same trials (a floor), whose figures
+/// come after the tables'.
+fn workload_with<'t>(
+    tables: &'t [Box<dyn Table>],
+    trials: usize,
+    make: impl Fn(&'t dyn Table) -> Box<dyn FnMut() -> f64 + 't>,
+    extra: Vec<Box<dyn FnMut() -> f64 + 't>>,
+) -> Vec<Vec<f64>> {
     let mut runs: Vec<Box<dyn FnMut() -> f64 + 't>> = tables
         .iter()
         .map(|t| {
@@ -493,6 +534,10 @@ fn workload<'t>(
             run
         })
         .collect();
+    for mut run in extra {
+        run();
+        runs.push(run);
+    }
     let mut refs: Vec<&mut dyn FnMut() -> f64> = runs.iter_mut().map(|r| &mut **r as _).collect();
     interleave(trials, &mut refs)
 }
@@ -541,20 +586,43 @@ fn interleaved_report(mode: Mode, inputs: &Inputs) {
     assert_eq!(names[1..], BASELINES, "askpool first, then the baselines");
     const PIN: &str = "crossbeam_epoch::pin";
     const BOX: &str = "Box alloc + free";
+    let floor_entries: Vec<FloorEntry> = inputs
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(n, k)| FloorEntry {
+            lock: AtomicBool::new(false),
+            key: *k,
+            value: n as u64,
+        })
+        .collect();
 
     for (name, idx) in [
         ("lookup hit, uniform", &inputs.uniform),
         ("lookup hit, Zipf 0.99", &inputs.zipfian),
     ] {
-        let t = workload(&tables, trials, |table| {
-            let mut i = 0usize;
-            Box::new(move || {
-                per_op(ops, |_| {
-                    i += 1;
-                    lookup(table, inputs, idx, i)
-                })
+        let entries = &floor_entries;
+        let mut i = 0usize;
+        let floor: Box<dyn FnMut() -> f64 + '_> = Box::new(move || {
+            per_op(ops, |_| {
+                i += 1;
+                hit_floor(entries, inputs, idx, i)
             })
         });
+        let t = workload_with(
+            &tables,
+            trials,
+            |table| {
+                let mut i = 0usize;
+                Box::new(move || {
+                    per_op(ops, |_| {
+                        i += 1;
+                        lookup(table, inputs, idx, i)
+                    })
+                })
+            },
+            vec![floor],
+        );
         compare(
             &mut results,
             name,
@@ -562,6 +630,26 @@ fn interleaved_report(mode: Mode, inputs: &Inputs) {
             &names,
             |b| (b == "quick_cache").then_some((Target::at_most(1.0, 3), LOOKUP_NOTE)),
             PIN,
+        );
+        let quick = names
+            .iter()
+            .position(|n| *n == "quick_cache")
+            .expect("a baseline");
+        results.comparisons.push(
+            Comparison::time(
+                format!("{name}: pinned, locked entry (floor)"),
+                "pin + one locked entry, no index",
+                &t[tables.len()],
+                "quick_cache hit",
+                &t[quick],
+            )
+            .floor(PIN)
+            .note(
+                "the epoch pin (crossbeam-epoch, which issue 3 names) and one entry of the \
+                 table's size locked as the table locks it (a Sync table of any S: Send reads \
+                 a state under its lock), found with no index: what this design cannot skip. \
+                 The distance from here to the hit is the index: bucket, chain, node",
+            ),
         );
     }
 
