@@ -5,7 +5,15 @@ const native = require('./native');
 const errors = require('./errors');
 const { ObjectTable } = require('./table');
 
-const { fromInfo, fromNative, describeThrown, AskCancelledError, FailedPreconditionError, InvalidArgumentError } = errors;
+const {
+  fromInfo,
+  fromNative,
+  describeThrown,
+  AskCancelledError,
+  FailedPreconditionError,
+  InvalidArgumentError,
+  UnavailableError,
+} = errors;
 
 // Event kinds of Core.drain (bindings/node/src/core.rs, mod event).
 const FREE = 0;
@@ -286,6 +294,9 @@ class Context {
 class Pool {
   #node;
   #id;
+  // The addon reuses a closed pool's id for the next pool: a closed Pool
+  // must never pass its id again.
+  #closed = false;
   /** @internal */
   constructor(node, id, name) {
     this.#node = node;
@@ -298,11 +309,16 @@ class Pool {
     if (typeof handler !== 'function') {
       throw new InvalidArgumentError('invalid argument: a handler must be a function');
     }
+    if (this.#closed) {
+      throw new FailedPreconditionError(`failed precondition: pool ${JSON.stringify(this.name)} is closed`);
+    }
     this.#node._handle(this.#id, handler);
     return this;
   }
-  /** Stops the pool: new asks get NO_ROUTE, queued requests are cancelled. */
+  /** Stops the pool: new asks get NO_ROUTE, queued requests are cancelled. Closing it again does nothing. */
   close() {
+    if (this.#closed) return;
+    this.#closed = true;
     this.#node._closePool(this.#id);
   }
 }
@@ -974,6 +990,7 @@ class Node {
 
   /** @internal */
   _handle(pool, handler) {
+    if (this.#closed) throw new UnavailableError('unavailable: node closed');
     call(() => this.#core.handle(pool));
     this.#handlers[pool] = handler;
     this.#schedule();
@@ -981,6 +998,8 @@ class Node {
 
   /** @internal */
   _closePool(pool) {
+    // Every pool closed with the node, and its id maybe reused since.
+    if (this.#closed) return;
     call(() => this.#core.closePool(pool));
     this.#schedule();
   }
@@ -1003,6 +1022,9 @@ class Node {
     let done = false;
     const finish = () => {
       done = true;
+      // Ended (or returned, which drops the stream): the addon may reuse
+      // its number, which a late finalizer must not drop.
+      unreadStreams.unregister(iterator);
       for (const resolve of waiting.splice(0)) resolve({ value: undefined, done: true });
     };
     const onStage = (stage) => {
@@ -1023,7 +1045,7 @@ class Node {
       node.#core.nextStage(stream);
       node.#schedule();
     };
-    return {
+    const iterator = {
       [Symbol.asyncIterator]() {
         return this;
       },
@@ -1045,6 +1067,10 @@ class Node {
         return Promise.resolve({ value: undefined, done: true });
       },
     };
+    // An iterator dropped before its end (not read through, no return()):
+    // its stream closes when it is collected, as the handle's would.
+    unreadStreams.register(iterator, { stream, core: node.#core }, iterator);
+    return iterator;
   }
 }
 

@@ -570,3 +570,18 @@ test('an option getter that asks another name does not redirect a scratch-refere
   assert.deepEqual(await Promise.all(inner), ['b', 'b', 'b']);
   await node.close();
 });
+
+test('a closed pool object never reaches the pool made after it', async () => {
+  const node = new Node();
+  const x = node.pool('x');
+  x.close();
+  // The addon may give the next pool the closed one's id.
+  const y = node.pool('y');
+  assert.throws(() => x.handle(() => 'x'), (e) => e instanceof FailedPreconditionError && /"x" is closed/.test(e.message));
+  y.handle((m) => `y got ${m}`);
+  assert.equal(await node.ask('y', 1), 'y got 1');
+  x.close(); // again: nothing
+  assert.equal(await node.ask('y', 2), 'y got 2');
+  await node.close();
+  assert.throws(() => y.handle(() => 1), (e) => e.code === 'UNAVAILABLE');
+});

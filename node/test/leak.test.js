@@ -4,15 +4,19 @@ const assert = require('node:assert/strict');
 const { spawnSync } = require('node:child_process');
 const path = require('node:path');
 
-test('100,000 asks with timeouts and aborts: counts back to idle, heap bounded', () => {
-  const r = spawnSync(
-    process.execPath,
-    ['--expose-gc', path.join(__dirname, 'fixtures', 'leak.js')],
-    { encoding: 'utf8', timeout: 240_000 },
-  );
+/** Runs a fixture under --expose-gc; what it printed, parsed. */
+function runFixture(name, timeout) {
+  const r = spawnSync(process.execPath, ['--expose-gc', path.join(__dirname, 'fixtures', name)], {
+    encoding: 'utf8',
+    timeout,
+  });
   assert.equal(r.error, undefined);
   assert.equal(r.status, 0, r.stderr);
-  const { outcomes, heapBefore, heapAfter, stats, total } = JSON.parse(r.stdout);
+  return JSON.parse(r.stdout);
+}
+
+test('100,000 asks with timeouts and aborts: counts back to idle, heap bounded', () => {
+  const { outcomes, heapBefore, heapAfter, stats, total } = runFixture('leak.js', 240_000);
   assert.equal(total, 100_000);
   const sum = outcomes.ok + outcomes.timeout + outcomes.cancelled + outcomes.other;
   assert.equal(sum, total, 'every ask ended');
@@ -36,4 +40,12 @@ test('100,000 asks with timeouts and aborts: counts back to idle, heap bounded',
   assert.equal(stats.objects, 0, 'every host object was released');
   const growth = heapAfter - heapBefore;
   assert.ok(growth < 8 * 1024 * 1024, `heap grew by ${growth} bytes over 90,000 asks`);
+});
+
+test('stage iterators dropped before their end close their streams when collected', () => {
+  const { open } = runFixture('stages-dropped.js', 120_000);
+  // 5,000 dropped per round: each round ends with (close to) none open,
+  // not with every stream of the rounds before.
+  assert.equal(open.length, 4);
+  for (const n of open) assert.ok(n < 500, JSON.stringify(open));
 });

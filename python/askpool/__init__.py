@@ -38,7 +38,7 @@ from ._promises import Promise, Promises
 from ._stats import NodeStats, PoolStats
 
 _native.register_error_factory(from_native)
-_native.register_dispatch(_dispatch.resume, _dispatch.failure)
+_native.register_dispatch(_dispatch.failure)
 
 #: What a handler receives as its second argument.
 Context = _native.Context

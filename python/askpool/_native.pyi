@@ -17,7 +17,6 @@ __all__ = [
     "register_error_factory",
     "_panic",
     "_panic_in_next_dispatch",
-    "_send_through_method",
 ]
 
 DEFAULT_MAX_PAYLOAD_BYTES: int
@@ -26,12 +25,10 @@ def register_error_factory(
     factory: Callable[[str, str, Optional[str], Optional[str]], BaseException],
 ) -> None: ...
 def register_dispatch(
-    resume: Callable[[Any, Any, Reply], None],
     failure: Callable[[BaseException], Optional[tuple[str, str, Optional[str]]]],
 ) -> None: ...
 def _panic(message: str) -> None: ...
 def _panic_in_next_dispatch(message: str) -> None: ...
-def _send_through_method(on: bool) -> None: ...
 
 @final
 class LoopDriver:
@@ -131,7 +128,7 @@ class NativeNode:
         self,
         driver: LoopDriver,
         name: str,
-        handler: Callable[[Any, Context], Any],
+        new_slot: Callable[[], Any],
         concurrency: int,
         max_in_flight: Optional[int] = None,
         reply_cache: Optional[int] = None,

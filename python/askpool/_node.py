@@ -160,6 +160,15 @@ def _check_seconds(what: str, t: Optional[float]) -> None:
         raise InvalidArgumentError(f"{what} must be a positive, finite number of seconds, not {t}")
 
 
+def _check_timeout(t: object) -> None:
+    """An ask's or tell's timeout is a number of seconds (its value is the
+    extension's to check): not a bool, whose conversion would pass."""
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
+        from ._errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(t).__name__}")
+
+
 def _check_pool_name(name: object) -> None:
     from ._errors import InvalidArgumentError
 
@@ -288,7 +297,7 @@ class Pool:
         self._native = self._node._native.pool(
             _driver(loop),
             self.name,
-            fn,
+            _dispatch.new_slot(fn),
             self.concurrency,
             self.max_in_flight,
             self.reply_cache,
@@ -438,6 +447,8 @@ class Node:
         deduplicated; ``fingerprint`` (an int < 2**128, e.g. a hash of the
         payload) makes reusing that id for another payload fail with
         ``PayloadMismatchError`` instead of returning the other reply."""
+        if timeout is not None and type(timeout) is not float:
+            _check_timeout(timeout)
         # The common case inline: the loop of the last ask, still running in
         # this thread (a thread runs one loop at a time).
         loop: asyncio.AbstractEventLoop
@@ -478,6 +489,7 @@ class Node:
             raise FailedPreconditionError(
                 "ask_sync() would block the running event loop; await ask() instead"
             )
+        _check_timeout(timeout)
         return self._native.ask_sync(
             pool,
             msg,
@@ -529,6 +541,7 @@ class Node:
     ) -> asyncio.Future[str]:
         """A one-way message: the future gives its request id once the pool
         accepted it; nothing comes back after that."""
+        _check_timeout(timeout)
         loop, driver = self._here("Node.tell")
         target: asyncio.Future[str] = loop.create_future()
         self._native.tell(

@@ -202,3 +202,28 @@ async def test_a_handler_running_when_its_pool_closes_is_told_and_still_answers(
         await asyncio.wait_for(started.wait(), 5)
         pool.close()
         assert await asyncio.wait_for(ask, 5) == "told of the close"
+
+
+async def test_cancelling_a_tell_before_its_pool_accepted_it_cancels_it() -> None:
+    runs: list[str] = []
+    gate = asyncio.Event()
+    async with Node() as node:
+        pool = node.pool("full", concurrency=1, max_in_flight=1)
+
+        @pool.handler
+        async def handle(msg: str, ctx: Context) -> None:
+            runs.append(msg)
+            if msg == "block":
+                await gate.wait()
+
+        await node.tell("full", "block")
+        # The pool is full: the tell is re-sent until it is accepted, unless
+        # its caller gives up first.
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(node.tell("full", "unwanted", timeout=5), 0.2)
+        gate.set()
+        await node.tell("full", "wanted", timeout=5)
+        # Longer than the tell's re-sends: a tell still going on would land.
+        await asyncio.sleep(1.5)
+        assert runs == ["block", "wanted"]
+        assert node.stats()["pending"] == 0

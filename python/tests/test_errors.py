@@ -229,6 +229,22 @@ async def test_bad_arguments_are_invalid_argument_value_errors() -> None:
             node.ask("p", 1, timeout=-1.0)
         with pytest.raises(ValueError):
             node.ask("p", 1, timeout=float("nan"))
+        # Of the wrong type: the same error, not a TypeError nor a bool
+        # taken for one second.
+        for odd in (True, "1", [1]):
+            with pytest.raises(askpool.InvalidArgumentError, match="timeout"):
+                node.ask("p", 1, timeout=odd)  # type: ignore[arg-type]
+            with pytest.raises(askpool.InvalidArgumentError, match="timeout"):
+                node.tell("p", 1, timeout=odd)  # type: ignore[arg-type]
+
+
+def test_ask_sync_takes_a_timeout_of_the_right_type_only() -> None:
+    node = Node()
+    try:
+        with pytest.raises(askpool.InvalidArgumentError, match="timeout"):
+            node.ask_sync("p", 1, timeout=True)
+    finally:
+        node.close()
 
 
 async def test_a_reused_request_id_with_another_payload_is_payload_mismatch() -> None:
@@ -550,7 +566,7 @@ def test_a_handler_left_running_by_a_closed_loop_is_answered_cancelled() -> None
         assert not asking.is_alive(), "the caller still waits for a handler that cannot run"
         assert len(outcome) == 1 and isinstance(outcome[0], askpool.AskCancelledError), outcome
         assert cleaned_up == [True]
-        assert not [t for t in _dispatch._running if t.get_loop() is loop]
+        assert not [s for s in _dispatch._running if s._loop is loop]
     finally:
         node.close()
         asking.join(35)

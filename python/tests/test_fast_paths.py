@@ -1,17 +1,17 @@
 """The per-ask shortcuts keep the semantics: the loop check without
 `_get_running_loop`, the cached pool name, the optional-argument tuple, and a
-handler started without `StopIteration`."""
+handler's first step run inline, as its slot's task."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 import askpool
-from askpool import Context, Node, _native
+from askpool import Context, Node
 
 
 def _echo_pool(node: Node, name: str) -> None:
@@ -20,18 +20,7 @@ def _echo_pool(node: Node, name: str) -> None:
         return msg
 
 
-@pytest.fixture(params=["PyIter_Send", "send method"])
-def send_path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Both ways the extension starts a handler: `PyIter_Send` (Python >=
-    3.10) and the `send` method with `StopIteration` (3.9)."""
-    _native._send_through_method(request.param == "send method")
-    try:
-        yield request.param
-    finally:
-        _native._send_through_method(False)
-
-
-async def test_values_that_stop_iteration_would_wrap_come_back_themselves(send_path: str) -> None:
+async def test_values_that_stop_iteration_would_wrap_come_back_themselves() -> None:
     # A coroutine's return value travels in `StopIteration.args`; a tuple or
     # an exception instance there is the special case.
     values: list[Any] = [(1, 2), (), ValueError("returned, not raised"), None, StopIteration(3)]
@@ -46,7 +35,7 @@ async def test_values_that_stop_iteration_would_wrap_come_back_themselves(send_p
             assert (await node.ask("values", i, timeout=5)) is value
 
 
-async def test_a_handler_raising_before_and_after_awaiting(send_path: str) -> None:
+async def test_a_handler_raising_before_and_after_awaiting() -> None:
     async with Node() as node:
         pool = node.pool("raises")
 

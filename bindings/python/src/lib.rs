@@ -12,7 +12,6 @@ mod node;
 mod obj;
 mod pool;
 mod promises;
-mod send;
 mod stats;
 mod task;
 
@@ -63,7 +62,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool::register_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_in_next_dispatch, m)?)?;
-    m.add_function(wrap_pyfunction!(send::_send_through_method, m)?)?;
     Ok(())
 }
 

@@ -304,15 +304,19 @@ impl NativeNode {
     ) -> PyResult<()> {
         let options = shared_options(py, &msg, timeout, request_id, correlation_id, causation_id)?;
         let tell = self.node.tell(pool, Obj::new(msg)).options(options);
-        driver.eager(py, || {
-            FutureTask::spawn(&driver.shared, tell.send(), target, request_id_str);
+        let done = target.clone_ref(py);
+        let task = driver.eager(py, || {
+            FutureTask::spawn(&driver.shared, tell.send(), target, request_id_str)
         });
-        Ok(())
+        // Cancelling the future (or the task awaiting it) before the pool
+        // accepted the tell cancels the tell, as for an ask.
+        task.abandon_when_done(done.bind(py))
     }
 
-    /// Hosts a pool whose `concurrency` worker slots run on `driver`'s loop
-    /// and run `handler(msg, ctx)` (an `async def`) for each request.
-    #[pyo3(signature = (driver, name, handler, concurrency, max_in_flight=None,
+    /// Hosts a pool whose `concurrency` worker slots run on `driver`'s loop,
+    /// each a `Slot` made by `new_slot()` (`_dispatch.new_slot(handler)`)
+    /// that runs the handler for each request.
+    #[pyo3(signature = (driver, name, new_slot, concurrency, max_in_flight=None,
         reply_cache=None, reply_ttl=None))]
     #[allow(clippy::too_many_arguments)]
     fn pool(
@@ -320,7 +324,7 @@ impl NativeNode {
         py: Python<'_>,
         driver: &LoopDriver,
         name: &str,
-        handler: Py<PyAny>,
+        new_slot: Py<PyAny>,
         concurrency: usize,
         max_in_flight: Option<usize>,
         reply_cache: Option<usize>,
@@ -339,7 +343,7 @@ impl NativeNode {
         }
         builder = builder.dedup(dedup);
         let pool = to_py(builder.build())?;
-        to_py(NativePool::start(pool, driver, concurrency, &handler, py))
+        NativePool::start(pool, driver, concurrency, new_slot.bind(py))
     }
 
     /// A durable ask: a promise in `promises` (its id is the request id)

@@ -21,7 +21,6 @@ use pyo3::prelude::*;
 use crate::driver::{DriverShared, LoopDriver, LoopTask};
 use crate::errors;
 use crate::obj::Obj;
-use crate::send::{send_none, Sent};
 use crate::task::FutureTask;
 
 type Pull = Pin<Box<dyn Future<Output = Option<Request<Obj, Obj>>> + Send>>;
@@ -39,7 +38,8 @@ pub(crate) struct SlotTask {
     busy: AtomicBool,
     /// `run` is on the stack: it takes the next request itself.
     running: AtomicBool,
-    handler: Py<PyAny>,
+    /// The wrapper's `Slot`: the asyncio task this slot's handlers run as.
+    slot: Py<PyAny>,
 }
 
 struct SlotState {
@@ -51,7 +51,7 @@ impl SlotTask {
     pub(crate) fn start(
         driver: &Arc<DriverShared>,
         worker: Worker<Obj, Obj>,
-        handler: Py<PyAny>,
+        slot: Py<PyAny>,
     ) -> Arc<Self> {
         let task = Arc::new(Self {
             worker_id: worker.id().clone(),
@@ -63,7 +63,7 @@ impl SlotTask {
             }),
             busy: AtomicBool::new(false),
             running: AtomicBool::new(false),
-            handler,
+            slot,
         });
         driver.schedule(task.clone());
         task
@@ -136,9 +136,10 @@ impl SlotTask {
         }
     }
 
-    /// Starts the handler's coroutine right here. One that returns without
-    /// awaiting is answered at once (no task, no `Reply` object); one that
-    /// awaits goes on as an asyncio task holding the slot until it answers.
+    /// Starts the handler right here, as the slot's asyncio task (the
+    /// wrapper's `Slot.start`). One that returns without awaiting is
+    /// answered at once (no `Reply` object); one that awaits goes on in the
+    /// slot's task (`Slot.resume`), holding the slot until it answers.
     fn dispatch(self: &Arc<Self>, py: Python<'_>, request: Request<Obj, Obj>) {
         if let Some(message) = PANIC_IN_NEXT_DISPATCH.lock().take() {
             panic!("{message}");
@@ -155,13 +156,12 @@ impl SlotTask {
             driver: Arc::clone(&self.driver),
             waits: Arc::clone(&waits),
         };
-        let started = self
-            .handler
-            .bind(py)
-            .call1((message.get(py), ctx))
-            .and_then(|coro| Ok((send_none(&coro)?, coro)));
+        let slot = self.slot.bind(py);
+        let started = slot
+            .call_method1(intern!(py, "start"), (message.get(py), ctx))
+            .and_then(|out| out.extract::<(u8, Bound<'_, PyAny>)>());
         match started {
-            Ok((Sent::Yielded(first), coro)) => {
+            Ok((AWAITED, _)) => {
                 self.busy.store(true, Ordering::Release);
                 let reply = Reply {
                     inner: Mutex::new(Some(Pending {
@@ -170,13 +170,17 @@ impl SlotTask {
                         waits: WaitsRelease(waits),
                     })),
                 };
-                if let Err(e) = hooks(py).and_then(|h| h.resume.call1(py, (coro, first, reply))) {
+                if let Err(e) = slot.call_method1(intern!(py, "resume"), (reply,)) {
                     // The dropped `Reply` fails the request: nothing is lost.
                     e.write_unraisable(py, None);
                 }
             }
-            Ok((Sent::Returned(value), _)) => {
+            Ok((RETURNED, value)) => {
                 responder.reply(Obj::new(value.unbind()));
+                waits.release();
+            }
+            Ok((_, raised)) => {
+                fail(py, responder, &PyErr::from_value(raised));
                 waits.release();
             }
             Err(e) => {
@@ -186,6 +190,10 @@ impl SlotTask {
         }
     }
 }
+
+/// How a handler's first step ended (`Slot.start` in `_dispatch.py`).
+const RETURNED: u8 = 0;
+const AWAITED: u8 = 2;
 
 /// Answers a request whose handler raised `error`.
 fn fail(py: Python<'_>, responder: Responder<Obj, Obj>, error: &PyErr) {
@@ -203,11 +211,9 @@ fn fail(py: Python<'_>, responder: Responder<Obj, Obj>, error: &PyErr) {
     }
 }
 
-/// The wrapper's functions for the two slow paths: `resume(coro, first,
-/// reply)` continues a handler that awaited as a task; `failure(exc)` gives
+/// The wrapper's function for a handler that raised: `failure(exc)` gives
 /// `(type_name, message, code)`, or `None` for a cancellation.
 pub(crate) struct Hooks {
-    resume: Py<PyAny>,
     failure: Py<PyAny>,
 }
 
@@ -220,8 +226,8 @@ fn hooks(_py: Python<'_>) -> PyResult<&'static Hooks> {
 }
 
 #[pyfunction]
-pub(crate) fn register_dispatch(resume: Py<PyAny>, failure: Py<PyAny>) {
-    let _ = HOOKS.set(Hooks { resume, failure });
+pub(crate) fn register_dispatch(failure: Py<PyAny>) {
+    let _ = HOOKS.set(Hooks { failure });
 }
 
 /// Frees its slot when the request is answered (or its `Reply` dropped).
@@ -458,17 +464,17 @@ pub(crate) struct NativePool {
 }
 
 impl NativePool {
-    /// Starts `concurrency` worker slots (`w0`, `w1`, ...) on `driver`'s loop.
+    /// Starts `concurrency` worker slots (`w0`, `w1`, ...) on `driver`'s
+    /// loop, each with a `Slot` from `new_slot()`.
     pub(crate) fn start(
         pool: WorkerPool<Obj, Obj>,
         driver: &LoopDriver,
         concurrency: usize,
-        handler: &Py<PyAny>,
-        py: Python<'_>,
-    ) -> Result<Self, AskError> {
+        new_slot: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
         for i in 0..concurrency {
-            let worker = pool.worker(format!("w{i}"))?;
-            SlotTask::start(&driver.shared, worker, handler.clone_ref(py));
+            let worker = errors::to_py(pool.worker(format!("w{i}")))?;
+            SlotTask::start(&driver.shared, worker, new_slot.call0()?.unbind());
         }
         Ok(Self { pool })
     }

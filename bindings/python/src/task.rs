@@ -79,6 +79,31 @@ where
         drop(target);
         self.future.lock().take()
     }
+
+    /// Abandons this task once `target` is done by other means than the
+    /// task (its caller cancelled it): what the future drives is cancelled
+    /// too, instead of going on unawaited. Holds the task weakly.
+    pub(crate) fn abandon_when_done(self: &Arc<Self>, target: &Bound<'_, PyAny>) -> PyResult<()> {
+        let task = Arc::downgrade(self);
+        let callback = AbandonWhenDone(Box::new(move || {
+            if let Some(task) = task.upgrade() {
+                drop(task.abandon());
+            }
+        }));
+        target.call_method1(intern!(target.py(), "add_done_callback"), (callback,))?;
+        Ok(())
+    }
+}
+
+/// The done callback of [`FutureTask::abandon_when_done`].
+#[pyclass(frozen, module = "askpool._native")]
+pub(crate) struct AbandonWhenDone(Box<dyn Fn() + Send + Sync>);
+
+#[pymethods]
+impl AbandonWhenDone {
+    fn __call__(&self, _future: &Bound<'_, PyAny>) {
+        (self.0)();
+    }
 }
 
 impl<F> Wake for FutureTask<F>
