@@ -172,8 +172,9 @@ export class Context {
   readonly attempt: number;
   readonly workerId: string;
   /**
-   * True once the request is cancelled, and once the node closed. False
-   * after the handler ended without either (its request was answered).
+   * True once the request is cancelled, and once the node closed. After
+   * the handler ended (its request answered), true only if it had seen its
+   * cancel (here or through `signal`) or the node closed.
    */
   readonly cancelled: boolean;
   /**

@@ -63,6 +63,32 @@ function storePath(path) {
   throw new InvalidArgumentError('invalid argument: openPromises needs a file path (a non-empty string or a file: URL)');
 }
 
+const NODE_OPTIONS = [
+  'defaultTimeoutMs',
+  'dlqCapacity',
+  'trackStages',
+  'breaker',
+  'reconcileCapacity',
+  'processingTimeoutMs',
+  'maxPayloadBytes',
+];
+const POOL_OPTIONS = ['concurrency', 'maxInFlight', 'dedupMax', 'dedupTtlMs', 'processingTimeoutMs'];
+
+// Options read here, not by the addon: a getter or Proxy trap that throws
+// reaches the caller as its own error, not as a failure of the addon.
+function snapshot(options, keys) {
+  if (options === undefined || options === null) return {};
+  if (typeof options !== 'object') {
+    throw new InvalidArgumentError(`invalid argument: options are an object, not ${typeof options}`);
+  }
+  const out = {};
+  for (const key of keys) {
+    const value = options[key];
+    if (value !== undefined) out[key] = value;
+  }
+  return out;
+}
+
 function call(fn) {
   try {
     return fn();
@@ -106,7 +132,13 @@ function fingerprintOf(value) {
 // They are also sized (their byteLength): over the node's maxPayloadBytes an
 // ask or tell fails at once (OVERSIZE_PAYLOAD). Other payloads are not sized.
 function isBytes(msg) {
-  return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
+  try {
+    return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
+  } catch {
+    // `instanceof` ran a trap that threw (a revoked Proxy): not bytes, an
+    // object like any other, passed through untouched.
+    return false;
+  }
 }
 
 // An option the addon takes as a `type` ('string' or 'number'), or absent
@@ -213,6 +245,8 @@ class Context {
   #closed = false;
   // Set when the handler ended.
   #ended = false;
+  // Set when `cancelled` answered true.
+  #sawCancel = false;
   /** @internal */
   constructor(node, request) {
     this.#node = node;
@@ -246,8 +280,11 @@ class Context {
   }
   /** Whether the request was cancelled (by its caller, a timeout, the pool). */
   get cancelled() {
-    if (this.#closed || this.#controller?.signal.aborted) return true;
-    return this.#node._request(this.#request, 'isCancelled') ?? false;
+    if (this.#closed || this.#sawCancel || this.#controller?.signal.aborted) return true;
+    // Kept once seen: the request leaves the addon when the handler ends
+    // (asking the addon at every end would cost each ask a call).
+    this.#sawCancel = this.#node._request(this.#request, 'isCancelled') ?? false;
+    return this.#sawCancel;
   }
   /** Aborts when the request is cancelled. */
   get signal() {
@@ -257,6 +294,10 @@ class Context {
         this.#controller.abort(closedReason());
       } else if (this.#node._watch(this.#request, this.#controller) === undefined) {
         this.#controller.abort(new AskCancelledError('ask cancelled: the request already ended'));
+      } else if (this.#node._request(this.#request, 'isCancelled')) {
+        // Cancelled before the signal existed: aborted now, as `cancelled`
+        // already says, not at the next drain.
+        this.#controller.abort(new AskCancelledError('ask cancelled'));
       }
     }
     return this.#controller.signal;
@@ -355,15 +396,20 @@ class AskHandle {
   }
   /** The ask's ACK stages (SENT, RECEIVED, READ, PARTIAL..., one terminal). */
   stages() {
-    if (this.#iterating || this.#stream < 0) {
+    if (this.#iterating) {
       throw new InvalidArgumentError('invalid argument: stages() can be read once per ask');
     }
     this.#iterating = true;
     this.#observed();
+    // Refused before anything was sent (an aborted signal, a closed node):
+    // an ask with no stages.
+    if (this.#stream < 0) return noStages();
     unreadStreams.unregister(this);
     return this.#node._stages(this.#stream);
   }
 }
+
+async function* noStages() {}
 
 /** A durable ask in flight: its promise id and its outcome. */
 class DurableAsk {
@@ -488,7 +534,8 @@ class Node {
     // not keep this node (and so the addon's own state) from being collected.
     const weak = new WeakRef(this);
     const wake = () => weak.deref()?._wake();
-    this.#core = call(() => new native.Core(wake, options));
+    const given = snapshot(options, NODE_OPTIONS);
+    this.#core = call(() => new native.Core(wake, given));
     this.#fast = this.#core.fastPath();
   }
 
@@ -498,7 +545,8 @@ class Node {
     if (typeof name !== 'string') {
       throw new InvalidArgumentError('invalid argument: a pool name is a string');
     }
-    const id = call(() => this.#core.createPool(name, options ?? {}));
+    const given = snapshot(options, POOL_OPTIONS);
+    const id = call(() => this.#core.createPool(name, given));
     return new Pool(this, id, name);
   }
 
@@ -640,6 +688,9 @@ class Node {
     // listener), by that drain, which a drain here would skip.
     if (this.#draining) this.#dirty = true;
     else this.#drainSafely();
+    // Durable asks the close ended still settle on the runtime's threads:
+    // the keep-alive goes once they did (#idle), not before.
+    if (this.#outstanding > 0) return;
     busy.delete(this);
     if (this.#keepAlive) {
       clearInterval(this.#keepAlive);

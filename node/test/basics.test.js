@@ -585,3 +585,44 @@ test('a closed pool object never reaches the pool made after it', async () => {
   await node.close();
   assert.throws(() => y.handle(() => 1), (e) => e.code === 'UNAVAILABLE');
 });
+
+test('a progress fraction comes back as the number reported', async () => {
+  const node = new Node();
+  node.pool('p').handle((m, ctx) => {
+    ctx.progress(0.1, 'a tenth');
+    return m;
+  });
+  const handle = node.askHandle('p', 1);
+  const fractions = [];
+  for await (const s of handle.stages()) if (s.stage === 'PARTIAL') fractions.push(s.fraction);
+  assert.deepEqual(fractions, [0.1]);
+  await node.close();
+});
+
+test('a revoked Proxy passes as a payload like any object', async () => {
+  const node = new Node();
+  let seen;
+  node.pool('p').handle((m) => {
+    seen = m;
+    return 'ok';
+  });
+  const { proxy, revoke } = Proxy.revocable({}, {});
+  revoke();
+  assert.equal(await node.ask('p', proxy), 'ok');
+  assert.equal(seen, proxy);
+  await node.close();
+});
+
+test('an ask refused before sending has no stages (read once)', async () => {
+  const node = new Node();
+  node.pool('p').handle((m) => m);
+  const aborted = new AbortController();
+  aborted.abort();
+  const handle = node.askHandle('p', 1, { signal: aborted.signal });
+  handle.result.catch(() => {});
+  const stages = [];
+  for await (const s of handle.stages()) stages.push(s);
+  assert.deepEqual(stages, []);
+  assert.throws(() => handle.stages(), { code: 'INVALID_ARGUMENT' });
+  await node.close();
+});

@@ -276,3 +276,36 @@ test('pool.close() under a running handler: ctx.signal aborts, and its reply sti
   assert.equal(await asked, 'told of the close');
   await node.close();
 });
+
+test("a handler's cancel: signal aborted when first read, cancelled kept once seen", async () => {
+  const node = new Node();
+  let release;
+  const gate = new Promise((resolve) => {
+    release = resolve;
+  });
+  let ctxOf;
+  const seen = {};
+  const ended = new Promise((resolve) => {
+    node.pool('slow').handle(async (msg, ctx) => {
+      ctxOf = ctx;
+      await gate;
+      // Cancelled while waiting: both say so at once.
+      seen.cancelled = ctx.cancelled;
+      seen.aborted = ctx.signal.aborted;
+      resolve();
+      return 'late';
+    });
+  });
+  const handle = node.askHandle('slow', 1);
+  handle.result.catch(() => {});
+  await tick();
+  handle.cancel();
+  await tick();
+  release();
+  await ended;
+  assert.deepEqual(seen, { cancelled: true, aborted: true });
+  await tick();
+  // After the handler ended: still cancelled, as it saw.
+  assert.equal(ctxOf.cancelled, true);
+  await node.close();
+});

@@ -166,3 +166,39 @@ test('promises: an id that is not a string is INVALID_ARGUMENT, not a promise na
     tmp.done();
   }
 });
+
+/** `promise`'s outcome, or 'pending' if it has none within `ms`. */
+function within(promise, ms) {
+  let timer;
+  const late = new Promise((resolve) => {
+    timer = setTimeout(() => resolve('pending'), ms);
+  });
+  return Promise.race([
+    promise.then(
+      () => 'resolved',
+      (e) => `rejected ${e.code}`,
+    ),
+    late,
+  ]).finally(() => clearTimeout(timer));
+}
+
+test('durable asks around close: in flight they reject UNAVAILABLE, after it at once', async () => {
+  const tmp = tempFile();
+  try {
+    // The close ends the inner ask on the runtime's threads; its outcome
+    // must still reach JS (it was lost in some runs).
+    for (let i = 0; i < 20; i++) {
+      const node = new Node().openPromises(tmp.file);
+      node.pool('p').handle(() => new Promise((resolve) => setTimeout(() => resolve('late'), 50)));
+      const asked = node.askDurable('p', { i });
+      await new Promise((resolve) => setTimeout(resolve, 10));
+      await node.close();
+      assert.equal(await within(asked.result, 2_000), 'rejected UNAVAILABLE', `run ${i}`);
+      assert.equal(node.stats().outstanding, 0);
+      assert.equal(await within(node.askDurable('p', { i }).result, 2_000), 'rejected UNAVAILABLE');
+      assert.equal(await within(node.awaitDurable(asked.id), 2_000), 'rejected UNAVAILABLE');
+    }
+  } finally {
+    tmp.done();
+  }
+});

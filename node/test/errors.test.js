@@ -287,15 +287,20 @@ test('timeoutMs and defaultTimeoutMs: one message, in the JS option names, sayin
     code: 'INVALID_ARGUMENT',
     message: `invalid argument: ${name} must be a number of milliseconds above 0 and at most 2^53 - 1, got ${got}`,
   });
-  for (const bad of [0, -0, -1, Number.NaN, Infinity, 2 ** 53]) {
+  // 1e300 and -1e-7 as JS prints them, not in every digit.
+  for (const bad of [0, -0, -1, Number.NaN, Infinity, 2 ** 53, 1e300, -1e-7]) {
     const got = Object.is(bad, -0) ? '0' : String(bad);
     await assert.rejects(node.ask('p', 1, { timeoutMs: bad }), above0('timeoutMs', got));
     await assert.rejects(node.askHandle('p', 1, { timeoutMs: bad }).result, above0('timeoutMs', got));
     await assert.rejects(node.tell('p', 1, { timeoutMs: bad }), above0('timeoutMs', got));
     assert.throws(() => new Node({ defaultTimeoutMs: bad }), above0('defaultTimeoutMs', got));
   }
-  // What the message says is accepted is: a fraction of a millisecond too.
+  // What the message says is accepted is: a fraction of a millisecond too,
+  // and one under a nanosecond (a nanosecond, not the core's refusal).
   assert.equal(await node.ask('p', 'ok', { timeoutMs: 0.5 }), 'ok');
+  const tiny = await node.ask('p', 'ok', { timeoutMs: 1e-7 }).catch((e) => e);
+  assert.ok(tiny === 'ok' || tiny.code === 'ASK_TIMEOUT', String(tiny));
+  new Node({ defaultTimeoutMs: 1e-7 }).close();
   assert.equal(await node.ask('p', 'ok', { timeoutMs: 2 ** 53 - 1 }), 'ok');
   const quick = new Node({ defaultTimeoutMs: 0.5 });
   await quick.close();
@@ -474,4 +479,50 @@ test('ctx.progress refuses a fraction that is not a number from 0 to 1', async (
     ],
   );
   await node.close();
+});
+
+test("options: a getter's or trap's own error comes through; a non-object is INVALID_ARGUMENT", () => {
+  const mine = new RangeError('mine');
+  const throwing = {
+    get concurrency() {
+      throw mine;
+    },
+  };
+  assert.throws(
+    () =>
+      new Node({
+        get dlqCapacity() {
+          throw mine;
+        },
+      }),
+    (e) => e === mine,
+  );
+  const node = new Node();
+  assert.throws(() => node.pool('p', throwing), (e) => e === mine);
+  const trap = new Proxy(
+    {},
+    {
+      get() {
+        throw mine;
+      },
+    },
+  );
+  assert.throws(() => node.pool('q', trap), (e) => e === mine);
+  assert.throws(() => node.pool('r', 5), { code: 'INVALID_ARGUMENT' });
+  assert.throws(() => new Node('fast'), { code: 'INVALID_ARGUMENT' });
+  node.close();
+});
+
+test('a durable promise error says its kind once', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-prefix-'));
+  try {
+    const node = new Node().openPromises(path.join(dir, 'p.db'));
+    assert.throws(() => node.promises.create(''), {
+      code: 'INVALID_ARGUMENT',
+      message: 'invalid argument: promise id must not be empty',
+    });
+    node.close();
+  } finally {
+    fs.rmSync(dir, { recursive: true });
+  }
 });

@@ -124,6 +124,7 @@ async def test_stages_stream_the_ack_lifecycle_with_progress() -> None:
         async def handle(msg: Any, ctx: Context) -> str:
             await asyncio.sleep(0)
             ctx.progress(0.5, "half")
+            ctx.progress(0.6, "more")
             await asyncio.sleep(0)
             return "done"
 
@@ -131,9 +132,11 @@ async def test_stages_stream_the_ack_lifecycle_with_progress() -> None:
         events = [e async for e in handle_.stages()]
         assert await handle_ == "done"
     stages = [e.stage for e in events]
-    assert stages == ["SENT", "RECEIVED", "READ", "PARTIAL", "FULFILLED"]
+    assert stages == ["SENT", "RECEIVED", "READ", "PARTIAL", "PARTIAL", "FULFILLED"]
     partial = events[3]
     assert partial.fraction == 0.5 and partial.note == "half"
+    # The number reported, not the nearest float32 (0.6000000238418579).
+    assert events[4].fraction == 0.6
     assert all(e.since_sent >= 0 for e in events)
 
 

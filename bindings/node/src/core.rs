@@ -220,6 +220,10 @@ pub struct Core {
     freed_scratch: Vec<u32>,
     /// This core's entry in the fast-path registry (see `fast`).
     pub(crate) fast_id: Option<u32>,
+    /// Closed with tasks still running (durable asks finish on the runtime's
+    /// threads): the threadsafe function stays until they are drained, or
+    /// their last wake-ups would be lost and their promises never settle.
+    release_when_idle: bool,
 }
 
 /// The longest duration accepted, in ms: `Number.MAX_SAFE_INTEGER`.
@@ -233,6 +237,15 @@ pub(crate) fn js_number(value: f64) -> String {
         0.0 => "0".to_owned(),
         f64::INFINITY => "Infinity".to_owned(),
         f64::NEG_INFINITY => "-Infinity".to_owned(),
+        // Where JS switches to exponent notation, with its `e+` for a
+        // positive exponent (Rust's Display would print every digit).
+        v if v.abs() >= 1e21 || v.abs() < 1e-6 => {
+            let text = format!("{v:e}");
+            match text.split_once('e') {
+                Some((mantissa, exp)) if !exp.starts_with('-') => format!("{mantissa}e+{exp}"),
+                _ => text,
+            }
+        }
         v => v.to_string(),
     }
 }
@@ -292,7 +305,8 @@ pub(crate) fn opt_millis(what: &str, ms: Option<f64>) -> Result<Option<Duration>
 pub(crate) fn opt_timeout(what: &str, ms: Option<f64>) -> Result<Option<Duration>> {
     ms.map(|ms| {
         if ms > 0.0 && ms <= MAX_MILLIS {
-            Ok(Duration::from_secs_f64(ms / 1e3))
+            // Under a nanosecond: one, not the zero the core would refuse.
+            Ok(Duration::from_secs_f64(ms / 1e3).max(Duration::from_nanos(1)))
         } else {
             Err(errors::invalid(format!(
                 "{what} must be a number of milliseconds above 0 and at most 2^53 - 1, got {}",
@@ -387,6 +401,7 @@ impl Core {
             batch: Vec::new(),
             freed_scratch: Vec::new(),
             fast_id: None,
+            release_when_idle: false,
         })
     }
 
@@ -477,7 +492,11 @@ impl Core {
         // wrapper drops them once closed); dropping the responders cancels
         // them now.
         self.requests.clear();
-        self.shared.release();
+        if self.tasks.len() == 0 {
+            self.shared.release();
+        } else {
+            self.release_when_idle = true;
+        }
     }
 
     /// Panics, so tests can show a panic reaches JS as an error.
@@ -546,6 +565,10 @@ impl Core {
             batch.clear();
         }
         self.batch = batch;
+        if self.release_when_idle && self.tasks.len() == 0 {
+            self.release_when_idle = false;
+            self.shared.release();
+        }
         out.n as u32
     }
 
@@ -561,6 +584,15 @@ impl Core {
 
     pub(crate) fn tok(&self, slot: u32) -> Tok {
         Tok::new(slot, &self.freed)
+    }
+
+    /// `UNAVAILABLE` once the node is closed: work started now would run on
+    /// a runtime task whose outcome nothing could deliver any more.
+    pub(crate) fn refuse_when_closed(&self) -> Result<()> {
+        if self.node.is_closed() {
+            return Err(errors::throw(AskError::node_closed()));
+        }
+        Ok(())
     }
 
     /// Starts driving `task`; it is polled at the next drain.

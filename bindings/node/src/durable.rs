@@ -82,6 +82,7 @@ impl Core {
         id: Option<String>,
     ) -> Result<u32> {
         let msg = Tok::with_bytes(msg, &self.freed, bytes.to_vec());
+        self.refuse_when_closed()?;
         let handle = {
             let _enter = self.rt.enter();
             let promises = self.promises()?;
@@ -102,6 +103,7 @@ impl Core {
     /// The outcome of durable ask `id`: stored if it settled, else asked again.
     #[napi(catch_unwind)]
     pub fn await_durable(&mut self, id: String) -> Result<u32> {
+        self.refuse_when_closed()?;
         let handle = {
             let _enter = self.rt.enter();
             let promises = self.promises()?;

@@ -1,6 +1,6 @@
 //! Plain objects handed to the wrapper.
 
-use askpool::{AskIds, DeadLetter, NodeStats, StageEvent};
+use askpool::{AskIds, DeadLetter, NodeStats, Progress, StageEvent};
 use napi::bindgen_prelude::{Buffer, Either, Null, Uint8Array};
 use napi_derive::napi;
 
@@ -75,7 +75,7 @@ impl From<&StageEvent> for StageInfo {
             stage: event.stage.as_str().to_owned(),
             since_sent_ms: event.since_sent.as_secs_f64() * 1e3,
             since_previous_ms: event.since_previous.as_secs_f64() * 1e3,
-            fraction: event.progress.as_ref().map(|p| f64::from(p.fraction)),
+            fraction: event.progress.as_ref().map(Progress::fraction_f64),
             note: event.progress.as_ref().map(|p| p.note.clone()),
         }
     }

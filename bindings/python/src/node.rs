@@ -489,7 +489,7 @@ pub(crate) struct NativeAsk {
 
 fn stage_tuple(py: Python<'_>, e: StageEvent) -> Result<Py<PyAny>, AskError> {
     let (fraction, note) = match e.progress {
-        Some(p) => (Some(p.fraction), Some(p.note)),
+        Some(p) => (Some(p.fraction_f64()), Some(p.note)),
         None => (None, None),
     };
     let tuple = (

@@ -91,9 +91,11 @@ impl From<PromiseError> for AskError {
     fn from(e: PromiseError) -> Self {
         let message = e.to_string();
         match e {
-            PromiseError::NotFound { .. }
-            | PromiseError::TaskNotFound { .. }
-            | PromiseError::InvalidArgument { .. } => AskError::InvalidArgument { message },
+            // Its text without the "invalid argument: " the AskError adds.
+            PromiseError::InvalidArgument { message } => AskError::InvalidArgument { message },
+            PromiseError::NotFound { .. } | PromiseError::TaskNotFound { .. } => {
+                AskError::InvalidArgument { message }
+            }
             PromiseError::AlreadyExists { .. }
             | PromiseError::AlreadySettled { .. }
             | PromiseError::LeaseLost { .. }

@@ -230,6 +230,18 @@ impl Progress {
         self.metadata.push((key.into(), value.into()));
         self
     }
+
+    /// The fraction for a host whose numbers are `f64` (JS, Python): the
+    /// `f64` nearest the fraction's shortest decimal form, so the `0.1` a
+    /// handler reported comes back as `0.1`, not as the kept `f32`'s exact
+    /// value `0.10000000149011612`.
+    pub fn fraction_f64(&self) -> f64 {
+        // `f32`'s Display is the shortest decimal that reads back as it.
+        self.fraction
+            .to_string()
+            .parse()
+            .unwrap_or(f64::from(self.fraction))
+    }
 }
 
 /// One applied stage change, as recorded in the history and streamed to the
@@ -515,6 +527,21 @@ impl AckTracker {
         self.last_at = now;
         self.history.push(event);
         Ok(self.history.last().expect("just pushed"))
+    }
+}
+
+#[cfg(test)]
+mod fraction_tests {
+    use super::Progress;
+
+    #[test]
+    fn a_fraction_reads_back_as_the_decimal_reported() {
+        for f in [0.1, 0.2, 0.3, 1.0 / 3.0, 0.999_999, 0.0, 1.0] {
+            let p = Progress::new(f as f32, "");
+            assert_eq!(p.fraction_f64() as f32, p.fraction, "{f}");
+        }
+        assert_eq!(Progress::new(0.1, "").fraction_f64(), 0.1);
+        assert_eq!(Progress::new(0.25, "").fraction_f64(), 0.25);
     }
 }
 
