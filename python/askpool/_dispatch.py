@@ -8,12 +8,12 @@ itself as a task of its own (``asyncio.current_task()``, ``asyncio.timeout``,
 stays with its request.
 
 The extension starts a handler's coroutine itself, on the loop thread, when
-the slot takes the request (``Slot.start``), often inside the caller's own
-``node.ask()``: the first step runs as the slot's task (entered in place of
-whatever task is current) without waiting for a turn of the loop, and a
-handler that returns without awaiting is answered there. One that awaits
-goes on in the slot's task from where it stopped (``Slot.resume``); one that
-raises is described by ``failure``.
+the slot takes the request, often inside the caller's own ``node.ask()``:
+the first step runs as the slot's task (entered in place of whatever task
+is current, as a task's step does) in the request's context, without waiting
+for a turn of the loop, and a handler that returns without awaiting is
+answered there. One that awaits goes on in the slot's task from where it
+stopped (``Slot.resume``); one that raises is described by ``failure``.
 """
 
 from __future__ import annotations
@@ -39,18 +39,8 @@ _abandoned: set[_native.Reply] = set()
 #: What asyncio lets out of a task and out of the loop.
 _LEAVES_THE_LOOP = (KeyboardInterrupt, SystemExit)
 
-# What ``Slot.start`` returns: how the handler's first step ended.
-RETURNED = 0
-RAISED = 1
-AWAITED = 2
-_AWAITED = (AWAITED, None)
-
 _get_running_loop = asyncio.get_running_loop
 _current_task = _tasks.current_task
-# asyncio's own bookkeeping of the task a loop is running (what a task's
-# step does around each step, and what eager tasks do from Python 3.12).
-_enter_task = _tasks._enter_task
-_leave_task = _tasks._leave_task
 
 
 def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
@@ -90,11 +80,6 @@ def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:
         reply.cancelled()
     else:
         reply.error(*described)
-
-
-def _first_step(handler: Handler, message: Any, ctx: _native.Context) -> tuple[Any, Any]:
-    coro = handler(message, ctx)
-    return coro, coro.send(None)
 
 
 class _Resume:
@@ -138,8 +123,8 @@ class _Resume:
 
 
 #: A request whose handler awaited: its coroutine, what it yielded, its
-#: context, and its reply once the extension made one.
-_Job = tuple[Coroutine[Any, Any, Any], Any, contextvars.Context, Optional[_native.Reply]]
+#: context, and its reply.
+_Job = tuple[Coroutine[Any, Any, Any], Any, contextvars.Context, _native.Reply]
 
 
 class Slot:
@@ -161,38 +146,17 @@ class Slot:
         self._waiter: Optional[asyncio.Future[None]] = None
         self._job: Optional[_Job] = None
 
-    def start(self, message: Any, ctx: _native.Context) -> tuple[int, Any]:
-        """Runs the handler's first step as this slot's task, in a fresh copy
-        of the pool's context: ``(RETURNED, value)``, ``(RAISED, exc)``, or
-        ``(AWAITED, None)``, after which the extension calls ``resume``."""
-        loop = _get_running_loop()
-        task = self._task
-        if task is None or task.done():
-            task = self._new_task(loop)
-        context = self._context.copy()
-        caller = _current_task(loop)
-        if caller is not None:
-            _leave_task(loop, caller)
-        _enter_task(loop, task)
-        try:
-            coro, first = context.run(_first_step, self._handler, message, ctx)
-        except StopIteration as stop:
-            return (RETURNED, stop.value)
-        except BaseException as exc:  # noqa: BLE001 - answered by the extension
-            return (RAISED, exc)
-        finally:
-            _leave_task(loop, task)
-            if caller is not None:
-                _enter_task(loop, caller)
-        self._job = (coro, first, context, None)
-        return _AWAITED
-
-    def resume(self, reply: _native.Reply) -> None:
-        """Hands the handler that awaited in ``start`` to the slot's task,
-        which drives it from there and answers ``reply``."""
-        job = self._job
-        assert job is not None and job[3] is None, "resume follows a start that awaited"
-        self._job = (job[0], job[1], job[2], reply)
+    def resume(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        first: Any,
+        context: contextvars.Context,
+        reply: _native.Reply,
+    ) -> None:
+        """Hands over a handler whose first step (run by the extension as
+        this slot's task, in ``context``) awaited ``first``: the slot's task
+        drives it from there and answers ``reply``."""
+        self._job = (coro, first, context, reply)
         _running[self] = reply
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -214,11 +178,10 @@ class Slot:
         with its loop): the handler is closed and the request answered
         cancelled, so that the slot is free again and its caller told."""
         job = self._job
-        if self._task is not task or job is None or job[3] is None:
+        if self._task is not task or job is None:
             return
         self._job = None
         coro, _, context, reply = job
-        assert reply is not None
         _running.pop(self, None)
         try:
             context.run(coro.close)
@@ -230,13 +193,13 @@ class Slot:
         while True:
             thrown: Optional[BaseException] = None
             job = self._job
-            if job is None or job[3] is None:
+            if job is None:
                 waiter = self._waiter = loop.create_future()
                 try:
                     await waiter
                 except asyncio.CancelledError as exc:
                     job = self._job
-                    if job is None or job[3] is None:
+                    if job is None:
                         raise  # idle: the slot's task ends
                     # Cancelled by its handler's first step (or as it handed
                     # over): the handler gets the cancel where it awaits.
@@ -244,10 +207,9 @@ class Slot:
                 finally:
                     self._waiter = None
                 job = self._job
-            assert job is not None and job[3] is not None
+            assert job is not None
             self._job = None
             coro, first, context, reply = job
-            assert reply is not None
             try:
                 await _finish(coro, first, context, reply, thrown)
             finally:

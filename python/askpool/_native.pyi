@@ -17,6 +17,7 @@ __all__ = [
     "register_error_factory",
     "_panic",
     "_panic_in_next_dispatch",
+    "_send_through_method",
 ]
 
 DEFAULT_MAX_PAYLOAD_BYTES: int
@@ -29,6 +30,7 @@ def register_dispatch(
 ) -> None: ...
 def _panic(message: str) -> None: ...
 def _panic_in_next_dispatch(message: str) -> None: ...
+def _send_through_method(on: bool) -> None: ...
 
 @final
 class LoopDriver:

@@ -20,7 +20,7 @@ def _echo_pool(node: Node, name: str) -> None:
         return msg
 
 
-async def test_values_that_stop_iteration_would_wrap_come_back_themselves() -> None:
+async def test_values_that_stop_iteration_would_wrap_come_back_themselves(send_path: str) -> None:
     # A coroutine's return value travels in `StopIteration.args`; a tuple or
     # an exception instance there is the special case.
     values: list[Any] = [(1, 2), (), ValueError("returned, not raised"), None, StopIteration(3)]
@@ -35,7 +35,7 @@ async def test_values_that_stop_iteration_would_wrap_come_back_themselves() -> N
             assert (await node.ask("values", i, timeout=5)) is value
 
 
-async def test_a_handler_raising_before_and_after_awaiting() -> None:
+async def test_a_handler_raising_before_and_after_awaiting(send_path: str) -> None:
     async with Node() as node:
         pool = node.pool("raises")
 

@@ -50,7 +50,7 @@ def _gated(gate: asyncio.Event, body: Any) -> Any:
 
 
 @pytest.mark.parametrize("path", PATHS)
-async def test_a_handler_is_its_own_task_in_its_own_context(path: str) -> None:
+async def test_a_handler_is_its_own_task_in_its_own_context(path: str, send_path: str) -> None:
     gate = asyncio.Event()
     _var.set("registered")
     seen: list[tuple[str, Optional[asyncio.Task[Any]], str]] = []
@@ -100,7 +100,9 @@ async def test_each_request_starts_from_the_registration_context() -> None:
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
 @pytest.mark.parametrize("path", PATHS)
-async def test_asyncio_timeout_in_a_handler_times_out_the_handler_not_its_caller(path: str) -> None:
+async def test_asyncio_timeout_in_a_handler_times_out_the_handler_not_its_caller(
+    path: str, send_path: str
+) -> None:
     gate = asyncio.Event()
     async with Node() as node:
         pool = node.pool("timeouts", concurrency=1)

@@ -12,6 +12,7 @@ mod node;
 mod obj;
 mod pool;
 mod promises;
+mod send;
 mod stats;
 mod task;
 
@@ -60,6 +61,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<promises::NativeWait>()?;
     m.add_function(wrap_pyfunction!(errors::register_error_factory, m)?)?;
     m.add_function(wrap_pyfunction!(pool::register_dispatch, m)?)?;
+    m.add_function(wrap_pyfunction!(send::_send_through_method, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_in_next_dispatch, m)?)?;
     Ok(())

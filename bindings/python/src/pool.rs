@@ -21,6 +21,7 @@ use pyo3::prelude::*;
 use crate::driver::{DriverShared, LoopDriver, LoopTask};
 use crate::errors;
 use crate::obj::Obj;
+use crate::send::{self, Sent};
 use crate::task::FutureTask;
 
 type Pull = Pin<Box<dyn Future<Output = Option<Request<Obj, Obj>>> + Send>>;
@@ -40,6 +41,11 @@ pub(crate) struct SlotTask {
     running: AtomicBool,
     /// The wrapper's `Slot`: the asyncio task this slot's handlers run as.
     slot: Py<PyAny>,
+    /// The pool's handler and the context its requests copy (the `Slot`'s).
+    handler: Py<PyAny>,
+    context: Py<PyAny>,
+    /// The `Slot`'s current task, as last seen.
+    task: Mutex<Option<Py<PyAny>>>,
 }
 
 struct SlotState {
@@ -51,8 +57,11 @@ impl SlotTask {
     pub(crate) fn start(
         driver: &Arc<DriverShared>,
         worker: Worker<Obj, Obj>,
-        slot: Py<PyAny>,
-    ) -> Arc<Self> {
+        slot: &Bound<'_, PyAny>,
+    ) -> PyResult<Arc<Self>> {
+        let py = slot.py();
+        let handler = slot.getattr(intern!(py, "_handler"))?.unbind();
+        let context = slot.getattr(intern!(py, "_context"))?.unbind();
         let task = Arc::new(Self {
             worker_id: worker.id().clone(),
             queued: AtomicBool::new(false),
@@ -63,10 +72,13 @@ impl SlotTask {
             }),
             busy: AtomicBool::new(false),
             running: AtomicBool::new(false),
-            slot,
+            slot: slot.clone().unbind(),
+            handler,
+            context,
+            task: Mutex::new(None),
         });
         driver.schedule(task.clone());
-        task
+        Ok(task)
     }
 
     /// The next request, or `None` while waiting (or once the pool closed).
@@ -136,10 +148,11 @@ impl SlotTask {
         }
     }
 
-    /// Starts the handler right here, as the slot's asyncio task (the
-    /// wrapper's `Slot.start`). One that returns without awaiting is
-    /// answered at once (no `Reply` object); one that awaits goes on in the
-    /// slot's task (`Slot.resume`), holding the slot until it answers.
+    /// Starts the handler right here, as the slot's asyncio task and in a
+    /// fresh copy of the pool's context (`send::first_step`). One that
+    /// returns without awaiting is answered at once (no `Reply` object);
+    /// one that awaits goes on in the slot's task (`Slot.resume`), holding
+    /// the slot until it answers.
     fn dispatch(self: &Arc<Self>, py: Python<'_>, request: Request<Obj, Obj>) {
         if let Some(message) = PANIC_IN_NEXT_DISPATCH.lock().take() {
             panic!("{message}");
@@ -156,12 +169,20 @@ impl SlotTask {
             driver: Arc::clone(&self.driver),
             waits: Arc::clone(&waits),
         };
-        let slot = self.slot.bind(py);
-        let started = slot
-            .call_method1(intern!(py, "start"), (message.get(py), ctx))
-            .and_then(|out| out.extract::<(u8, Bound<'_, PyAny>)>());
+        let started = (|| {
+            let event_loop = send::running_loop(py)?;
+            let task = self.task(&event_loop)?;
+            let context = self.context.bind(py).call_method0(intern!(py, "copy"))?;
+            let args = (
+                message.get(py).bind(py).clone(),
+                Bound::new(py, ctx)?.into_any(),
+            );
+            let (coro, sent) =
+                send::first_step(event_loop, task, &context, self.handler.bind(py), args)?;
+            Ok::<_, PyErr>((coro, context, sent))
+        })();
         match started {
-            Ok((AWAITED, _)) => {
+            Ok((coro, context, Sent::Yielded(first))) => {
                 self.busy.store(true, Ordering::Release);
                 let reply = Reply {
                     inner: Mutex::new(Some(Pending {
@@ -170,17 +191,17 @@ impl SlotTask {
                         waits: WaitsRelease(waits),
                     })),
                 };
-                if let Err(e) = slot.call_method1(intern!(py, "resume"), (reply,)) {
+                let handed = self
+                    .slot
+                    .bind(py)
+                    .call_method1(intern!(py, "resume"), (coro, first, context, reply));
+                if let Err(e) = handed {
                     // The dropped `Reply` fails the request: nothing is lost.
                     e.write_unraisable(py, None);
                 }
             }
-            Ok((RETURNED, value)) => {
+            Ok((_, _, Sent::Returned(value))) => {
                 responder.reply(Obj::new(value.unbind()));
-                waits.release();
-            }
-            Ok((_, raised)) => {
-                fail(py, responder, &PyErr::from_value(raised));
                 waits.release();
             }
             Err(e) => {
@@ -189,11 +210,26 @@ impl SlotTask {
             }
         }
     }
-}
 
-/// How a handler's first step ended (`Slot.start` in `_dispatch.py`).
-const RETURNED: u8 = 0;
-const AWAITED: u8 = 2;
+    /// The slot's asyncio task: the one it has, or a new one if it has none
+    /// or it ended (`Slot._new_task`).
+    fn task<'py>(&self, event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = event_loop.py();
+        let cached = self.task.lock().as_ref().map(|t| t.clone_ref(py));
+        if let Some(task) = cached {
+            let task = task.into_bound(py);
+            if !task.call_method0(intern!(py, "done"))?.is_truthy()? {
+                return Ok(task);
+            }
+        }
+        let task = self
+            .slot
+            .bind(py)
+            .call_method1(intern!(py, "_new_task"), (event_loop,))?;
+        *self.task.lock() = Some(task.clone().unbind());
+        Ok(task)
+    }
+}
 
 /// Answers a request whose handler raised `error`.
 fn fail(py: Python<'_>, responder: Responder<Obj, Obj>, error: &PyErr) {
@@ -474,7 +510,7 @@ impl NativePool {
     ) -> PyResult<Self> {
         for i in 0..concurrency {
             let worker = errors::to_py(pool.worker(format!("w{i}")))?;
-            SlotTask::start(&driver.shared, worker, new_slot.call0()?.unbind());
+            SlotTask::start(&driver.shared, worker, &new_slot.call0()?)?;
         }
         Ok(Self { pool })
     }

@@ -1,0 +1,244 @@
+//! A handler's first step, run by the extension as its slot's asyncio task
+//! and in its request's context (see `_dispatch.py`), without the Python
+//! frames and the `StopIteration` a step through Python costs.
+//!
+//! Done as a task's step does it: the running task is swapped for the
+//! slot's (`asyncio.tasks._leave_task` / `_enter_task`), the request's
+//! context entered (`PyContext_Enter` / `PyContext_Exit`), and the
+//! coroutine started with `PyIter_Send`, which hands a returned value back
+//! with no exception. The wheel is built for the stable ABI of 3.9, which
+//! has none of the three C functions, so they are looked up in the running
+//! interpreter once; where one is missing (the context calls always exist;
+//! `PyIter_Send` from 3.10), the Python way is used.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use pyo3::exceptions::PyStopIteration;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+
+/// How a handler's first step ended.
+pub(crate) enum Sent<'py> {
+    /// The coroutine returned this value.
+    Returned(Bound<'py, PyAny>),
+    /// The coroutine awaited: this is what it yielded to the event loop.
+    Yielded(Bound<'py, PyAny>),
+}
+
+type IterSend = unsafe extern "C" fn(
+    *mut pyo3::ffi::PyObject,
+    *mut pyo3::ffi::PyObject,
+    *mut *mut pyo3::ffi::PyObject,
+) -> c_int;
+type ContextSwitch = unsafe extern "C" fn(*mut pyo3::ffi::PyObject) -> c_int;
+
+const PYGEN_RETURN: c_int = 0;
+const PYGEN_NEXT: c_int = 1;
+
+struct CApi {
+    iter_send: Option<IterSend>,
+    context_enter: Option<ContextSwitch>,
+    context_exit: Option<ContextSwitch>,
+}
+
+fn symbol(name: &CStr) -> *mut c_void {
+    // SAFETY: a lookup by name in the symbols already loaded into this
+    // process; the interpreter running this module exports its C API.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+fn c_api() -> &'static CApi {
+    static API: OnceLock<CApi> = OnceLock::new();
+    API.get_or_init(|| {
+        let send = symbol(c"PyIter_Send");
+        let enter = symbol(c"PyContext_Enter");
+        let exit = symbol(c"PyContext_Exit");
+        // SAFETY: each has this signature in every Python that has it
+        // (`PyIter_Send` since 3.10, the context calls since 3.7).
+        unsafe {
+            CApi {
+                iter_send: (!send.is_null())
+                    .then(|| std::mem::transmute::<*mut c_void, IterSend>(send)),
+                context_enter: (!enter.is_null())
+                    .then(|| std::mem::transmute::<*mut c_void, ContextSwitch>(enter)),
+                context_exit: (!exit.is_null())
+                    .then(|| std::mem::transmute::<*mut c_void, ContextSwitch>(exit)),
+            }
+        }
+    })
+}
+
+/// Set by the tests to run the path of Pythons without the C functions.
+static THROUGH_PYTHON: AtomicBool = AtomicBool::new(false);
+
+/// Makes the first step go through Python's own calls (`Context.run`, the
+/// `send` method) even where the C functions exist, for the tests of that
+/// path on a newer Python.
+#[pyfunction]
+pub(crate) fn _send_through_method(on: bool) {
+    THROUGH_PYTHON.store(on, Ordering::Relaxed);
+}
+
+/// asyncio's bookkeeping of the task a loop runs.
+struct TaskSwitch {
+    current_task: Py<PyAny>,
+    enter_task: Py<PyAny>,
+    leave_task: Py<PyAny>,
+    get_running_loop: Py<PyAny>,
+}
+
+fn task_switch(py: Python<'_>) -> PyResult<&'static TaskSwitch> {
+    static SWITCH: PyOnceLock<TaskSwitch> = PyOnceLock::new();
+    SWITCH.get_or_try_init(py, || {
+        let tasks = py.import("asyncio.tasks")?;
+        Ok(TaskSwitch {
+            current_task: tasks.getattr("current_task")?.unbind(),
+            enter_task: tasks.getattr("_enter_task")?.unbind(),
+            leave_task: tasks.getattr("_leave_task")?.unbind(),
+            get_running_loop: py.import("asyncio")?.getattr("get_running_loop")?.unbind(),
+        })
+    })
+}
+
+/// The running loop's current task swapped for another until dropped (also
+/// when unwinding), as a task's step does around the step.
+struct AsTask<'py> {
+    switch: &'static TaskSwitch,
+    event_loop: Bound<'py, PyAny>,
+    task: Bound<'py, PyAny>,
+    caller: Option<Bound<'py, PyAny>>,
+}
+
+impl<'py> AsTask<'py> {
+    fn enter(
+        switch: &'static TaskSwitch,
+        event_loop: Bound<'py, PyAny>,
+        task: Bound<'py, PyAny>,
+    ) -> PyResult<Self> {
+        let py = event_loop.py();
+        let caller = switch.current_task.bind(py).call1((&event_loop,))?;
+        let caller = (!caller.is_none()).then_some(caller);
+        if let Some(caller) = &caller {
+            switch.leave_task.bind(py).call1((&event_loop, caller))?;
+        }
+        if let Err(e) = switch.enter_task.bind(py).call1((&event_loop, &task)) {
+            if let Some(caller) = &caller {
+                let _ = switch.enter_task.bind(py).call1((&event_loop, caller));
+            }
+            return Err(e);
+        }
+        Ok(Self {
+            switch,
+            event_loop,
+            task,
+            caller,
+        })
+    }
+}
+
+impl Drop for AsTask<'_> {
+    fn drop(&mut self) {
+        let py = self.event_loop.py();
+        // Nothing to do if these fail: the loop is in a state no task can
+        // be run from anyway; the error is reported, not raised.
+        if let Err(e) = self
+            .switch
+            .leave_task
+            .bind(py)
+            .call1((&self.event_loop, &self.task))
+        {
+            e.write_unraisable(py, None);
+        }
+        if let Some(caller) = &self.caller {
+            if let Err(e) = self
+                .switch
+                .enter_task
+                .bind(py)
+                .call1((&self.event_loop, caller))
+            {
+                e.write_unraisable(py, None);
+            }
+        }
+    }
+}
+
+/// `context` entered until dropped (also when unwinding).
+struct InContext<'a, 'py> {
+    context: &'a Bound<'py, PyAny>,
+    exit: ContextSwitch,
+}
+
+impl<'a, 'py> InContext<'a, 'py> {
+    fn enter(
+        context: &'a Bound<'py, PyAny>,
+        enter: ContextSwitch,
+        exit: ContextSwitch,
+    ) -> PyResult<Self> {
+        // SAFETY: `context` is a live `contextvars.Context` (a fresh copy,
+        // never entered) and the GIL is held.
+        if unsafe { enter(context.as_ptr()) } != 0 {
+            return Err(PyErr::fetch(context.py()));
+        }
+        Ok(Self { context, exit })
+    }
+}
+
+impl Drop for InContext<'_, '_> {
+    fn drop(&mut self) {
+        // SAFETY: entered by `enter` on this thread, which still holds the GIL.
+        if unsafe { (self.exit)(self.context.as_ptr()) } != 0 {
+            PyErr::fetch(self.context.py()).write_unraisable(self.context.py(), None);
+        }
+    }
+}
+
+/// The running loop (the extension dispatches on its loop's thread).
+pub(crate) fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    task_switch(py)?.get_running_loop.bind(py).call0()
+}
+
+/// Runs `handler(message, ctx)` and its coroutine's first step as `task` of
+/// `event_loop`, in `context`: the coroutine, and what its step gave.
+pub(crate) fn first_step<'py>(
+    event_loop: Bound<'py, PyAny>,
+    task: Bound<'py, PyAny>,
+    context: &Bound<'py, PyAny>,
+    handler: &Bound<'py, PyAny>,
+    args: (Bound<'py, PyAny>, Bound<'py, PyAny>),
+) -> PyResult<(Bound<'py, PyAny>, Sent<'py>)> {
+    let py = event_loop.py();
+    let _as_task = AsTask::enter(task_switch(py)?, event_loop, task)?;
+    let api = c_api();
+    let native = !THROUGH_PYTHON.load(Ordering::Relaxed);
+    if let (true, Some(enter), Some(exit), Some(send)) =
+        (native, api.context_enter, api.context_exit, api.iter_send)
+    {
+        let _in_context = InContext::enter(context, enter, exit)?;
+        let coro = handler.call1(args)?;
+        let mut out = std::ptr::null_mut();
+        // SAFETY: `coro` and `None` are live objects and the GIL is held;
+        // `out` receives a new reference unless the result is an error.
+        let result = unsafe { send(coro.as_ptr(), py.None().as_ptr(), &mut out) };
+        let sent = match result {
+            // SAFETY: a new reference (see above).
+            PYGEN_RETURN => Sent::Returned(unsafe { Bound::from_owned_ptr(py, out) }),
+            PYGEN_NEXT => Sent::Yielded(unsafe { Bound::from_owned_ptr(py, out) }),
+            _ => return Err(PyErr::fetch(py)),
+        };
+        return Ok((coro, sent));
+    }
+    // The Python way: `context.run(handler, ...)`, then `context.run(coro.send, None)`.
+    let run = context.getattr(intern!(py, "run"))?;
+    let coro = run.call1((handler, args.0, args.1))?;
+    let sent = match run.call1((coro.getattr(intern!(py, "send"))?, py.None())) {
+        Ok(yielded) => Sent::Yielded(yielded),
+        Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
+            Sent::Returned(e.value(py).getattr(intern!(py, "value"))?)
+        }
+        Err(e) => return Err(e),
+    };
+    Ok((coro, sent))
+}
