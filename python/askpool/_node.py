@@ -23,6 +23,10 @@ _get_ident = threading.get_ident
 _drivers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _native.LoopDriver] = (
     weakref.WeakKeyDictionary()
 )
+#: Each driver's `_LoopCloser`, held by its loop's reader alone.
+_closers: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, "weakref.ref[_LoopCloser]"
+] = weakref.WeakKeyDictionary()
 
 
 def _running_loop(what: str) -> asyncio.AbstractEventLoop:
@@ -78,15 +82,54 @@ def _driver(loop: asyncio.AbstractEventLoop) -> _native.LoopDriver:
         # it in `shutdown_asyncgens()`.
         with contextlib.suppress(StopIteration):
             end.asend(None).send(None)
-        # The reader holds it (the loop keeps only a weak reference), and
-        # drops it when the loop closes.
-        loop.add_reader(driver.fileno(), _drain, driver, end)
+        closer = _LoopCloser(loop, driver, end)
+        # The reader holds the closer (the loop keeps only a weak reference
+        # to `end`), and drops it when the loop closes.
+        loop.add_reader(driver.fileno(), _drain, driver, closer)
         _drivers[loop] = driver
+        _closers[loop] = weakref.ref(closer)
     return driver
 
 
-def _drain(driver: _native.LoopDriver, _end: object) -> None:
+def _drain(driver: _native.LoopDriver, _closer: object) -> None:
     driver.drain()
+
+
+class _LoopCloser:
+    """What a loop that closes leaves behind, let go when it closes: the
+    loop drops its readers, this one's arguments with them, also when it is
+    closed without ``shutdown_asyncgens()`` (``run_until_complete``, then
+    ``close``). Its pools leave the node (later asks fail at once), handlers
+    left running are closed and answered, and the driver cancels what was
+    still in flight, at the close rather than at a garbage collection (the
+    driver's tasks and the loop's futures hold each other through Rust,
+    where the collector cannot see)."""
+
+    __slots__ = ("_loop", "_driver", "_end", "pools", "__weakref__")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        driver: _native.LoopDriver,
+        end: AsyncGenerator[None, None],
+    ) -> None:
+        self._loop = weakref.ref(loop)
+        self._driver = driver
+        # Kept for `shutdown_asyncgens()`, which finds it by a weak reference.
+        self._end = end
+        #: The pools whose workers run on the loop.
+        self.pools: list[_native.NativePool] = []
+
+    def __del__(self) -> None:
+        try:
+            for pool in self.pools:
+                pool.close()
+            loop = self._loop()
+            if loop is not None and loop.is_closed():
+                _dispatch.abandon(loop)
+        finally:
+            # The loop dropped its readers: it no longer watches the socket.
+            self._driver.release()
 
 
 async def _until_shutdown(driver: _native.LoopDriver) -> AsyncGenerator[None, None]:
@@ -294,8 +337,9 @@ class Pool:
 
             raise FailedPreconditionError(f"pool {self.name!r} already has a handler")
         loop = _running_loop("Pool.handler")
+        driver = _driver(loop)
         self._native = self._node._native.pool(
-            _driver(loop),
+            driver,
             self.name,
             _dispatch.new_slot(fn),
             self.concurrency,
@@ -307,6 +351,9 @@ class Pool:
         # (asyncio.run cancels every task it leaves), the pool leaves the node,
         # so later asks fail at once with NoRouteError instead of queueing
         # for workers that will never run again and timing out.
+        closer = _closers[loop]()
+        if closer is not None:
+            closer.pools.append(self._native)
         keeper = loop.create_task(_close_with_loop(self._native), name=f"askpool pool {self.name!r}")
         # A loop closed without cancelling its tasks (run_forever, then
         # close) drops this one pending, which closes the pool all the same

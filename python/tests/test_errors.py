@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import gc
+import os
 import pickle
 import threading
 from typing import Any, Optional
@@ -570,6 +571,70 @@ def test_a_handler_left_running_by_a_closed_loop_is_answered_cancelled() -> None
     finally:
         node.close()
         asking.join(35)
+
+
+def test_a_loop_closed_without_shutdown_lets_go_of_its_pools_and_asks_at_once() -> None:
+    # run_until_complete, then close, without shutdown_asyncgens(): what the
+    # loop hosted and what was in flight on it goes at the close, not at a
+    # garbage collection (which may never come: the driver's tasks and the
+    # loop's futures hold each other through Rust).
+    node = Node()
+    fds = len(os.listdir("/proc/self/fd"))
+    cleaned: list[int] = []
+    try:
+        for i in range(20):
+            name = f"closing-{i}"
+
+            async def host() -> None:
+                @node.pool(name).handler
+                async def handle(msg: Any, ctx: Context) -> Any:
+                    if msg == "stall":
+                        try:
+                            await asyncio.sleep(3600)
+                        finally:
+                            cleaned.append(i)
+                    return msg
+
+                assert await node.ask(name, i, timeout=30) == i
+                # In flight at the close: an ask nobody awaits, its handler
+                # stalled.
+                node.ask(name, "stall", timeout=30)
+                await asyncio.sleep(0)
+
+            loop = asyncio.new_event_loop()
+            loop.run_until_complete(host())
+            loop.close()
+            stats = node.stats()
+            assert name not in stats["pools"], stats["pools"]
+            assert stats["pending"] == 0, stats
+        assert cleaned == list(range(20))
+        # Each closed loop's wake-up socket pair is closed too (the last
+        # loop, still referenced here, may keep its own).
+        assert len(os.listdir("/proc/self/fd")) - fds <= 2
+    finally:
+        node.close()
+
+
+def test_an_ask_to_a_pool_whose_loop_closed_fails_at_once() -> None:
+    node = Node()
+    loop = asyncio.new_event_loop()
+
+    async def host() -> None:
+        @node.pool("gone").handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        assert await node.ask("gone", 1, timeout=5) == 1
+
+    loop.run_until_complete(host())
+    loop.close()
+
+    async def later() -> None:
+        with pytest.raises(askpool.NoRouteError):
+            await node.ask("gone", 2, timeout=30)
+
+    asyncio.run(asyncio.wait_for(later(), 5))
+    node.close()
 
 
 async def _echo(msg: Any, ctx: Context) -> Any:

@@ -16,7 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 
 /// A task the driver polls on its loop thread.
@@ -52,8 +52,9 @@ pub(crate) struct DriverShared {
     /// The loop shut down: nothing runs here any more.
     closed: AtomicBool,
     live: Mutex<Live>,
-    tx: UnixStream,
-    rx: UnixStream,
+    /// The wake-up socket pair; `None` once released (`LoopDriver::release`).
+    tx: RwLock<Option<UnixStream>>,
+    rx: RwLock<Option<UnixStream>>,
 }
 
 thread_local! {
@@ -78,7 +79,9 @@ impl DriverShared {
         if !self.signalled.swap(true, Ordering::AcqRel) {
             // A full socket already holds a wake-up; nothing else can fail
             // on a connected pair.
-            let _ = (&self.tx).write(&[1]);
+            if let Some(tx) = self.tx.read().as_ref() {
+                let _ = (&*tx).write(&[1]);
+            }
         }
     }
 
@@ -101,9 +104,11 @@ impl DriverShared {
     /// the queue.
     fn drain_signalled(&self, py: Python<'_>) {
         let mut buf = [0u8; 256];
-        while let Ok(n) = (&self.rx).read(&mut buf) {
-            if n < buf.len() {
-                break;
+        if let Some(rx) = self.rx.read().as_ref() {
+            while let Ok(n) = (&*rx).read(&mut buf) {
+                if n < buf.len() {
+                    break;
+                }
             }
         }
         // After the bytes are read: a push from now on writes a new byte.
@@ -163,14 +168,18 @@ impl LoopDriver {
                     tasks: Vec::new(),
                     sweep_at: LIVE_SWEEP_MIN,
                 }),
-                tx,
-                rx,
+                tx: RwLock::new(Some(tx)),
+                rx: RwLock::new(Some(rx)),
             }),
         })
     }
 
     fn fileno(&self) -> i32 {
-        self.shared.rx.as_raw_fd()
+        self.shared
+            .rx
+            .read()
+            .as_ref()
+            .map_or(-1, AsRawFd::as_raw_fd)
     }
 
     /// The loop's reader callback: runs every queued task, and the tasks
@@ -200,6 +209,15 @@ impl LoopDriver {
             }
         }
         crate::obj::release_dropped(py);
+    }
+
+    /// Closes the wake-up socket pair, once the loop is closed (its
+    /// selector, which watched the reading end, is gone): its descriptors
+    /// need not wait for this object to be collected (see `close`).
+    fn release(&self, py: Python<'_>) {
+        self.close(py);
+        self.shared.tx.write().take();
+        self.shared.rx.write().take();
     }
 
     /// Tasks waiting to run (for tests: 0 once the loop is idle).
