@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from asyncio import tasks as _tasks
 from typing import Any, Callable, Coroutine, Generator, Optional
 
@@ -101,25 +102,28 @@ class _Resume:
         self._thrown = thrown
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coro, yielded, run = self._coro, self._first, self._context.run
-        if self._thrown is not None:
-            try:
-                yielded = run(coro.throw, self._thrown)
-            except StopIteration as stop:
-                return stop.value
-        while True:
+        coro, run = self._coro, self._context.run
+        yielded, thrown, sent = self._first, self._thrown, None
+        if thrown is None:
             try:
                 sent = yield yielded
             except BaseException as exc:  # a cancel thrown in by the task
-                try:
-                    yielded = run(coro.throw, exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
+                thrown = exc
+        while True:
+            # Outside any `except` block: the handler must not see the
+            # task's exception as one being handled (`sys.exc_info()`).
+            try:
+                if thrown is None:
                     yielded = run(coro.send, sent)
-                except StopIteration as stop:
-                    return stop.value
+                else:
+                    yielded = run(coro.throw, thrown)
+            except StopIteration as stop:
+                return stop.value
+            thrown = None
+            try:
+                sent = yield yielded
+            except BaseException as exc:
+                thrown = exc
 
 
 #: A request whose handler awaited: its coroutine, what it yielded, its
@@ -131,12 +135,27 @@ class Slot:
     """One worker slot of a pool: the asyncio task its handlers run as.
 
     The task is made when the slot first takes a request (a pool of many
-    slots costs nothing until they are used), and made again if it ended: it
-    ends when it is cancelled while idle (its loop shuts down), or when a
-    cancel of it was left standing after a request (nobody uncancelled it:
-    ``asyncio.run`` cancelling everything at its end)."""
+    slots costs nothing until they are used), and made again once it ended.
+    It ends when it is cancelled while idle (its loop shuts down), and when a
+    cancel of it is left standing after a request (one its handler did not
+    take back, as ``asyncio.timeout`` does its own): the next request then
+    runs as a new task, never under an old request's cancel. A cancel of
+    the task after its request ended (a timer the handler left armed) does
+    reach the slot's next request, and a callback added to the task runs
+    when the slot's task ends, not when the request does: the task is the
+    slot's, a request runs as it (as a server's connection task runs its
+    requests one after the other)."""
 
-    __slots__ = ("_handler", "_context", "_loop", "_task", "_waiter", "_job", "__weakref__")
+    __slots__ = (
+        "_handler",
+        "_context",
+        "_loop",
+        "_task",
+        "_waiter",
+        "_job",
+        "_thrown",
+        "__weakref__",
+    )
 
     def __init__(self, handler: Handler, context: contextvars.Context) -> None:
         self._handler = handler
@@ -145,6 +164,9 @@ class Slot:
         self._task: Optional[asyncio.Task[None]] = None
         self._waiter: Optional[asyncio.Future[None]] = None
         self._job: Optional[_Job] = None
+        #: A cancel for the handed-over request, from a task that ended
+        #: before it could drive it.
+        self._thrown: Optional[BaseException] = None
 
     def resume(
         self,
@@ -158,69 +180,102 @@ class Slot:
         drives it from there and answers ``reply``."""
         self._job = (coro, first, context, reply)
         _running[self] = reply
+        task = self._task
+        if task is not None and _cancel_standing(task) and asyncio.isfuture(first):
+            # Cancelled in that step: as a task's step does once its
+            # coroutine yields, what it awaits is cancelled now, before
+            # anything else runs.
+            first.cancel()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def _new_task(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
+        """A new task for the slot's next request: it had none, or its task
+        ended, or a cancel of it stands (the extension checks which)."""
         self._loop = loop
         self._waiter = None
-        task = self._task = loop.create_task(self._serve())
+        # Its own copy of the pool's context (not the caller's, current when
+        # the slot first takes a request): a task keeps its context alive.
+        context = self._context.copy()
+        if _TASK_TAKES_CONTEXT:
+            task = loop.create_task(self._serve(), context=context)
+        else:
+            task = context.run(loop.create_task, self._serve())
+        self._task = task
         # An idle slot is pending for good, on purpose: a loop closed without
         # cancelling its tasks has nothing to warn about.
         setattr(task, "_log_destroy_pending", False)
-        task.add_done_callback(self._ended)
+        task.add_done_callback(self._ended, context=context)
         return task
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         """The slot's task ended with a request handed to it and not driven
-        (cancelled before its first step: by its handler's own first step, or
-        with its loop): the handler is closed and the request answered
-        cancelled, so that the slot is free again and its caller told."""
-        job = self._job
-        if self._task is not task or job is None:
+        (cancelled before its first turn, often by the handler's own first
+        step): a new task drives it, the cancel thrown in where it awaits,
+        as a task's cancel does."""
+        if self._task is not task or self._job is None or task.get_loop().is_closed():
             return
-        self._job = None
-        coro, _, context, reply = job
-        _running.pop(self, None)
-        try:
-            context.run(coro.close)
-        finally:
-            reply.cancelled()
+        self._thrown = asyncio.CancelledError()
+        self._new_task(task.get_loop())
 
     async def _serve(self) -> None:
         loop = _get_running_loop()
+        me = _current_task(loop)
+        assert me is not None
         while True:
             thrown: Optional[BaseException] = None
-            job = self._job
-            if job is None:
+            if self._thrown is not None and self._job is not None:
+                # The cancel of the task that ended before driving it.
+                thrown = _cancel_where_awaited(self._job[1], self._thrown)
+            self._thrown = None
+            if self._job is None:
                 waiter = self._waiter = loop.create_future()
                 try:
                     await waiter
                 except asyncio.CancelledError as exc:
-                    job = self._job
-                    if job is None:
-                        raise  # idle: the slot's task ends
-                    # Cancelled by its handler's first step (or as it handed
-                    # over): the handler gets the cancel where it awaits.
-                    thrown = exc
+                    if self._task is not me or self._job is None:
+                        raise  # idle, or replaced: this task ends
+                    thrown = _cancel_where_awaited(self._job[1], exc)
                 finally:
-                    self._waiter = None
-                job = self._job
+                    if self._waiter is waiter:
+                        self._waiter = None
+            if self._task is not me:
+                return  # replaced while it waited
+            job, self._job = self._job, None
             assert job is not None
-            self._job = None
             coro, first, context, reply = job
             try:
                 await _finish(coro, first, context, reply, thrown)
             finally:
                 _running.pop(self, None)
-            task = _current_task(loop)
-            cancelling = getattr(task, "cancelling", None)
-            if cancelling is not None and cancelling():
-                # A cancel of this task that its handler did not take back:
-                # asyncio.run shutting down, or a handler's own. It ends here
-                # (the next request makes a new task).
+            if _cancel_standing(me):
+                # A cancel its handler did not take back: asyncio.run
+                # shutting down, or a handler's own. The task ends here (the
+                # next request makes a new one).
                 raise asyncio.CancelledError()
+
+
+#: Python 3.11's `create_task(..., context=)`.
+_TASK_TAKES_CONTEXT = sys.version_info >= (3, 11)
+
+
+def _cancel_standing(task: "asyncio.Task[Any]") -> bool:
+    """Whether a cancel of ``task`` was asked and not taken back (3.11+;
+    before, asyncio does not count them)."""
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is not None and cancelling() > 0
+
+
+def _cancel_where_awaited(first: Any, exc: BaseException) -> Optional[BaseException]:
+    """The slot's task was cancelled as a handler's first step handed over:
+    as a task's cancel does, the future the handler awaits is cancelled
+    (what it waits on is cancelled with it, and the handler gets the
+    ``CancelledError`` from it); only if there is none to cancel is the
+    cancel thrown in directly."""
+    if asyncio.isfuture(first) and first.cancel(*exc.args):
+        return None
+    return exc
 
 
 async def _finish(

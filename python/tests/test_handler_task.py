@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import sys
 import threading
+import weakref
 from typing import Any, Optional
 
 import pytest
@@ -34,6 +36,26 @@ async def _ask(node: Node, pool: str, msg: Any, path: str, gate: asyncio.Event) 
     gate.set()
     await blocker
     return await asked
+
+
+def _cancel_me() -> None:
+    """Cancels the running task: the handler's own."""
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+
+
+def _warmed(body: Any) -> Any:
+    """A handler that answers "warm" after one await (which leaves its
+    slot's task made and idle), and runs `body` for the other messages."""
+
+    async def handle(msg: Any, ctx: Context) -> Any:
+        if msg == "warm":
+            await asyncio.sleep(0)
+            return "warm"
+        return await body(msg, ctx)
+
+    return handle
 
 
 def _gated(gate: asyncio.Event, body: Any) -> Any:
@@ -155,14 +177,10 @@ async def test_a_handler_cancelling_its_own_task_is_answered_cancelled_and_the_s
         @pool.handler
         async def handle(msg: Any, ctx: Context) -> Any:
             if msg == "first step":
-                task = asyncio.current_task()
-                assert task is not None
-                task.cancel()
+                _cancel_me()
                 await asyncio.sleep(5)
             elif msg == "swallowed":
-                task = asyncio.current_task()
-                assert task is not None
-                task.cancel()
+                _cancel_me()
                 try:
                     await asyncio.sleep(5)
                 except asyncio.CancelledError:
@@ -206,3 +224,149 @@ def test_a_handler_of_a_pool_on_another_loop_is_a_task_there() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+async def test_a_cancel_of_a_fresh_slot_reaches_the_handler_where_it_awaits() -> None:
+    # Each request on a new pool: its slot's task is made for it and has
+    # not had a turn when the handler's first step cancels it.
+    async with Node() as node:
+        for i in range(3):
+            pool = node.pool(f"fresh-{i}")
+
+            @pool.handler
+            async def handle(msg: Any, ctx: Context) -> Any:
+                _cancel_me()
+                try:
+                    await asyncio.sleep(5)
+                except asyncio.CancelledError:
+                    return "kept going"
+                return "slept"
+
+            assert await node.ask(f"fresh-{i}", i, timeout=10) == "kept going"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11+")
+async def test_a_timeout_already_due_cancels_what_the_handler_awaits() -> None:
+    state: dict[str, str] = {}
+
+    async def work(name: str) -> None:
+        try:
+            await asyncio.sleep(0.2)
+            state[name] = "finished"
+        except asyncio.CancelledError:
+            state[name] = "cancelled"
+            raise
+
+    async with Node() as node:
+        pool = node.pool("due")
+
+        async def handle(msg: Any, ctx: Context) -> Any:
+            try:
+                async with asyncio.timeout(0):
+                    await asyncio.gather(work("a"), work("b"))
+            except TimeoutError:
+                return "timed out"
+            return "done"
+
+        pool.handler(_warmed(handle))
+
+        # The slot's task made and idle: the cancel lands as the first
+        # step hands over, on the gather, as it would in a task.
+        assert await node.ask("due", "warm", timeout=10) == "warm"
+        assert await node.ask("due", 1, timeout=10) == "timed out"
+        await asyncio.sleep(0.3)
+        assert state == {"a": "cancelled", "b": "cancelled"}
+
+
+async def test_a_cancel_left_by_a_request_answered_at_once_is_not_the_next_ones() -> None:
+    async with Node() as node:
+        pool = node.pool("left", concurrency=1)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if msg == "a":
+                _cancel_me()
+                return "a done"
+            await asyncio.sleep(0.05)
+            return "b done"
+
+        await node.ask("left", "warm", timeout=10)
+        first = node.ask("left", "a", timeout=10)
+        second = node.ask("left", "b", timeout=10)
+        assert await first == "a done"
+        assert await second == "b done"
+
+
+async def test_the_slot_task_keeps_no_caller_context_alive() -> None:
+    var: contextvars.ContextVar[object] = contextvars.ContextVar("var")
+
+    class Big:
+        pass
+
+    async with Node() as node:
+        pool = node.pool("keeps")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            return "ok"
+
+        async def caller() -> "weakref.ref[Big]":
+            big = Big()
+            var.set(big)
+            assert await node.ask("keeps", 1, timeout=10) == "ok"
+            return weakref.ref(big)
+
+        ref = await asyncio.create_task(caller())
+        await asyncio.sleep(0.05)
+        gc.collect()
+        assert ref() is None
+
+
+async def test_a_handler_does_not_see_its_callers_exception() -> None:
+    async with Node() as node:
+        pool = node.pool("exc")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            seen = repr(sys.exc_info()[1])
+            if msg == "await":
+                await asyncio.sleep(0)
+            return seen
+
+        for msg in ("inline", "await"):
+            try:
+                raise KeyError("the caller's")
+            except KeyError:
+                assert await node.ask("exc", msg, timeout=10) == "None"
+
+
+
+async def test_a_cancel_in_the_first_step_reaches_what_the_handler_awaits() -> None:
+    children: list["asyncio.Task[str]"] = []
+    async with Node() as node:
+        pool = node.pool("inner")
+
+        async def handle(msg: Any, ctx: Context) -> Any:
+            async def child() -> str:
+                await asyncio.sleep(0.3)
+                return "child finished"
+
+            task = asyncio.current_task()
+            assert task is not None
+            children.append(asyncio.create_task(child()))
+            task.cancel()
+            try:
+                await children[-1]
+            except asyncio.CancelledError:
+                return "handler cancelled"
+            return "not cancelled"
+
+        pool.handler(_warmed(handle))
+
+        # On an idle slot task and on a fresh one alike: the awaited child is
+        # cancelled before it ran, as a task's own cancel would.
+        assert await node.ask("inner", 1, timeout=10) == "handler cancelled"
+        assert await node.ask("inner", "warm", timeout=10) == "warm"
+        assert await node.ask("inner", 2, timeout=10) == "handler cancelled"
+        assert [c.cancelled() for c in children] == [True, True]

@@ -44,8 +44,6 @@ pub(crate) struct SlotTask {
     /// The pool's handler and the context its requests copy (the `Slot`'s).
     handler: Py<PyAny>,
     context: Py<PyAny>,
-    /// The `Slot`'s current task, as last seen.
-    task: Mutex<Option<Py<PyAny>>>,
 }
 
 struct SlotState {
@@ -75,7 +73,6 @@ impl SlotTask {
             slot: slot.clone().unbind(),
             handler,
             context,
-            task: Mutex::new(None),
         });
         driver.schedule(task.clone());
         Ok(task)
@@ -211,24 +208,35 @@ impl SlotTask {
         }
     }
 
-    /// The slot's asyncio task: the one it has, or a new one if it has none
-    /// or it ended (`Slot._new_task`).
+    /// The task the slot's next request runs as (`Slot.task`, with its
+    /// common case here): the slot's task while it runs and no cancel of it
+    /// stands, else a new one (`Slot._new_task`).
     fn task<'py>(&self, event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = event_loop.py();
-        let cached = self.task.lock().as_ref().map(|t| t.clone_ref(py));
-        if let Some(task) = cached {
-            let task = task.into_bound(py);
-            if !task.call_method0(intern!(py, "done"))?.is_truthy()? {
-                return Ok(task);
-            }
+        let slot = self.slot.bind(py);
+        let task = slot.getattr(intern!(py, "_task"))?;
+        if !task.is_none()
+            && !task.call_method0(intern!(py, "done"))?.is_truthy()?
+            && !cancel_standing(&task)?
+        {
+            return Ok(task);
         }
-        let task = self
-            .slot
-            .bind(py)
-            .call_method1(intern!(py, "_new_task"), (event_loop,))?;
-        *self.task.lock() = Some(task.clone().unbind());
-        Ok(task)
+        slot.call_method1(intern!(py, "_new_task"), (event_loop,))
     }
+}
+
+/// Whether a cancel of `task` was asked and not taken back (`cancelling()`,
+/// Python 3.11+; before, asyncio does not count them).
+fn cancel_standing(task: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = task.py();
+    static COUNTS: OnceLock<bool> = OnceLock::new();
+    if !*COUNTS.get_or_init(|| py.version_info() >= (3, 11)) {
+        return Ok(false);
+    }
+    Ok(task
+        .call_method0(intern!(py, "cancelling"))?
+        .extract::<i64>()?
+        > 0)
 }
 
 /// Answers a request whose handler raised `error`.

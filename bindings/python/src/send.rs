@@ -195,6 +195,50 @@ impl Drop for InContext<'_, '_> {
     }
 }
 
+/// The exception being handled where the first step is run (a caller's
+/// `except` block around its ask) set aside until dropped: the handler's
+/// `sys.exc_info()`, and the implicit context of what it raises, are its
+/// own, as in a task's step run from the loop.
+struct NoHandledException {
+    saved: [*mut pyo3::ffi::PyObject; 3],
+}
+
+impl NoHandledException {
+    fn set_aside(_py: Python<'_>) -> Self {
+        let mut saved = [std::ptr::null_mut(); 3];
+        // SAFETY: the GIL is held; GetExcInfo gives new references (or
+        // null), which SetExcInfo takes back on drop; SetExcInfo with nulls
+        // clears the handled exception.
+        unsafe {
+            pyo3::ffi::PyErr_GetExcInfo(&mut saved[0], &mut saved[1], &mut saved[2]);
+            if !saved[1].is_null() {
+                pyo3::ffi::PyErr_SetExcInfo(
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+            }
+        }
+        Self { saved }
+    }
+}
+
+impl Drop for NoHandledException {
+    fn drop(&mut self) {
+        let [t, v, tb] = self.saved;
+        // SAFETY: as in `set_aside`, on the same thread, still holding the GIL.
+        unsafe {
+            if v.is_null() {
+                // Nothing was set aside; release what GetExcInfo gave.
+                pyo3::ffi::Py_XDECREF(t);
+                pyo3::ffi::Py_XDECREF(tb);
+            } else {
+                pyo3::ffi::PyErr_SetExcInfo(t, v, tb);
+            }
+        }
+    }
+}
+
 /// The running loop (the extension dispatches on its loop's thread).
 pub(crate) fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     task_switch(py)?.get_running_loop.bind(py).call0()
@@ -211,6 +255,7 @@ pub(crate) fn first_step<'py>(
 ) -> PyResult<(Bound<'py, PyAny>, Sent<'py>)> {
     let py = event_loop.py();
     let _as_task = AsTask::enter(task_switch(py)?, event_loop, task)?;
+    let _no_handled = NoHandledException::set_aside(py);
     let api = c_api();
     let native = !THROUGH_PYTHON.load(Ordering::Relaxed);
     if let (true, Some(enter), Some(exit), Some(send)) =
