@@ -195,9 +195,13 @@ export type Handler<Msg, Reply> = (msg: Msg, ctx: Context) => Reply | PromiseLik
 export class Pool<Msg = any, Reply = any> {
   private constructor();
   readonly name: string;
-  /** Runs `handler` for each request; its (awaited) result is the reply. */
+  /**
+   * Runs `handler` for each request; its (awaited) result is the reply.
+   * Throws FailedPreconditionError once the pool is closed, and
+   * UnavailableError once its node is.
+   */
   handle(handler: Handler<Msg, Reply>): this;
-  /** New asks get NO_ROUTE; queued requests are cancelled. */
+  /** New asks get NO_ROUTE; queued requests are cancelled. Again: nothing. */
   close(): void;
 }
 
