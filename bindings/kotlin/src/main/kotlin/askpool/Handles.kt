@@ -14,8 +14,31 @@ object HandleTable {
 
     private val objects = Slots<Any>()
 
-    /** Handle 0 stands for `null`. */
-    internal fun put(obj: Any?): Long = if (obj == null) 0 else objects.put(obj)
+    /** Objects put since the last drain by [put], across threads. */
+    private val sincePut = java.util.concurrent.atomic.AtomicLong()
+
+    /**
+     * Handle 0 stands for `null`. Every [DRAIN_EVERY] puts also drain: the
+     * plain ask drains as the native side asks it to, but a program that
+     * only sends, tells, replays or asks with options would otherwise keep
+     * every finished ask's objects until its node closes.
+     */
+    internal fun put(obj: Any?): Long {
+        if (obj == null) return 0
+        if (sincePut.incrementAndGet() % DRAIN_EVERY == 0L) drainQuietly()
+        return objects.put(obj)
+    }
+
+    /** A drain on an ask's way: a failure there is not the ask's (the next drain retries). */
+    internal fun drainQuietly() {
+        try {
+            drain()
+        } catch (e: AskException) {
+            e.printStackTrace()
+        }
+    }
+
+    private const val DRAIN_EVERY = 256L
 
     internal fun get(handle: Long): Any? {
         if (handle == 0L) return null
@@ -30,6 +53,9 @@ object HandleTable {
         drain()
         return objects.size()
     }
+
+    /** Objects held right now, without a drain first (for tests). */
+    internal fun heldWithoutDrain(): Int = objects.size()
 
     /** Handles Rust holds right now (0 once every ask, cache and letter is gone). */
     fun nativeRefs(): Long = askpool.ffi.liveHostRefs()

@@ -190,14 +190,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         }
     }
 
-    /** A drain on an ask's way: a failure there is not the ask's (the next drain retries). */
-    private fun drainQuietly() {
-        try {
-            HandleTable.drain()
-        } catch (e: AskException) {
-            e.printStackTrace()
-        }
-    }
+    private fun drainQuietly() = HandleTable.drainQuietly()
 
     /** Asks and returns at once with the ask's [AskHandle]. */
     fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
@@ -332,7 +325,11 @@ data class NodeStats(
     val pending: Long,
     val armedTimers: Long,
     val asksInFlight: Long,
-    /** Outcomes and stage streams the Kotlin side still waits for. */
+    /**
+     * Outcomes and stage streams the Kotlin side still waits for, in every
+     * node of the process (their waiters are one table: an outcome arrives
+     * with its token only).
+     */
     val awaitedOutcomes: Long,
     val dlqDepth: Long,
     val timedOutRecords: Long,

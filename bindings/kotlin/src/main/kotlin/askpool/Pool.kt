@@ -300,7 +300,42 @@ class Pool internal constructor(
         // still runs the block, so it still replies (the runtime waits for
         // that reply).
         val start = if (here != null && here === options.dispatcher) CoroutineStart.UNDISPATCHED else CoroutineStart.ATOMIC
+        // Set once the handler's block runs: it then answers, whatever
+        // happens. A dispatcher that refuses the block (Dispatchers.Main with
+        // no main module, a shut-down executor) never runs it, and the
+        // request is answered here instead: unanswered, its caller would wait
+        // for its timeout and the pool's worker be held for good.
+        val ran = java.util.concurrent.atomic.AtomicBoolean(false)
+        val refused = { t: Throwable? ->
+            if (ran.compareAndSet(false, true)) {
+                fail(request) {
+                    Fault.Internal(
+                        "the pool's dispatcher did not run the handler" +
+                            (t?.let { ": ${it.javaClass.name}: ${AskException.messageOf(it)}" } ?: ""),
+                    )
+                }
+                running.finish(request)
+                if (told) finishClosed()
+            }
+        }
+        val job = try {
+            launchHandler(request, msg, context, start, ran)
+        } catch (t: Throwable) {
+            refused(t)
+            return
+        }
+        job.invokeOnCompletion { cause -> if (!ran.get()) refused(cause) }
+    }
+
+    private fun launchHandler(
+        request: Long,
+        msg: Any?,
+        context: RequestContext,
+        start: CoroutineStart,
+        ran: java.util.concurrent.atomic.AtomicBoolean,
+    ): Job =
         handlers.launch(EmptyCoroutineContext, start) {
+            if (!ran.compareAndSet(false, true)) return@launch
             context.job = coroutineContext[Job]
             // A cancel that came between registration and now found no job.
             if (context.cancelPending) context.job?.cancel()
@@ -318,5 +353,4 @@ class Pool internal constructor(
                 if (told) finishClosed()
             }
         }
-    }
 }
