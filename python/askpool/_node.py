@@ -193,23 +193,21 @@ def _check_count(what: str, n: Optional[int], minimum: int) -> None:
 
 def _check_seconds(what: str, t: Optional[float]) -> None:
     """A duration option: a positive finite number of seconds, or None."""
-    if t is None:
-        return
-    from ._errors import InvalidArgumentError
+    _check_seconds_type(what, t)
+    if t is not None and not 0 < t < float("inf"):
+        from ._errors import InvalidArgumentError
 
-    if isinstance(t, bool) or not isinstance(t, (int, float)):
-        raise InvalidArgumentError(f"{what} must be a number of seconds, not {type(t).__name__}")
-    if not 0 < t < float("inf"):
         raise InvalidArgumentError(f"{what} must be a positive, finite number of seconds, not {t}")
 
 
-def _check_timeout(t: object) -> None:
-    """An ask's or tell's timeout is a number of seconds (its value is the
-    extension's to check): not a bool, whose conversion would pass."""
+def _check_seconds_type(what: str, t: object) -> None:
+    """A number of seconds, or None: not a bool, whose conversion to a
+    float would pass (an ask's or tell's timeout: its value is the
+    extension's to check)."""
     if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
         from ._errors import InvalidArgumentError
 
-        raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(t).__name__}")
+        raise InvalidArgumentError(f"{what} must be a number of seconds, not {type(t).__name__}")
 
 
 def _check_pool_name(name: object) -> None:
@@ -495,7 +493,7 @@ class Node:
         payload) makes reusing that id for another payload fail with
         ``PayloadMismatchError`` instead of returning the other reply."""
         if timeout is not None and type(timeout) is not float:
-            _check_timeout(timeout)
+            _check_seconds_type("timeout", timeout)
         # The common case inline: the loop of the last ask, still running in
         # this thread (a thread runs one loop at a time).
         loop: asyncio.AbstractEventLoop
@@ -536,7 +534,7 @@ class Node:
             raise FailedPreconditionError(
                 "ask_sync() would block the running event loop; await ask() instead"
             )
-        _check_timeout(timeout)
+        _check_seconds_type("timeout", timeout)
         return self._native.ask_sync(
             pool,
             msg,
@@ -588,7 +586,7 @@ class Node:
     ) -> asyncio.Future[str]:
         """A one-way message: the future gives its request id once the pool
         accepted it; nothing comes back after that."""
-        _check_timeout(timeout)
+        _check_seconds_type("timeout", timeout)
         loop, driver = self._here("Node.tell")
         target: asyncio.Future[str] = loop.create_future()
         self._native.tell(

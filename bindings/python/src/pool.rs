@@ -208,9 +208,8 @@ impl SlotTask {
         }
     }
 
-    /// The task the slot's next request runs as (`Slot.task`, with its
-    /// common case here): the slot's task while it runs and no cancel of it
-    /// stands, else a new one (`Slot._new_task`).
+    /// The task the slot's next request runs as: the slot's task while it
+    /// runs and no cancel of it stands, else a new one (`Slot._new_task`).
     fn task<'py>(&self, event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let py = event_loop.py();
         let slot = self.slot.bind(py);
@@ -344,19 +343,6 @@ impl Drop for WaitsRelease {
     }
 }
 
-/// A done callback of a `wait_cancelled()` future: lets its wait go.
-#[pyclass(frozen, module = "askpool._native")]
-struct ReleaseWait(Weak<WaitTask>);
-
-#[pymethods]
-impl ReleaseWait {
-    fn __call__(&self, _future: &Bound<'_, PyAny>) {
-        if let Some(task) = self.0.upgrade() {
-            task.abandon();
-        }
-    }
-}
-
 /// Answers one request, once.
 #[pyclass(frozen, module = "askpool._native")]
 pub(crate) struct Reply {
@@ -475,10 +461,7 @@ impl Ctx {
     /// request is cancelled. It stays pending if the request is answered
     /// first (and is then no longer watched).
     fn wait_cancelled<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let target = py
-            .import(intern!(py, "asyncio"))?
-            .call_method0(intern!(py, "get_running_loop"))?
-            .call_method0(intern!(py, "create_future"))?;
+        let target = send::running_loop(py)?.call_method0(intern!(py, "create_future"))?;
         let context = self.context.clone();
         let wait: Pin<Box<dyn Future<Output = ()> + Send>> =
             Box::pin(async move { context.cancelled().await });
@@ -493,10 +476,9 @@ impl Ctx {
             }
             return Ok(target);
         }
-        target.call_method1(
-            intern!(py, "add_done_callback"),
-            (ReleaseWait(Arc::downgrade(&task)),),
-        )?;
+        // Done by other means (a timeout around it, the handler cancelling
+        // it): its wait is let go.
+        task.abandon_when_done(&target)?;
         Ok(target)
     }
 }

@@ -531,8 +531,8 @@ impl AckTracker {
 }
 
 #[cfg(test)]
-mod fraction_tests {
-    use super::Progress;
+mod tests {
+    use super::*;
 
     #[test]
     fn a_fraction_reads_back_as_the_decimal_reported() {
@@ -543,11 +543,6 @@ mod fraction_tests {
         assert_eq!(Progress::new(0.1, "").fraction_f64(), 0.1);
         assert_eq!(Progress::new(0.25, "").fraction_f64(), 0.25);
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
     fn every_code_maps_to_a_terminal() {

@@ -181,7 +181,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
                     cancelAsk(token)
                     return@suspendCancellableCoroutine
                 }
-                pendingReleases >= DRAIN_BATCH -> drainQuietly()
+                pendingReleases >= DRAIN_BATCH -> HandleTable.drainQuietly()
             }
             // Also when `cont` was cancelled meanwhile: a caller cancelled
             // while its handler ran above gets the handler called at once. A
@@ -189,8 +189,6 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             if (!cont.isCompleted || cont.isCancelled) cont.invokeOnCancellation { cancelAsk(token) }
         }
     }
-
-    private fun drainQuietly() = HandleTable.drainQuietly()
 
     /** Asks and returns at once with the ask's [AskHandle]. */
     fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
@@ -310,7 +308,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         lingering.forEach { it.cancelAll() }
         lingering.clear()
         native.close()
-        drainQuietly()
+        HandleTable.drainQuietly()
     }
 
     internal companion object {

@@ -284,6 +284,12 @@ class Pool internal constructor(
         }
     }
 
+    /** [request] was answered: it leaves the running ones. */
+    private fun finished(request: Long) {
+        running.finish(request)
+        if (told) finishClosed()
+    }
+
     /**
      * Runs the handler on the pool's dispatcher. A thread already running on
      * that dispatcher ([here]) starts it at once, without a dispatch: it got
@@ -314,8 +320,7 @@ class Pool internal constructor(
                             (t?.let { ": ${it.javaClass.name}: ${AskException.messageOf(it)}" } ?: ""),
                     )
                 }
-                running.finish(request)
-                if (told) finishClosed()
+                finished(request)
             }
         }
         val job = try {
@@ -349,8 +354,7 @@ class Pool internal constructor(
             } catch (e: Throwable) {
                 fail(request) { AskException.fromHandler(e) }
             } finally {
-                running.finish(request)
-                if (told) finishClosed()
+                finished(request)
             }
         }
 }
