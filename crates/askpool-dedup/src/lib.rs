@@ -22,13 +22,16 @@
 //!
 //! **Map.** A fixed array of buckets (two per allowed terminal entry, rounded
 //! up to a power of two, 64 to 2^23), each the head of a Harris–Michael
-//! lock-free linked list of nodes, on crossbeam-epoch. A node holds the key,
-//! the chain link (whose tag bit marks the node logically removed), the
-//! eviction-queue link, its expiry, a membership count, a one-byte spin lock
-//! and, under that lock, its phase (reserved / in progress / terminal /
-//! removed, in the byte after the lock) and the state inline. What a hit
-//! reads (link, key, expiry, lock, phase, state) is the node's first bytes,
-//! unpadded: 64 bytes for a 16-byte state.
+//! lock-free linked list of nodes, on crossbeam-epoch. Nodes live in slots
+//! of a process-wide slab per node layout (`slab`), and every link (bucket,
+//! chain, queue) is a 32-bit slot number, not a pointer: the bucket array
+//! is half the size (1 MiB for 100,000 entries, so more of it stays in
+//! cache), and a node with a 16-byte state fills exactly one 64-byte slot,
+//! which starts on a cache line. A node holds the chain link (whose low bit
+//! marks the node logically removed), a membership count, the key, its
+//! expiry, the eviction-queue link, a one-byte spin lock and, under that
+//! lock, its phase (reserved / in progress / terminal / removed, in the
+//! byte after the lock) and the state inline.
 //!
 //! - *Lookup* walks the chain without any lock (unlinking removed nodes it
 //!   meets, as Harris–Michael lists do), then reads the entry under its
@@ -70,52 +73,64 @@
 //! of those memberships decides who retires it: the thread that unlinks it
 //! from the chain or the one that moves the queue past it, whichever is
 //! last. Removing an entry drops its state at once, under its lock; only the
-//! empty node shell waits for the epoch to pass, so the epoch garbage never
-//! holds an `S` (no `'static` bound, exact drop counts). A thread hands
-//! the shells it retires to crossbeam's collector 256 at a time, as one
-//! deferred function (later than retired is as safe: a thread that could
-//! still reach a shell was pinned when it was retired, so the collector
-//! waits for it); a deferred function per shell cost more than the rest of
-//! its reclamation. Until its thread's batch fills, a retired shell waits
-//! in it: a thread that stops retiring keeps up to 255 shells (per node
-//! layout, whichever tables they came from, dropped ones included) until it
-//! exits, when they go to the collector. A shell the collector frees goes
-//! to a small per-thread cache of node blocks (at most 512 per thread and
-//! node layout, also kept until the thread exits) that the next insert on
-//! that thread reuses, instead of the system allocator. A full cache hands
-//! 256 blocks at a time to a list shared by the threads (at most 1,024
-//! blocks, the rest back to the allocator), which an empty cache draws
-//! from: the collector runs on whichever thread pins, not always one that
-//! inserts (in a duplicate storm the thread that finds the key allocates
-//! nothing). A spare node allocated for an insert that lost its race goes
-//! to the cache too.
+//! empty node shell waits for the epoch to pass before its slot is reused,
+//! so the epoch garbage never holds an `S` (no `'static` bound, exact drop
+//! counts), and a slot number read under a pin names the same node until
+//! the pin ends (no ABA on the links). A thread hands the slots it retires
+//! to crossbeam's collector 256 at a time, as one deferred function (later
+//! than retired is as safe: a thread that could still reach a shell was
+//! pinned when it was retired, so the collector waits for it); a deferred
+//! function per shell cost more than the rest of its reclamation. Until its
+//! thread's batch fills, a retired slot waits in it: a thread that stops
+//! retiring keeps up to 255 (per node layout, whichever tables they came
+//! from, dropped ones included) until it exits, when they go to the
+//! collector. A slot the collector frees goes to a small per-thread cache
+//! (at most 512 per thread and node layout) that the next insert on that
+//! thread reuses. A full cache hands 256 slots at a time to its slab's
+//! shared list, which an empty cache draws from before it takes a slot
+//! never used: the collector runs on whichever thread pins, not always one
+//! that inserts (in a duplicate storm the thread that finds the key takes
+//! no slot). A thread's cache goes back to the shared list when it exits.
+//! A spare node made for an insert that lost its race goes to the cache
+//! too.
+//!
+//! **Slabs.** A slab grows in segments that double (64 slots, 128, ...), so
+//! a slot number finds its memory with one leading-zero count and a table
+//! of 26 segment pointers. Segments are never freed: the slab is as large
+//! as the most nodes of its layout that were ever in use at once (the
+//! tables' entries, the epoch garbage and the caches above), and a slot one
+//! table frees is reused by any table of that layout, as an allocator
+//! would reuse a block.
 //!
 //! **Epoch garbage.** Callers hold a pin only for the duration of one call
 //! (never while a user closure of `ExactlyOnceDedup` runs), so crossbeam's
 //! collector, which frees up to 8 bags every 128 pins (and a thread's
-//! batch of 256 shells goes to it as a bag of its own), keeps up: each
+//! batch of 256 slots goes to it as a bag of its own), keeps up: each
 //! evicting insert retires one node. The garbage is counted in the
 //! memory bound, and so is what each thread keeps besides the table: up to
-//! 255 retired shells and 512 free blocks per node layout (about 54 KiB of
-//! 72-byte nodes), plus 1,024 blocks per layout shared by all threads.
+//! 255 retired slots and 512 free ones per node layout (about 48 KiB of
+//! 64-byte nodes).
 //! Measured: `tests/alloc_bound.rs` streams 10 million unique terminal
 //! entries through a table of 100,000 under a counting global allocator;
-//! live bytes stay under the stated ceiling of 12 MiB the whole time (measured peak 9.33 MB: 93.3 bytes per cached entry, flat
-//! from the first 100,000 entries on; 2 MiB of it the buckets).
+//! live bytes stay under the stated ceiling of 12 MiB the whole time
+//! (measured peak 9.45 MB: 94.5 bytes per cached entry, flat from the first
+//! 100,000 entries on; 1 MiB of it the buckets, 8.4 MB the slab's segments
+//! of 131,008 slots, the last of which is only partly in use).
 //!
 //! # Memory per entry
 //!
 //! [`entry_size`] bytes plus what the state owns on the heap: one node of
-//! 56 bytes plus the state (64 bytes for an 8-byte state, 72 for a 16-byte
+//! 48 bytes plus the state (56 bytes for an 8-byte state, 64 for a 16-byte
 //! one; the key is stored unpadded, 24 bytes), whether in progress or
-//! terminal.
-//! Buckets add 8 bytes per slot, two slots per allowed terminal entry (2 MiB
-//! for the default `max_terminal` of 100,000: 262,144 slots). Measured with
-//! the counting allocator (`tests/alloc_bound.rs`), a full table of 100,000
-//! terminal entries of a 16-byte state (72-byte nodes) costs 93 bytes per
-//! entry all included: node, bucket share, the epoch garbage in flight and
-//! the caches of freed node blocks (the same 9.33 MB peak with the shared
-//! list of blocks).
+//! terminal. The slab grows by doubling, so up to as much again may be
+//! reserved and not yet used.
+//! Buckets add 4 bytes per bucket, two buckets per allowed terminal entry
+//! (1 MiB for the default `max_terminal` of 100,000: 262,144 buckets).
+//! Measured with the counting allocator (`tests/alloc_bound.rs`), a full
+//! table of 100,000 terminal entries of a 16-byte state (64-byte nodes)
+//! costs 94.5 bytes per entry all included: node, bucket share, the epoch
+//! garbage in flight, the caches of free slots and the slab's unused
+//! tail.
 //!
 //! # Limits
 //!
@@ -152,8 +167,8 @@ use std::time::Duration;
 use askpool_proto::InboundState;
 
 mod exactly_once;
-#[cfg(not(loom))]
 mod node_pool;
+mod slab;
 mod sync;
 mod table;
 
@@ -167,8 +182,8 @@ pub use table::DedupTable;
 
 /// Bytes one entry costs in the table, not counting what its state owns on
 /// the heap: its node (key, chain and queue links, expiry, lock, state
-/// inline), the only allocation an entry makes. Buckets add 8 bytes per
-/// `max_terminal` (rounded up to a power of two).
+/// inline), one slot of its layout's slab. Buckets add 8 bytes per
+/// `max_terminal` (two 4-byte buckets, rounded up to a power of two).
 pub const fn entry_size<S>() -> usize {
     table::node_size::<S>()
 }

@@ -1,22 +1,19 @@
 //! The lock-free table and its intrusive eviction queue. All of the crate's
 //! `unsafe` lives here; see the crate docs for the design.
 
-#[cfg(not(loom))]
 use std::alloc::Layout;
 use std::cell::{Cell, UnsafeCell};
 use std::hash::BuildHasher;
 use std::mem::MaybeUninit;
-#[cfg(not(loom))]
-use std::ptr::NonNull;
 
 use askpool_proto::{CallerId, DedupKey, RequestId, Timestamp};
-use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_epoch::Guard;
 use crossbeam_utils::CachePadded;
 use rustc_hash::FxBuildHasher;
 
-#[cfg(not(loom))]
 use crate::node_pool;
-use crate::sync::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use crate::slab::Slab;
+use crate::sync::Ordering::{self, AcqRel, Acquire, Relaxed, Release};
 use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Epoch, LockGuard, NodeLock};
 use crate::{DedupConfig, DedupState, DedupStats};
 
@@ -42,8 +39,17 @@ struct Body<'a, S> {
 }
 
 /// A `DedupKey` without its alignment padding (24 bytes instead of 32).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Eq)]
 struct PackedKey([u64; 3]);
+
+impl PartialEq for PackedKey {
+    /// Without branches: a chain step compares a key it just loaded.
+    #[inline(always)]
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (self.0, other.0);
+        (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) == 0
+    }
+}
 
 impl PackedKey {
     #[inline]
@@ -52,6 +58,7 @@ impl PackedKey {
         Self([key.caller.as_u64(), (r >> 64) as u64, r as u64])
     }
 
+    #[cfg(test)]
     fn unpack(self) -> DedupKey {
         DedupKey {
             caller: CallerId::from_u64(self.0[0]),
@@ -60,34 +67,168 @@ impl PackedKey {
     }
 }
 
+/// A link to a node: 0 is no node, else the node's slot (in the table's
+/// slab) plus one, shifted past bit 0. Bit 0 of a chain link marks the node
+/// that holds it as logically removed (Harris–Michael); buckets and queue
+/// links are never marked.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Link(u32);
+
+impl Link {
+    const NULL: Self = Self(0);
+
+    #[inline(always)]
+    fn to(slot: u32) -> Self {
+        debug_assert!(slot < crate::slab::MAX_SLOTS);
+        Self((slot + 1) << 1)
+    }
+
+    #[inline(always)]
+    fn is_null(self) -> bool {
+        self.0 < 2
+    }
+
+    #[inline(always)]
+    fn marked(self) -> bool {
+        self.0 & 1 == 1
+    }
+
+    #[inline(always)]
+    fn unmarked(self) -> Self {
+        Self(self.0 & !1)
+    }
+
+    #[inline(always)]
+    fn slot(self) -> u32 {
+        debug_assert!(!self.is_null());
+        (self.0 >> 1) - 1
+    }
+}
+
+/// An atomic [`Link`].
+struct AtomicLink(AtomicU32);
+
+impl AtomicLink {
+    fn null() -> Self {
+        Self(AtomicU32::new(Link::NULL.0))
+    }
+
+    #[inline(always)]
+    fn load(&self, order: Ordering) -> Link {
+        Link(self.0.load(order))
+    }
+
+    #[inline(always)]
+    fn store(&self, link: Link, order: Ordering) {
+        self.0.store(link.0, order);
+    }
+
+    #[inline(always)]
+    fn compare_exchange(
+        &self,
+        current: Link,
+        new: Link,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<Link, Link> {
+        self.0
+            .compare_exchange(current.0, new.0, success, failure)
+            .map(Link)
+            .map_err(Link)
+    }
+
+    /// Sets the mark bit (the holder is logically removed).
+    #[inline(always)]
+    fn mark(&self, order: Ordering) {
+        self.0.fetch_or(1, order);
+    }
+}
+
 /// One entry. It lives in its bucket's chain and, once terminal, also in
 /// the eviction queue (intrusively: no second allocation); `refs` counts
 /// those two memberships and the last one to let go retires the node.
 ///
-/// `repr(C)`: what a lookup touches (chain link, key, expiry, lock, phase,
-/// state) comes first and unpadded (the phase shares the lock's word), so
-/// a hit on a node with a 16-byte state reads its first 64 bytes; the queue
-/// link, used only on eviction, comes last.
+/// `repr(C)`: links are 32-bit slot numbers, so with the key, expiry,
+/// membership count, lock and phase the header is 48 bytes and a node with
+/// a 16-byte state fills one 64-byte slot, which the slab starts on a cache
+/// line: a hit reads one line.
 #[repr(C)]
 struct Node<S> {
-    /// The next node of the bucket's chain. Tag 1 marks this node as
+    /// The next node of the bucket's chain. The mark marks this node as
     /// logically removed (Harris–Michael list); it is then unlinked by
     /// whoever meets it first, and the thread whose unlink succeeds drops
     /// the chain's membership.
-    next: Atomic<Node<S>>,
+    next: AtomicLink,
+    /// Chain + queue memberships.
+    refs: AtomicU32,
     key: PackedKey,
     /// When a terminal entry's TTL runs out (nanoseconds); written before
     /// the node is queued, then never again: the queue reads it lock-free.
     expires: AtomicU64,
-    /// Chain + queue memberships.
-    refs: AtomicU32,
+    /// The next node of the eviction queue (Michael–Scott).
+    fifo_next: AtomicLink,
     lock: NodeLock,
     /// Under `lock`.
     phase: UnsafeCell<Phase>,
     /// Under `lock`; initialised in `Live` and `Terminal` only.
     state: UnsafeCell<MaybeUninit<S>>,
-    /// The next node of the eviction queue (Michael–Scott).
-    fifo_next: Atomic<Node<S>>,
+}
+
+/// A node reached under a guard, with its (unmarked) link: compared in the
+/// compare-and-swaps that unlink or dequeue it.
+struct NodeRef<'g, S> {
+    link: Link,
+    node: &'g Node<S>,
+}
+
+impl<S> Clone for NodeRef<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for NodeRef<'_, S> {}
+
+impl<S> std::ops::Deref for NodeRef<'_, S> {
+    type Target = Node<S>;
+
+    #[inline(always)]
+    fn deref(&self) -> &Node<S> {
+        self.node
+    }
+}
+
+/// The node a non-null link names.
+///
+/// # Safety
+/// `link` was read, under `guard`, from a bucket, the queue or a node of a
+/// table whose nodes live in `slab`: the epoch keeps its slot from being
+/// reused while `guard` lives.
+#[inline(always)]
+unsafe fn resolve<'g, S>(slab: &'static Slab, link: Link, _guard: &'g Guard) -> NodeRef<'g, S> {
+    // Every walk strips the mark before it follows a link.
+    debug_assert!(!link.marked());
+    NodeRef {
+        link,
+        node: &*slab.get::<Node<S>>(link.slot()),
+    }
+}
+
+/// [`resolve`], or `None` for a null link.
+///
+/// # Safety
+/// As for [`resolve`].
+#[inline(always)]
+unsafe fn resolve_opt<'g, S>(
+    slab: &'static Slab,
+    link: Link,
+    guard: &'g Guard,
+) -> Option<NodeRef<'g, S>> {
+    if link.is_null() {
+        None
+    } else {
+        Some(resolve(slab, link, guard))
+    }
 }
 
 impl<S> Node<S> {
@@ -105,11 +246,11 @@ impl<S> Node<S> {
         }
     }
 
-    fn reserved(key: &DedupKey) -> Self {
+    fn reserved(key: PackedKey) -> Self {
         Self {
-            key: PackedKey::new(key),
-            next: Atomic::null(),
-            fifo_next: Atomic::null(),
+            key,
+            next: AtomicLink::null(),
+            fifo_next: AtomicLink::null(),
             expires: AtomicU64::new(u64::MAX),
             refs: AtomicU32::new(1),
             lock: NodeLock::new_locked(),
@@ -140,85 +281,56 @@ fn prefetch<T>(p: *const T) {
 /// unreachable through it (unlinked it from its chain, or moved the queue's
 /// head and tail past it).
 #[inline(always)]
-unsafe fn release<S>(ptr: Shared<'_, Node<S>>, guard: &Guard) {
-    let refs = &ptr.deref().refs;
+unsafe fn release<S>(slab: &'static Slab, node: NodeRef<'_, S>, guard: &Guard) {
+    let refs = &node.refs;
     // A count of 1 is the caller's own membership, and no membership is
     // added to a node that lost one: the last holder skips the shared write.
     // Acquire pairs with the other holder's release below.
     if refs.load(Acquire) == 1 || refs.fetch_sub(1, AcqRel) == 1 {
-        retire(ptr, guard);
-    }
-}
-
-/// Frees a node once no pinned thread can reach it: into the freeing
-/// thread's block cache (`node_pool`), or, under loom, plainly.
-///
-/// # Safety
-/// Nobody can reach the node from the table any more.
-#[inline]
-unsafe fn retire<S>(ptr: Shared<'_, Node<S>>, guard: &Guard) {
-    #[cfg(loom)]
-    guard.defer_destroy(ptr);
-    #[cfg(not(loom))]
-    {
         // A node holds no state by now (dropped when it was removed) and
-        // its other fields need no drop: its block is all that is left.
-        let block = NonNull::new_unchecked(ptr.as_raw().cast_mut().cast::<u8>());
-        node_pool::retire(block, Layout::new::<Node<S>>(), guard);
+        // its other fields need no drop: its slot is all that is left, and
+        // it is reused once no pinned thread can reach it.
+        node_pool::retire(slab, node.link.slot(), guard);
     }
 }
 
-impl<S> Node<S> {
-    /// A new reserved node, in a block this thread's cache kept if it has
-    /// one.
-    fn alloc(key: &DedupKey) -> Owned<Self> {
-        #[cfg(not(loom))]
-        if let Some(block) = node_pool::take(Layout::new::<Self>()) {
-            let raw = block.as_ptr().cast::<Self>();
-            // SAFETY: a block of this layout from the global allocator,
-            // owned by nobody else: written, then owned like a `Box`.
-            unsafe {
-                raw.write(Self::reserved(key));
-                return Owned::from_raw(raw);
-            }
-        }
-        Owned::new(Self::reserved(key))
-    }
+/// A new reserved node in a free slot of `slab` (one this thread's cache
+/// kept, if it has one); its slot.
+#[inline]
+fn alloc_node<S>(slab: &'static Slab, key: PackedKey) -> u32 {
+    let slot = node_pool::take(slab);
+    // SAFETY: a free slot of this layout, owned by this thread alone (no
+    // table links to it, and no pinned thread can still reach it).
+    unsafe { slab.get::<Node<S>>(slot).write(Node::reserved(key)) };
+    slot
 }
 
-/// A node allocated for an insert that lost its race (another thread
-/// inserted the key first): kept for the next attempt, and, if the call
-/// ends without publishing it, its block goes back to this thread's cache
-/// rather than to the allocator (a two-thread duplicate storm loses the race
-/// on most ids).
-struct Spare<S>(Option<Owned<Node<S>>>);
+/// A node made for an insert that lost its race (another thread inserted
+/// the key first): kept for the next attempt, and, if the call ends
+/// without publishing it, its slot goes back to this thread's cache (a
+/// two-thread duplicate storm loses the race on most ids).
+struct Spare {
+    slab: &'static Slab,
+    slot: Option<u32>,
+}
 
-impl<S> Drop for Spare<S> {
+impl Drop for Spare {
     #[inline]
     fn drop(&mut self) {
-        if let Some(node) = self.0.take() {
-            Self::recycle(node);
+        if let Some(slot) = self.slot.take() {
+            Self::recycle(self.slab, slot);
         }
     }
 }
 
-impl<S> Spare<S> {
+impl Spare {
     #[cold]
     #[inline(never)]
-    fn recycle(node: Owned<Node<S>>) {
-        #[cfg(loom)]
-        drop(node);
-        #[cfg(not(loom))]
-        {
-            // SAFETY: never published, so owned by this thread alone; it
-            // holds no state (a reserved node's is uninitialised) and its
-            // other fields need no drop: its block is all there is.
-            let raw = Box::into_raw(node.into_box());
-            unsafe {
-                let block = NonNull::new_unchecked(raw.cast::<u8>());
-                node_pool::give(block, Layout::new::<Node<S>>());
-            }
-        }
+    fn recycle(slab: &'static Slab, slot: u32) {
+        // SAFETY: never published, so owned by this thread alone; it holds
+        // no state (a reserved node's is uninitialised) and its other
+        // fields need no drop.
+        unsafe { node_pool::give(slab, slot) };
     }
 }
 
@@ -226,83 +338,78 @@ impl<S> Spare<S> {
 /// the order they became terminal. `head` is a sentinel (the last node
 /// popped, or the initial one).
 struct Fifo<S> {
-    head: CachePadded<Atomic<Node<S>>>,
-    tail: CachePadded<Atomic<Node<S>>>,
+    head: CachePadded<AtomicLink>,
+    tail: CachePadded<AtomicLink>,
+    slab: &'static Slab,
+    _nodes: std::marker::PhantomData<fn() -> S>,
 }
 
 impl<S> Fifo<S> {
-    fn new() -> Self {
-        let sentinel = Node::reserved(&PackedKey([0; 3]).unpack());
-        sentinel.refs.store(1, Relaxed);
-        // SAFETY: not shared yet.
-        let sentinel = Owned::new(sentinel).into_shared(unsafe { crossbeam_epoch::unprotected() });
+    fn new(slab: &'static Slab) -> Self {
+        let sentinel = Link::to(alloc_node::<S>(slab, PackedKey([0; 3])));
         Self {
-            head: CachePadded::new(Atomic::from(sentinel)),
-            tail: CachePadded::new(Atomic::from(sentinel)),
+            head: CachePadded::new(AtomicLink(AtomicU32::new(sentinel.0))),
+            tail: CachePadded::new(AtomicLink(AtomicU32::new(sentinel.0))),
+            slab,
+            _nodes: std::marker::PhantomData,
         }
     }
 
     /// Queues a node that became terminal (`make_terminal` counted the
     /// queue's membership already).
-    fn push(&self, new: Shared<'_, Node<S>>, guard: &Guard) {
+    fn push(&self, new: NodeRef<'_, S>, guard: &Guard) {
         loop {
-            let tail = self.tail.load(Acquire, guard);
+            let tail = self.tail.load(Acquire);
             // SAFETY: the tail is never null and is protected by `guard`.
-            let t = unsafe { tail.deref() };
-            let next = t.fifo_next.load(Acquire, guard);
+            let t = unsafe { resolve::<S>(self.slab, tail, guard) };
+            let next = t.fifo_next.load(Acquire);
             if !next.is_null() {
                 // The tail lags: help it forward.
-                let _ = self
-                    .tail
-                    .compare_exchange(tail, next, Release, Relaxed, guard);
+                let _ = self.tail.compare_exchange(tail, next, Release, Relaxed);
                 continue;
             }
             if t.fifo_next
-                .compare_exchange(Shared::null(), new, AcqRel, Relaxed, guard)
+                .compare_exchange(Link::NULL, new.link, AcqRel, Relaxed)
                 .is_ok()
             {
-                let _ = self
-                    .tail
-                    .compare_exchange(tail, new, Release, Relaxed, guard);
+                let _ = self.tail.compare_exchange(tail, new.link, Release, Relaxed);
                 return;
             }
         }
     }
 
     /// Takes the oldest node if `take` says so; `None` when the queue is
-    /// empty or the oldest node was refused. The node stays allocated while
-    /// `guard` lives (it is the new sentinel, and pinned).
+    /// empty or the oldest node was refused. The node's slot is not reused
+    /// while `guard` lives (it is the new sentinel, and pinned).
     fn pop_if<'g>(
         &self,
         take: impl Fn(&Node<S>) -> bool,
         guard: &'g Guard,
-    ) -> Option<Shared<'g, Node<S>>> {
+    ) -> Option<NodeRef<'g, S>> {
         loop {
-            let head = self.head.load(Acquire, guard);
+            let head = self.head.load(Acquire);
             // SAFETY: the head is never null and is protected by `guard`.
-            let h = unsafe { head.deref() };
-            let next = h.fifo_next.load(Acquire, guard);
+            let h = unsafe { resolve::<S>(self.slab, head, guard) };
+            let next = h.fifo_next.load(Acquire);
             // SAFETY: protected by `guard`.
-            let n = unsafe { next.as_ref() }?;
-            if !take(n) {
+            let n = unsafe { resolve_opt::<S>(self.slab, next, guard) }?;
+            if !take(&n) {
                 return None;
             }
             if self
                 .head
-                .compare_exchange(head, next, AcqRel, Acquire, guard)
+                .compare_exchange(head, next, AcqRel, Acquire)
                 .is_ok()
             {
                 // Keep the tail from pointing at the node let go below.
-                let tail = self.tail.load(Acquire, guard);
+                let tail = self.tail.load(Acquire);
                 if tail == head {
-                    let _ = self
-                        .tail
-                        .compare_exchange(tail, next, Release, Relaxed, guard);
+                    let _ = self.tail.compare_exchange(tail, next, Release, Relaxed);
                 }
                 // SAFETY: the queue's head moved past the old sentinel, and
                 // so did its tail: the queue's membership of it ends here.
-                unsafe { release(head, guard) };
-                return Some(next);
+                unsafe { release(self.slab, h, guard) };
+                return Some(n);
             }
         }
     }
@@ -312,11 +419,11 @@ impl<S> Fifo<S> {
     /// # Safety
     /// No other thread may reach the table.
     unsafe fn drop_all(&mut self, guard: &Guard) {
-        let mut cur = self.head.load(Relaxed, guard);
-        while !cur.is_null() {
-            let next = cur.deref().fifo_next.load(Relaxed, guard);
-            if cur.deref().refs.fetch_sub(1, Relaxed) == 1 {
-                drop(cur.into_owned());
+        let mut cur = self.head.load(Relaxed);
+        while let Some(node) = resolve_opt::<S>(self.slab, cur, guard) {
+            let next = node.fifo_next.load(Relaxed);
+            if node.refs.fetch_sub(1, Relaxed) == 1 {
+                node_pool::give(self.slab, node.link.slot());
             }
             cur = next;
         }
@@ -324,9 +431,9 @@ impl<S> Fifo<S> {
 }
 
 enum Found<'g, S> {
-    Node(Shared<'g, Node<S>>),
+    Node(NodeRef<'g, S>),
     /// Not there; the bucket's head at the time it was not there.
-    Absent(Shared<'g, Node<S>>),
+    Absent(Link),
 }
 
 #[derive(Clone, Copy)]
@@ -350,8 +457,11 @@ pub(crate) const fn node_size<S>() -> usize {
 /// See the crate documentation for the design and its guarantees.
 pub struct DedupTable<S> {
     config: DedupConfig,
-    buckets: Box<[Atomic<Node<S>>]>,
+    buckets: Box<[AtomicLink]>,
     mask: usize,
+    /// Where this table's nodes live (shared by every table whose nodes
+    /// have the same layout).
+    slab: &'static Slab,
     fifo: Fifo<S>,
     in_progress: CachePadded<AtomicUsize>,
     /// Terminal entries counted (see `count_terminal`): signed, as it may
@@ -413,11 +523,13 @@ fn bucket_count(max_terminal: usize) -> usize {
 impl<S: DedupState> DedupTable<S> {
     pub fn new(config: DedupConfig) -> Self {
         let n = bucket_count(config.max_terminal);
+        let slab = Slab::of(Layout::new::<Node<S>>());
         Self {
             config,
-            buckets: (0..n).map(|_| Atomic::null()).collect(),
+            buckets: (0..n).map(|_| AtomicLink::null()).collect(),
             mask: n - 1,
-            fifo: Fifo::new(),
+            slab,
+            fifo: Fifo::new(slab),
             in_progress: CachePadded::new(AtomicUsize::new(0)),
             terminal: CachePadded::new(AtomicIsize::new(0)),
             max_terminal: isize::try_from(config.max_terminal).unwrap_or(isize::MAX),
@@ -488,12 +600,13 @@ impl<S: DedupState> DedupTable<S> {
         prefetch(bucket);
         self.expire(now, &guard);
         self.prefetch_eviction(&guard);
-        let mut spare = Spare(None);
+        let mut spare = Spare {
+            slab: self.slab,
+            slot: None,
+        };
         loop {
             match self.find(bucket, &key, &guard) {
-                Found::Node(ptr) => {
-                    // SAFETY: protected by `guard`.
-                    let node = unsafe { ptr.deref() };
+                Found::Node(node) => {
                     let lock = node.lock.lock();
                     // SAFETY: we hold the node's lock.
                     let body = unsafe { node.body() };
@@ -503,8 +616,8 @@ impl<S: DedupState> DedupTable<S> {
                             drop(lock);
                             continue;
                         }
-                        Phase::Terminal if Self::expired(node, now) => {
-                            self.remove_expired(node, body, lock, bucket, &guard);
+                        Phase::Terminal if Self::expired(&node, now) => {
+                            self.remove_expired(&node, body, lock, bucket, &guard);
                             continue;
                         }
                         Phase::Terminal => {
@@ -530,14 +643,14 @@ impl<S: DedupState> DedupTable<S> {
                                 unsafe { std::mem::replace(body.state.assume_init_mut(), next) };
                             if terminal {
                                 self.in_progress.fetch_sub(1, Relaxed);
-                                self.make_terminal(ptr, body, now);
+                                self.make_terminal(&node, body, now);
                             }
                             drop(lock);
                             if terminal {
                                 // Before the old state's drop, which may
                                 // panic: a terminal node is always queued
                                 // and counted.
-                                self.fifo.push(ptr, &guard);
+                                self.fifo.push(node, &guard);
                                 self.count_terminal(&guard);
                             }
                             drop(old);
@@ -546,17 +659,19 @@ impl<S: DedupState> DedupTable<S> {
                     }
                 }
                 Found::Absent(head) => {
-                    let new = spare.0.take().unwrap_or_else(|| Node::alloc(&key));
-                    new.next.store(head, Relaxed);
-                    match bucket.compare_exchange(head, new, AcqRel, Acquire, &guard) {
-                        Err(e) => {
-                            spare.0 = Some(e.new);
-                            continue;
-                        }
-                        Ok(ptr) => {
-                            return self.fill_reserved(bucket, ptr, now, bound, transition, &guard)
-                        }
+                    let slot = spare
+                        .slot
+                        .take()
+                        .unwrap_or_else(|| alloc_node::<S>(self.slab, PackedKey::new(&key)));
+                    let new = Link::to(slot);
+                    // SAFETY: this thread's own node, not published yet.
+                    let node = unsafe { resolve::<S>(self.slab, new, &guard) };
+                    node.next.store(head, Relaxed);
+                    if bucket.compare_exchange(head, new, AcqRel, Acquire).is_err() {
+                        spare.slot = Some(slot);
+                        continue;
                     }
+                    return self.fill_reserved(bucket, node, now, bound, transition, &guard);
                 }
             }
         }
@@ -566,21 +681,19 @@ impl<S: DedupState> DedupTable<S> {
     /// its lock born held: the insert itself waited for nobody.
     fn fill_reserved<O>(
         &self,
-        bucket: &Atomic<Node<S>>,
-        ptr: Shared<'_, Node<S>>,
+        bucket: &AtomicLink,
+        node: NodeRef<'_, S>,
         now: Timestamp,
         bound: Option<usize>,
         transition: impl FnOnce(Option<&S>, bool) -> (Option<S>, O),
         guard: &Guard,
     ) -> O {
-        // SAFETY: protected by `guard`.
-        let node = unsafe { ptr.deref() };
         /// Undoes the reservation if the transition panics or stores nothing,
         /// and gives back the in-progress place taken for it (unless an
         /// in-progress state was stored in it).
         struct Reservation<'a, S: DedupState> {
             node: &'a Node<S>,
-            bucket: &'a Atomic<Node<S>>,
+            bucket: &'a AtomicLink,
             table: &'a DedupTable<S>,
             guard: &'a Guard,
             filled: bool,
@@ -597,7 +710,7 @@ impl<S: DedupState> DedupTable<S> {
                     // SAFETY: we hold the lock.
                     let body = unsafe { self.node.body() };
                     *body.phase = Phase::Removed;
-                    self.node.next.fetch_or(1, AcqRel, self.guard);
+                    self.node.next.mark(AcqRel);
                 }
                 drop(lock);
                 if !self.filled {
@@ -607,7 +720,7 @@ impl<S: DedupState> DedupTable<S> {
         }
         let room_taken = bound.is_some_and(|max| self.take_room(max));
         let mut reservation = Reservation {
-            node,
+            node: node.node,
             bucket,
             table: self,
             guard,
@@ -622,7 +735,7 @@ impl<S: DedupState> DedupTable<S> {
             let body = unsafe { node.body() };
             body.state.write(next);
             if terminal {
-                self.make_terminal(ptr, body, now);
+                self.make_terminal(&node, body, now);
             } else {
                 *body.phase = Phase::Live;
                 if room_taken {
@@ -636,7 +749,7 @@ impl<S: DedupState> DedupTable<S> {
         }
         drop(reservation);
         if terminal {
-            self.fifo.push(ptr, guard);
+            self.fifo.push(node, guard);
             self.count_terminal(guard);
         }
         out
@@ -650,7 +763,7 @@ impl<S: DedupState> DedupTable<S> {
     /// then the node is terminal but not queued: whoever removes it early
     /// (expired on access, cleared) leaves it to be queued dead, and the
     /// queue skips dead nodes.
-    fn make_terminal(&self, ptr: Shared<'_, Node<S>>, body: Body<'_, S>, now: Timestamp) {
+    fn make_terminal(&self, node: &Node<S>, body: Body<'_, S>, now: Timestamp) {
         *body.phase = Phase::Terminal;
         // Expiry stamps never go down along the queue: an entry made
         // terminal with an earlier clock than one queued before it (callers
@@ -667,8 +780,6 @@ impl<S: DedupState> DedupTable<S> {
         } else {
             latest
         };
-        // SAFETY: protected by `guard`.
-        let node = unsafe { ptr.deref() };
         node.expires.store(expires, Relaxed);
         // The queue's membership, counted now: the chain's is the only one
         // yet, and nobody can end it while the node's lock is held and the
@@ -694,18 +805,16 @@ impl<S: DedupState> DedupTable<S> {
         prefetch(bucket);
         self.expire(now, &guard);
         loop {
-            let Found::Node(ptr) = self.find(bucket, key, &guard) else {
+            let Found::Node(node) = self.find(bucket, key, &guard) else {
                 return None;
             };
-            // SAFETY: protected by `guard`.
-            let node = unsafe { ptr.deref() };
             let lock = node.lock.lock();
             // SAFETY: we hold the node's lock.
             let body = unsafe { node.body() };
             match *body.phase {
                 Phase::Removed | Phase::Reserved => continue,
-                Phase::Terminal if Self::expired(node, now) => {
-                    self.remove_expired(node, body, lock, bucket, &guard);
+                Phase::Terminal if Self::expired(&node, now) => {
+                    self.remove_expired(&node, body, lock, bucket, &guard);
                     return None;
                 }
                 // SAFETY: initialised in these phases.
@@ -762,21 +871,21 @@ impl<S: DedupState> DedupTable<S> {
     pub fn clear(&self) {
         let guard = self.epoch.pin();
         for bucket in self.buckets.iter() {
-            let mut cur = bucket.load(Acquire, &guard);
+            let mut cur = bucket.load(Acquire);
             // SAFETY: protected by `guard`.
-            while let Some(node) = unsafe { cur.as_ref() } {
+            while let Some(node) = unsafe { resolve_opt::<S>(self.slab, cur, &guard) } {
                 let lock = node.lock.lock();
                 // SAFETY: we hold the node's lock.
                 let body = unsafe { node.body() };
                 let gone = match *body.phase {
                     Phase::Live | Phase::Terminal => {
-                        Some(self.remove_locked(node, body, Cause::Clear, &guard))
+                        Some(self.remove_locked(&node, body, Cause::Clear))
                     }
                     Phase::Removed | Phase::Reserved => None,
                 };
                 drop(lock);
                 drop(gone);
-                cur = node.next.load(Acquire, &guard).with_tag(0);
+                cur = node.next.load(Acquire).unmarked();
             }
             self.unlink(bucket, &guard);
         }
@@ -794,10 +903,10 @@ impl<S: DedupState> DedupTable<S> {
         node: &Node<S>,
         body: Body<'_, S>,
         lock: LockGuard<'_>,
-        bucket: &Atomic<Node<S>>,
+        bucket: &AtomicLink,
         guard: &Guard,
     ) {
-        let gone = self.remove_locked(node, body, Cause::Ttl, guard);
+        let gone = self.remove_locked(node, body, Cause::Ttl);
         drop(lock);
         drop(gone);
         self.unlink(bucket, guard);
@@ -805,7 +914,7 @@ impl<S: DedupState> DedupTable<S> {
 
     /// Removes a live or terminal node whose lock the caller holds: drops
     /// nothing itself, hands the state back to be dropped after unlocking.
-    fn remove_locked(&self, node: &Node<S>, body: Body<'_, S>, cause: Cause, guard: &Guard) -> S {
+    fn remove_locked(&self, node: &Node<S>, body: Body<'_, S>, cause: Cause) -> S {
         let was_terminal = match *body.phase {
             Phase::Terminal => true,
             Phase::Live => false,
@@ -815,7 +924,7 @@ impl<S: DedupState> DedupTable<S> {
         // SAFETY: initialised in `Live` / `Terminal`; `Removed` marks it
         // moved out.
         let state = unsafe { body.state.assume_init_read() };
-        node.next.fetch_or(1, AcqRel, guard);
+        node.next.mark(AcqRel);
         if !was_terminal {
             self.in_progress.fetch_sub(1, Relaxed);
         } else if !matches!(cause, Cause::Replaced) {
@@ -895,25 +1004,26 @@ impl<S: DedupState> DedupTable<S> {
 
     /// Evicts a node just popped from the queue, unless it went already
     /// (expired when touched, or cleared); whether it did.
-    fn evict(&self, ptr: Shared<'_, Node<S>>, cause: Cause, guard: &Guard) -> bool {
-        // SAFETY: protected by `guard`.
-        let node = unsafe { ptr.deref() };
+    fn evict(&self, node: NodeRef<'_, S>, cause: Cause, guard: &Guard) -> bool {
         let lock = node.lock.lock();
         // SAFETY: we hold the node's lock.
         let body = unsafe { node.body() };
         if *body.phase != Phase::Terminal {
             return false;
         }
-        let gone = self.remove_locked(node, body, cause, guard);
+        let gone = self.remove_locked(&node, body, cause);
         drop(lock);
         drop(gone);
-        self.unlink(self.bucket(&node.key.unpack()), guard);
+        self.unlink(self.bucket_of(&node.key), guard);
         // The node is the queue's sentinel now, and what follows it is the
         // next entry to evict: start loading it, so the next insert at
         // capacity (`prefetch_eviction` reads its key) does not wait for it.
         // A hint only: loom and Miri would just explore or check one more load.
         if !cfg!(any(loom, miri)) {
-            prefetch(node.fifo_next.load(Relaxed, guard).as_raw());
+            let next = node.fifo_next.load(Relaxed);
+            if !next.is_null() {
+                prefetch(self.slab.get::<Node<S>>(next.slot()));
+            }
         }
         true
     }
@@ -926,24 +1036,32 @@ impl<S: DedupState> DedupTable<S> {
         if cfg!(any(loom, miri)) || self.terminal.load(Relaxed) < self.max_terminal {
             return;
         }
-        let head = self.fifo.head.load(Acquire, guard);
+        let head = self.fifo.head.load(Acquire);
         // SAFETY: the head is never null; it and its successor are protected
         // by `guard`.
-        let next = unsafe { head.deref() }.fifo_next.load(Acquire, guard);
+        let next = unsafe { resolve::<S>(self.slab, head, guard) }
+            .fifo_next
+            .load(Acquire);
         // SAFETY: as above.
-        if let Some(oldest) = unsafe { next.as_ref() } {
+        if let Some(oldest) = unsafe { resolve_opt::<S>(self.slab, next, guard) } {
             prefetch(&oldest.fifo_next);
-            prefetch(self.bucket(&oldest.key.unpack()));
+            prefetch(self.bucket_of(&oldest.key));
         }
     }
 
     #[inline]
-    fn bucket(&self, key: &DedupKey) -> &Atomic<Node<S>> {
+    fn bucket(&self, key: &DedupKey) -> &AtomicLink {
         &self.buckets[hash(key) as usize & self.mask]
     }
 
+    /// The bucket of a stored key.
+    #[inline]
+    fn bucket_of(&self, key: &PackedKey) -> &AtomicLink {
+        &self.buckets[hash_packed(key) as usize & self.mask]
+    }
+
     /// Unlinks every removed node of a bucket.
-    fn unlink(&self, bucket: &Atomic<Node<S>>, guard: &Guard) {
+    fn unlink(&self, bucket: &AtomicLink, guard: &Guard) {
         // No key to look for: walk the whole chain, unlinking as we go.
         let _ = self.walk(bucket, None, guard);
     }
@@ -952,20 +1070,19 @@ impl<S: DedupState> DedupTable<S> {
     /// nodes, takes a loop with nothing to unlink; the first removed node
     /// met hands over to the full walk, which unlinks it.
     #[inline]
-    fn find<'g>(&self, bucket: &Atomic<Node<S>>, key: &DedupKey, guard: &'g Guard) -> Found<'g, S> {
+    fn find<'g>(&self, bucket: &AtomicLink, key: &DedupKey, guard: &'g Guard) -> Found<'g, S> {
         let key = PackedKey::new(key);
-        let head = bucket.load(Acquire, guard);
+        let head = bucket.load(Acquire);
         let mut cur = head;
-        // SAFETY: every node reached from the bucket under `guard` stays
-        // allocated until the guard is dropped.
-        while let Some(node) = unsafe { cur.as_ref() } {
-            prefetch(node.state.get());
-            let next = node.next.load(Acquire, guard);
-            if next.tag() == 1 {
+        // SAFETY: every node reached from the bucket under `guard` keeps its
+        // slot until the guard is dropped.
+        while let Some(node) = unsafe { resolve_opt::<S>(self.slab, cur, guard) } {
+            let next = node.next.load(Acquire);
+            if next.marked() {
                 return self.walk(bucket, Some(&key), guard);
             }
             if node.key == key {
-                return Found::Node(cur);
+                return Found::Node(node);
             }
             cur = next;
         }
@@ -977,26 +1094,26 @@ impl<S: DedupState> DedupTable<S> {
     #[inline(never)]
     fn walk<'g>(
         &self,
-        bucket: &Atomic<Node<S>>,
+        bucket: &AtomicLink,
         key: Option<&PackedKey>,
         guard: &'g Guard,
     ) -> Found<'g, S> {
         'retry: loop {
-            let head = bucket.load(Acquire, guard);
+            let head = bucket.load(Acquire);
             let mut prev = bucket;
             let mut cur = head;
-            // SAFETY: every node reached from the bucket under `guard` stays
-            // allocated until the guard is dropped.
-            while let Some(node) = unsafe { cur.as_ref() } {
-                let next = node.next.load(Acquire, guard);
-                if next.tag() == 1 {
-                    let next = next.with_tag(0);
-                    match prev.compare_exchange(cur, next, AcqRel, Acquire, guard) {
+            // SAFETY: every node reached from the bucket under `guard` keeps
+            // its slot until the guard is dropped.
+            while let Some(node) = unsafe { resolve_opt::<S>(self.slab, cur, guard) } {
+                let next = node.next.load(Acquire);
+                if next.marked() {
+                    let next = next.unmarked();
+                    match prev.compare_exchange(cur, next, AcqRel, Acquire) {
                         Ok(_) => {
                             // SAFETY: unlinked by us, exactly once (a CAS
                             // only succeeds from an unmarked predecessor that
                             // still points at it); readers are pinned.
-                            unsafe { release(cur, guard) };
+                            unsafe { release(self.slab, node, guard) };
                             if key.is_some() && std::ptr::eq(prev, bucket) {
                                 // The head changed: start over so that
                                 // `Absent` carries the current head (an
@@ -1010,9 +1127,9 @@ impl<S: DedupState> DedupTable<S> {
                     }
                 }
                 if key.is_some_and(|k| *k == node.key) {
-                    return Found::Node(cur);
+                    return Found::Node(node);
                 }
-                prev = &node.next;
+                prev = &node.node.next;
                 cur = next;
             }
             return Found::Absent(head);
@@ -1030,13 +1147,15 @@ impl<S: DedupState> DedupTable<S> {
     pub(crate) fn queue_len(&self) -> usize {
         let guard = self.epoch.pin();
         let mut n = 0;
-        let head = self.fifo.head.load(Acquire, &guard);
+        let head = self.fifo.head.load(Acquire);
         // SAFETY: protected by `guard`.
-        let mut cur = unsafe { head.deref() }.fifo_next.load(Acquire, &guard);
+        let mut cur = unsafe { resolve::<S>(self.slab, head, &guard) }
+            .fifo_next
+            .load(Acquire);
         // SAFETY: protected by `guard`.
-        while let Some(node) = unsafe { cur.as_ref() } {
+        while let Some(node) = unsafe { resolve_opt::<S>(self.slab, cur, &guard) } {
             n += 1;
-            cur = node.fifo_next.load(Acquire, &guard);
+            cur = node.fifo_next.load(Acquire);
         }
         n
     }
@@ -1051,11 +1170,9 @@ impl<S: DedupState> DedupTable<S> {
         let guard = self.epoch.pin();
         let bucket = self.bucket(key);
         loop {
-            let Found::Node(ptr) = self.find(bucket, key, &guard) else {
+            let Found::Node(node) = self.find(bucket, key, &guard) else {
                 return None;
             };
-            // SAFETY: protected by `guard`.
-            let node = unsafe { ptr.deref() };
             let lock = node.lock.lock();
             // SAFETY: we hold the node's lock.
             let body = unsafe { node.body() };
@@ -1067,7 +1184,7 @@ impl<S: DedupState> DedupTable<S> {
                     if !pred(unsafe { body.state.assume_init_ref() }) {
                         return None;
                     }
-                    let gone = self.remove_locked(node, body, Cause::Clear, &guard);
+                    let gone = self.remove_locked(&node, body, Cause::Clear);
                     drop(lock);
                     self.unlink(bucket, &guard);
                     return Some(gone);
@@ -1086,17 +1203,16 @@ impl<S> Drop for DedupTable<S> {
         unsafe {
             let guard = crossbeam_epoch::unprotected();
             for bucket in self.buckets.iter() {
-                let mut cur = bucket.load(Relaxed, guard);
-                while !cur.is_null() {
-                    let node = cur.deref();
-                    let next = node.next.load(Relaxed, guard).with_tag(0);
+                let mut cur = bucket.load(Relaxed);
+                while let Some(node) = resolve_opt::<S>(self.slab, cur, guard) {
+                    let next = node.next.load(Relaxed).unmarked();
                     let body = node.body();
                     if matches!(*body.phase, Phase::Live | Phase::Terminal) {
                         body.state.assume_init_drop();
                         *body.phase = Phase::Removed;
                     }
                     if node.refs.fetch_sub(1, Relaxed) == 1 {
-                        drop(cur.into_owned());
+                        node_pool::give(self.slab, node.link.slot());
                     }
                     cur = next;
                 }
@@ -1109,4 +1225,46 @@ impl<S> Drop for DedupTable<S> {
 #[inline]
 pub(crate) fn hash(key: &DedupKey) -> u64 {
     FxBuildHasher.hash_one(key)
+}
+
+/// [`hash`] of a stored key, without rebuilding the `DedupKey` (hashes the
+/// same fields in the same order: checked by a test).
+#[inline]
+fn hash_packed(key: &PackedKey) -> u64 {
+    let [caller, high, low] = key.0;
+    hash(&DedupKey {
+        caller: CallerId::from_u64(caller),
+        request: RequestId::from_u128(u128::from(high) << 64 | u128::from(low)),
+    })
+}
+
+#[cfg(test)]
+mod packed_key_tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_key_hashes_and_unpacks_as_the_key_it_was() {
+        for n in [0u64, 1, 0xdead_beef, u64::MAX] {
+            let key = DedupKey {
+                caller: CallerId::from_u64(n.rotate_left(7)),
+                request: RequestId::from_u128(u128::from(n) << 64 | u128::from(!n)),
+            };
+            let packed = PackedKey::new(&key);
+            assert!(packed.unpack() == key);
+            assert_eq!(hash_packed(&packed), hash(&key));
+        }
+    }
+
+    #[test]
+    fn links_name_their_slot_and_keep_the_mark_apart() {
+        for slot in [0, 1, 12_345, crate::slab::MAX_SLOTS - 1] {
+            let link = Link::to(slot);
+            assert!(!link.is_null() && !link.marked());
+            assert_eq!(link.slot(), slot);
+            let marked = Link(link.0 | 1);
+            assert!(marked.marked() && !marked.is_null());
+            assert_eq!(marked.unmarked(), link);
+        }
+        assert!(Link::NULL.is_null() && Link(1).is_null());
+    }
 }

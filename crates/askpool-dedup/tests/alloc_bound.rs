@@ -7,11 +7,12 @@
 //! Slow tier: 10 million entries, in release:
 //! `cargo test -p askpool-dedup --release --test alloc_bound -- --ignored`.
 //!
-//! Retired node shells wait in a per-thread batch until 256 of them go to
+//! Retired node slots wait in a per-thread batch until 256 of them go to
 //! the collector together; a thread's partial batch goes when the thread
-//! exits. Short-lived threads (two state types, so two node layouts) leave
-//! nothing behind beyond the block caches, and a table dropped while its
-//! shells wait in a batch is harmless to the tables that come after it.
+//! exits, and its cache of free slots goes back to the slab. Short-lived
+//! threads (two state types, so two node layouts) leave nothing behind
+//! that the slabs cannot reuse, and a table dropped while its slots wait in
+//! a batch is harmless to the tables that come after it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -57,13 +58,14 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const CAP: usize = 100_000;
 
 /// The stated ceiling, above the live bytes before the table was made:
-/// 100,000 entries at `entry_size::<St>()` (72 bytes) is 7.2 MB, the buckets
-/// 2 MiB (262,144 x 8 bytes); the rest (about 3.2 MB) is room for the epoch
-/// garbage not yet freed (retired nodes go to the collector 256 at a time:
+/// 100,000 entries at `entry_size::<St>()` (64 bytes) is 6.4 MB, the buckets
+/// 1 MiB (262,144 x 4 bytes); the rest (about 4.9 MB) is room for the epoch
+/// garbage not yet freed (retired slots go to the collector 256 at a time:
 /// up to 255 per thread wait for their batch to fill or their thread to
-/// exit) and the caches of freed node blocks (at most 512 per thread, plus
-/// 1,024 shared by the threads). The test prints the measured peak (9.33 MB, 93.3
-/// bytes per cached entry, flat from 1 to 10 million entries).
+/// exit), the caches of free slots (at most 512 per thread) and the slab's
+/// segments, which double (up to twice the slots in use). The test prints
+/// the measured peak (9.45 MB, 94.5 bytes per cached entry, flat from 1 to
+/// 10 million entries: 8.4 MB of segments for 131,008 slots).
 const CEILING: usize = 12 * 1024 * 1024;
 
 #[derive(Clone, Debug)]
@@ -92,7 +94,7 @@ fn stream(entries: u64) {
         max_terminal: CAP,
         terminal_ttl: Duration::from_secs(3_600),
     });
-    assert_eq!(askpool_dedup::entry_size::<St>(), 72);
+    assert_eq!(askpool_dedup::entry_size::<St>(), 64);
     let mut peak = 0usize;
     for n in 0..entries {
         let now = Timestamp::from_nanos(n);
@@ -173,9 +175,13 @@ fn collect() {
     }
 }
 
-/// What this (main) thread's block caches and the shared list may hold at
-/// most, per layout: 512 free blocks kept, 1,024 shared, 255 retired, and
-/// their lists' own capacity; plus room for crossbeam's bookkeeping.
+/// What may be left per layout once the threads are gone: the slab keeps
+/// its peak of slots in use at once (a table of 16 entries, up to 255
+/// retired slots waiting for a batch, 512 free in a cache and what the
+/// doubling reserves besides: 1,791 slots' worth is ample), and this (main)
+/// thread's lists' own capacity; plus room for crossbeam's bookkeeping.
+/// Were retired or free slots lost with their threads, the slab would grow
+/// by every one of them.
 fn caches(sizes: &[usize]) -> isize {
     let per_layout = |size: usize| (512 + 1_024 + 255) * size + (512 + 2 * 256) * 8;
     (sizes.iter().map(|&s| per_layout(s)).sum::<usize>() + 64 * 1024) as isize

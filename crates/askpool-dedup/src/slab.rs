@@ -1,0 +1,264 @@
+//! Process-wide slabs of node slots, one per node layout, addressed by
+//! 32-bit slot numbers.
+//!
+//! Why: a hit's first miss is the bucket array, and a bucket that holds a
+//! 4-byte slot number instead of an 8-byte pointer halves that array (1 MiB
+//! for 100,000 entries), so more of it stays in cache; the chain and queue
+//! links shrink the same way, so a node with a 16-byte state fits one
+//! 64-byte line.
+//!
+//! A slab grows in segments that double (64 slots, then 128, 256, ...), so
+//! a slot number maps to its segment with one leading-zero count and the
+//! segment table (26 pointers) stays in L1. Segments are never freed: a slot
+//! freed by one table is reused by the next node of the same layout, in any
+//! table, as the system allocator would reuse a block. A slab's memory is
+//! its peak of nodes in use at once, which the tables bound (entries,
+//! in-flight epoch garbage and the per-thread caches of `node_pool`).
+//!
+//! The segment table is written once per segment, under a mutex, before the
+//! first slot of the segment is handed out; a slot number reaches another
+//! thread only through the table's links, whose release/acquire order
+//! carries the segment's pointer too. Loom models those links; the slab's
+//! own atomics are std's, as they are not part of any race the table has.
+
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Slots in the first segment (a power of two); segment `k` holds
+/// `FIRST << k`.
+const FIRST: u32 = 64;
+const FIRST_SHIFT: u32 = FIRST.trailing_zeros();
+/// Segments: enough for every slot number below [`MAX_SLOTS`].
+const SEGMENTS: usize = 26;
+/// Slot numbers stay below 2^31 - 64, so that a link (slot + 1, shifted
+/// past a mark bit) fits a `u32`.
+pub(crate) const MAX_SLOTS: u32 = (1 << 31) - FIRST;
+
+/// Alignment of a segment: a node whose size is a multiple of 64 starts on
+/// a cache line.
+const SEGMENT_ALIGN: usize = 64;
+
+pub(crate) struct Slab {
+    /// Of one slot.
+    layout: Layout,
+    segments: [AtomicPtr<u8>; SEGMENTS],
+    /// For each bit length `b` of `slot + FIRST` (6 to 31), the base of the
+    /// segment whose slots have it, less the bytes of the slots numbered
+    /// below it (a wrapping pointer of the segment's allocation): the slot's
+    /// memory is then `biased[b] + (slot + FIRST) * size`, one load and a
+    /// multiply-add.
+    biased: [AtomicPtr<u8>; 32],
+    /// Slots below this were handed out at least once.
+    fresh: AtomicU32,
+    grow: Mutex<()>,
+    /// Free slots handed back in batches: by thread caches that overflowed
+    /// or whose thread exited, and by tables that were dropped.
+    shared: Mutex<Vec<Vec<u32>>>,
+    /// Batches in `shared`: an empty cache looks here before it locks.
+    shared_len: AtomicUsize,
+}
+
+/// The slabs made so far (one per node layout), never freed.
+static SLABS: Mutex<Vec<&'static Slab>> = Mutex::new(Vec::new());
+
+impl Slab {
+    /// The slab of slots of `layout` (made on first use; a table looks it
+    /// up once, when it is made).
+    pub(crate) fn of(layout: Layout) -> &'static Slab {
+        // Slots sit back to back: each one's size is a multiple of its
+        // alignment.
+        let layout = layout.pad_to_align();
+        let mut slabs = SLABS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slab) = slabs.iter().find(|s| s.layout == layout) {
+            return slab;
+        }
+        let slab: &'static Slab = Box::leak(Box::new(Slab {
+            layout,
+            segments: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+            biased: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+            fresh: AtomicU32::new(0),
+            grow: Mutex::new(()),
+            shared: Mutex::new(Vec::new()),
+            shared_len: AtomicUsize::new(0),
+        }));
+        slabs.push(slab);
+        slab
+    }
+
+    /// The memory of a slot handed out by this slab, whose slots hold `T`s.
+    #[inline(always)]
+    pub(crate) fn get<T>(&self, slot: u32) -> *mut T {
+        debug_assert_eq!(self.layout, Layout::new::<T>().pad_to_align());
+        let v = slot + FIRST;
+        let bits = v.ilog2() as usize;
+        // SAFETY: `bits` is below 32.
+        let biased = unsafe { self.biased.get_unchecked(bits) }.load(Ordering::Acquire);
+        debug_assert!(
+            !self.segments[locate(slot).0]
+                .load(Ordering::Relaxed)
+                .is_null(),
+            "slot {slot} of a segment never made"
+        );
+        biased
+            .wrapping_add(v as usize * std::mem::size_of::<T>())
+            .cast()
+    }
+
+    /// A slot never handed out before (the segment it falls in is made
+    /// first).
+    #[cold]
+    pub(crate) fn fresh(&self) -> u32 {
+        let slot = self.fresh.fetch_add(1, Ordering::Relaxed);
+        assert!(
+            slot < MAX_SLOTS,
+            "askpool-dedup: more than {MAX_SLOTS} nodes of one layout at once"
+        );
+        let (segment, _) = locate(slot);
+        if self.segments[segment].load(Ordering::Acquire).is_null() {
+            self.grow(segment);
+        }
+        slot
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow(&self, segment: usize) {
+        let _grow = self.grow.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.segments[segment].load(Ordering::Acquire).is_null() {
+            return;
+        }
+        let layout = self.segment_layout(segment);
+        // SAFETY: a non-zero size (a node is never zero-sized).
+        let base = unsafe { std::alloc::alloc(layout) };
+        if base.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        let first = (FIRST as usize) << segment;
+        let bits = first.trailing_zeros() as usize;
+        self.biased[bits].store(
+            base.wrapping_sub(first * self.layout.size()),
+            Ordering::Release,
+        );
+        self.segments[segment].store(base, Ordering::Release);
+    }
+
+    fn segment_layout(&self, segment: usize) -> Layout {
+        let slots = (FIRST as usize) << segment;
+        Layout::from_size_align(
+            self.layout.size() * slots,
+            self.layout.align().max(SEGMENT_ALIGN),
+        )
+        .expect("a segment's layout")
+    }
+
+    /// A batch of free slots handed back, if any.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn take_batch(&self) -> Option<Vec<u32>> {
+        if self.shared_len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        let batch = shared.pop()?;
+        self.shared_len.fetch_sub(1, Ordering::Relaxed);
+        Some(batch)
+    }
+
+    /// Hands back free slots (nobody can reach them any more).
+    pub(crate) fn give_batch(&self, batch: Vec<u32>) {
+        if batch.is_empty() {
+            return;
+        }
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        shared.push(batch);
+        self.shared_len.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A free slot: a handed-back one, else a fresh one. Used where there
+    /// is no per-thread cache (loom models, which need the same operations
+    /// on every run).
+    #[cfg(loom)]
+    pub(crate) fn take_one(&self) -> u32 {
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(batch) = shared.last_mut() {
+            if let Some(slot) = batch.pop() {
+                return slot;
+            }
+            shared.pop();
+            self.shared_len.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(shared);
+        self.fresh()
+    }
+
+    /// Bytes of segments made so far (tests).
+    #[cfg(test)]
+    pub(crate) fn reserved_bytes(&self) -> usize {
+        (0..SEGMENTS)
+            .filter(|&k| !self.segments[k].load(Ordering::Acquire).is_null())
+            .map(|k| self.segment_layout(k).size())
+            .sum()
+    }
+}
+
+/// The segment of a slot and its offset in it.
+#[inline(always)]
+fn locate(slot: u32) -> (usize, usize) {
+    let v = slot + FIRST;
+    let segment = 31 - v.leading_zeros() - FIRST_SHIFT;
+    (segment as usize, (v - (FIRST << segment)) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_map_to_consecutive_offsets_of_doubling_segments() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(63), (0, 63));
+        assert_eq!(locate(64), (1, 0));
+        assert_eq!(locate(191), (1, 127));
+        assert_eq!(locate(192), (2, 0));
+        assert_eq!(locate(MAX_SLOTS - 1).0, SEGMENTS - 2);
+        // Every slot below a bound maps to a distinct place.
+        let mut seen = std::collections::HashSet::new();
+        for slot in 0..5_000 {
+            let (segment, offset) = locate(slot);
+            assert!(offset < (FIRST as usize) << segment);
+            assert!(seen.insert((segment, offset)));
+        }
+    }
+
+    #[test]
+    fn fresh_slots_are_distinct_aligned_memory() {
+        // A layout no node and no other test has.
+        #[repr(align(32))]
+        struct Slot32(#[allow(dead_code)] [u8; 32]);
+        let layout = Layout::new::<Slot32>();
+        let slab = Slab::of(layout);
+        assert!(std::ptr::eq(slab, Slab::of(layout)));
+        let n = if cfg!(miri) { 200 } else { 10_000 };
+        let slots: Vec<u32> = (0..n).map(|_| slab.fresh()).collect();
+        for &slot in &slots {
+            let p = slab.get::<Slot32>(slot).cast::<u8>();
+            assert_eq!(p as usize % 32, 0);
+            // SAFETY: a slot of 32 bytes owned by this test.
+            unsafe { p.write_bytes(0xa5, 32) };
+        }
+        let mut ptrs: Vec<usize> = slots
+            .iter()
+            .map(|&s| slab.get::<Slot32>(s) as usize)
+            .collect();
+        ptrs.sort_unstable();
+        assert!(
+            ptrs.windows(2).all(|w| w[1] - w[0] >= 32),
+            "overlapping slots"
+        );
+        assert!(slab.reserved_bytes() >= n * 32);
+        assert!(slab.reserved_bytes() <= 2 * n * 32 + 32 * FIRST as usize);
+        slab.give_batch(slots);
+        let back = slab.take_batch().unwrap();
+        assert_eq!(back.len(), n);
+    }
+}
