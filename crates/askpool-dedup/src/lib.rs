@@ -34,8 +34,16 @@
 //! byte after the lock) and the state inline.
 //!
 //! - *Lookup* walks the chain without any lock (unlinking removed nodes it
-//!   meets, as Harris–Michael lists do), then reads the entry under its
-//!   lock: one compare-and-swap to take it, a plain store to release it.
+//!   meets, as Harris–Michael lists do). A terminal entry of a state with
+//!   no drop glue (plain data) is then read without any lock either: the
+//!   phase is an atomic byte, `Terminal` is stored (release) after the
+//!   state and expiry, a terminal state is never written again while its
+//!   slot holds the node, and removing it drops nothing, so a reader
+//!   racing its eviction still reads what was there when it saw it
+//!   terminal (`get` asks `S: Sync` for this). Any other entry is read
+//!   under its lock: one compare-and-swap to take it, a plain store to
+//!   release it. (A state that owns resources is dropped at once when its
+//!   entry is removed, under the lock, so its readers must hold the lock.)
 //! - *Insert-if-absent* publishes a new node with one CAS on the bucket head.
 //!   The node is born with its lock held by its creator (a *reserved* entry),
 //!   so the insert waits for nobody; the creator then runs the transition
@@ -96,7 +104,7 @@
 //!
 //! **Slabs.** A slab grows in segments that double (64 slots, 128, ...), so
 //! a slot number finds its memory with one leading-zero count and a table
-//! of 26 segment pointers. Segments are never freed: the slab is as large
+//! of 32 biased segment bases. Segments are never freed: the slab is as large
 //! as the most nodes of its layout that were ever in use at once (the
 //! tables' entries, the epoch garbage and the caches above), and a slot one
 //! table frees is reused by any table of that layout, as an allocator
@@ -105,7 +113,8 @@
 //! **Epoch garbage.** Callers hold a pin only for the duration of one call
 //! (never while a user closure of `ExactlyOnceDedup` runs), so crossbeam's
 //! collector, which frees up to 8 bags every 128 pins (and a thread's
-//! batch of 256 slots goes to it as a bag of its own), keeps up: each
+//! batch of 256 slots goes to it at once, with whatever else the thread's
+//! bag holds), keeps up: each
 //! evicting insert retires one node. The garbage is counted in the
 //! memory bound, and so is what each thread keeps besides the table: up to
 //! 255 retired slots and 512 free ones per node layout (about 48 KiB of
@@ -123,7 +132,8 @@
 //! 48 bytes plus the state (56 bytes for an 8-byte state, 64 for a 16-byte
 //! one; the key is stored unpadded, 24 bytes), whether in progress or
 //! terminal. The slab grows by doubling, so up to as much again may be
-//! reserved and not yet used.
+//! reserved and not yet used (and its first segment is 64 slots, however
+//! few entries there are).
 //! Buckets add 4 bytes per bucket, two buckets per allowed terminal entry
 //! (1 MiB for the default `max_terminal` of 100,000: 262,144 buckets).
 //! Measured with the counting allocator (`tests/alloc_bound.rs`), a full
@@ -137,7 +147,8 @@
 //! - The bucket array is sized once, from `max_terminal`: in-progress
 //!   entries beyond that lengthen chains rather than grow the table.
 //! - A `get` or `apply` of a key whose transition is running waits for it
-//!   (the per-entry lock); a lookup of another key never waits.
+//!   (the per-entry lock); a lookup of another key, or a `get` of a
+//!   terminal plain-data entry, never waits.
 //! - The transition closure must not call back into the table.
 //!
 //! # Verification
@@ -155,10 +166,11 @@
 //!   (`cargo test -p askpool-dedup --release --test alloc_bound -- --ignored`),
 //!   and Miri on the unit tests, which cover all the unsafe code:
 //!   `MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" cargo +nightly miri
-//!   test -p askpool-dedup --lib` (crossbeam-epoch needs Tree Borrows; its
-//!   process-wide collector still holds deferred node shells at exit, which
-//!   Miri would report as leaks: the states' drops are checked exactly by
-//!   the drop-counting tests instead);
+//!   test -p askpool-dedup --lib` (crossbeam-epoch needs Tree Borrows; the
+//!   slabs are leaked on purpose and crossbeam's process-wide collector
+//!   still holds deferred slots at exit, which Miri would report as leaks:
+//!   the states' drops are checked exactly by the drop-counting tests
+//!   instead);
 //! - benchmarks: `cargo bench -p askpool-dedup --bench dedup` prints a ratio
 //!   table against the baselines.
 

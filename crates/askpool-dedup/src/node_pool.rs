@@ -148,7 +148,9 @@ pub(crate) fn take(slab: &'static Slab) -> u32 {
     #[cfg(not(loom))]
     match take_kept(slab) {
         Some(slot) => slot,
-        None => slab.fresh(),
+        // No cache (a thread-local destructor inserting after this
+        // thread's cache is gone) or nothing in it or the slab's list.
+        None => slab.take_one(),
     }
     #[cfg(loom)]
     slab.take_one()
@@ -201,7 +203,7 @@ pub(crate) unsafe fn give(slab: &'static Slab, slot: u32) {
         })
         .unwrap_or(false);
     if !kept {
-        slab.give_batch(vec![slot]);
+        slab.give_one(slot, BATCH);
     }
 }
 
@@ -318,7 +320,7 @@ fn reclaim(batch: Box<Retired>) {
 /// As in production.
 #[cfg(loom)]
 pub(crate) unsafe fn give(slab: &'static Slab, slot: u32) {
-    slab.give_batch(vec![slot]);
+    slab.give_one(slot, RETIRE_BATCH);
 }
 
 /// Under loom: one deferred function per slot.

@@ -8,8 +8,9 @@
 //! 64-byte line.
 //!
 //! A slab grows in segments that double (64 slots, then 128, 256, ...), so
-//! a slot number maps to its segment with one leading-zero count and the
-//! segment table (26 pointers) stays in L1. Segments are never freed: a slot
+//! a slot number maps to its memory with one leading-zero count, a load
+//! from a table of 32 biased segment bases (in L1) and a multiply-add.
+//! Segments are never freed: a slot
 //! freed by one table is reused by the next node of the same layout, in any
 //! table, as the system allocator would reuse a block. A slab's memory is
 //! its peak of nodes in use at once, which the tables bound (entries,
@@ -17,9 +18,12 @@
 //!
 //! The segment table is written once per segment, under a mutex, before the
 //! first slot of the segment is handed out; a slot number reaches another
-//! thread only through the table's links, whose release/acquire order
-//! carries the segment's pointer too. Loom models those links; the slab's
-//! own atomics are std's, as they are not part of any race the table has.
+//! thread through the table's links (release/acquire), the slab's shared
+//! list (its mutex) or the epoch collector's reclamation, each of which
+//! orders the segment's pointer before it. Loom models the links; the
+//! slab's own atomics are std's, as they are not part of any race the table
+//! has (so the slab and the per-thread caches are checked by the unit tests
+//! and Miri, not loom).
 
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
@@ -43,7 +47,7 @@ pub(crate) struct Slab {
     /// Of one slot.
     layout: Layout,
     segments: [AtomicPtr<u8>; SEGMENTS],
-    /// For each bit length `b` of `slot + FIRST` (6 to 31), the base of the
+    /// For each bit length `b` of `slot + FIRST` (6 to 30), the base of the
     /// segment whose slots have it, less the bytes of the slots numbered
     /// below it (a wrapping pointer of the segment's allocation): the slot's
     /// memory is then `biased[b] + (slot + FIRST) * size`, one load and a
@@ -109,11 +113,17 @@ impl Slab {
     /// first).
     #[cold]
     pub(crate) fn fresh(&self) -> u32 {
-        let slot = self.fresh.fetch_add(1, Ordering::Relaxed);
-        assert!(
-            slot < MAX_SLOTS,
-            "askpool-dedup: more than {MAX_SLOTS} nodes of one layout at once"
-        );
+        // Counted only below the limit: a call refused here must not move
+        // the count on (past u32::MAX it would wrap and hand out slot 0
+        // again).
+        let slot = self
+            .fresh
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < MAX_SLOTS).then_some(n + 1)
+            })
+            .unwrap_or_else(|_| {
+                panic!("askpool-dedup: more than {MAX_SLOTS} nodes of one layout at once")
+            });
         let (segment, _) = locate(slot);
         if self.segments[segment].load(Ordering::Acquire).is_null() {
             self.grow(segment);
@@ -145,11 +155,13 @@ impl Slab {
 
     fn segment_layout(&self, segment: usize) -> Layout {
         let slots = (FIRST as usize) << segment;
-        Layout::from_size_align(
-            self.layout.size() * slots,
-            self.layout.align().max(SEGMENT_ALIGN),
-        )
-        .expect("a segment's layout")
+        let size = self
+            .layout
+            .size()
+            .checked_mul(slots)
+            .expect("a segment's size fits usize");
+        Layout::from_size_align(size, self.layout.align().max(SEGMENT_ALIGN))
+            .expect("a segment's layout")
     }
 
     /// A batch of free slots handed back, if any.
@@ -174,21 +186,48 @@ impl Slab {
         self.shared_len.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Hands back one free slot, into the newest batch while it is
+    /// smaller than `batch`: where there is no per-thread cache (loom, a
+    /// thread being torn down), one `Vec` per slot would be wasteful.
+    pub(crate) fn give_one(&self, slot: u32, batch: usize) {
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        match shared.last_mut() {
+            Some(last) if last.len() < batch => last.push(slot),
+            _ => {
+                let mut new = Vec::with_capacity(batch);
+                new.push(slot);
+                shared.push(new);
+                self.shared_len.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// A free slot: a handed-back one, else a fresh one. Used where there
     /// is no per-thread cache (loom models, which need the same operations
-    /// on every run).
-    #[cfg(loom)]
+    /// on every run, and a thread being torn down).
     pub(crate) fn take_one(&self) -> u32 {
+        if self.shared_len.load(Ordering::Relaxed) == 0 {
+            return self.fresh();
+        }
         let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(batch) = shared.last_mut() {
-            if let Some(slot) = batch.pop() {
+            let slot = batch.pop();
+            if batch.is_empty() {
+                shared.pop();
+                self.shared_len.fetch_sub(1, Ordering::Relaxed);
+            }
+            if let Some(slot) = slot {
                 return slot;
             }
-            shared.pop();
-            self.shared_len.fetch_sub(1, Ordering::Relaxed);
         }
         drop(shared);
         self.fresh()
+    }
+
+    /// Slots ever handed out fresh (tests).
+    #[cfg(test)]
+    pub(crate) fn made(&self) -> u32 {
+        self.fresh.load(Ordering::Relaxed)
     }
 
     /// Bytes of segments made so far (tests).

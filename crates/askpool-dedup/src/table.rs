@@ -14,10 +14,13 @@ use rustc_hash::FxBuildHasher;
 use crate::node_pool;
 use crate::slab::Slab;
 use crate::sync::Ordering::{self, AcqRel, Acquire, Relaxed, Release};
-use crate::sync::{AtomicIsize, AtomicU32, AtomicU64, AtomicUsize, Epoch, LockGuard, NodeLock};
+use crate::sync::{
+    AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Epoch, LockGuard, NodeLock,
+};
 use crate::{DedupConfig, DedupState, DedupStats};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
 enum Phase {
     /// Just inserted; its creator holds the lock and runs the transition.
     /// Nobody else can ever see this phase (they wait on the lock).
@@ -30,12 +33,86 @@ enum Phase {
     Removed,
 }
 
-/// Everything of a node that is read or written only under its lock: its
-/// phase and its state (initialised in `Live` and `Terminal` only), borrowed
-/// from the node's two cells (kept apart so the phase packs beside the lock).
+/// A node's phase. Written only under the node's lock; read under it, and
+/// also without it by a lookup (`get`), which may read a `Terminal` entry's
+/// state lock-free: `Terminal` is stored with release ordering after the
+/// state and the expiry are written, and a terminal state is never written
+/// again while its slot holds the node.
+struct PhaseCell(AtomicU8);
+
+impl PhaseCell {
+    fn new(phase: Phase) -> Self {
+        Self(AtomicU8::new(phase as u8))
+    }
+
+    #[inline(always)]
+    fn get(&self, order: Ordering) -> Phase {
+        match self.0.load(order) {
+            0 => Phase::Reserved,
+            1 => Phase::Live,
+            2 => Phase::Terminal,
+            _ => Phase::Removed,
+        }
+    }
+
+    #[inline(always)]
+    fn set(&self, phase: Phase) {
+        self.0.store(phase as u8, Release);
+    }
+}
+
+/// Everything of a node that is written only under its lock: its phase and
+/// its state (initialised in `Live` and `Terminal` only).
+///
+/// The state is reached through its cell, never as a `&mut` that would
+/// assert it is unshared: a lock-free lookup may be reading a terminal one.
 struct Body<'a, S> {
-    phase: &'a mut Phase,
-    state: &'a mut MaybeUninit<S>,
+    phase: &'a PhaseCell,
+    state: &'a UnsafeCell<MaybeUninit<S>>,
+}
+
+impl<S> Body<'_, S> {
+    /// The phase, read under the lock.
+    #[inline(always)]
+    fn phase(&self) -> Phase {
+        self.phase.get(Relaxed)
+    }
+
+    /// The state.
+    ///
+    /// # Safety
+    /// Initialised (phase `Live` or `Terminal`).
+    #[inline(always)]
+    unsafe fn current(&self) -> &S {
+        (*self.state.get()).assume_init_ref()
+    }
+
+    /// Replaces an in-progress state (which no lock-free reader reads).
+    ///
+    /// # Safety
+    /// Phase `Live`.
+    #[inline(always)]
+    unsafe fn replace(&self, next: S) -> S {
+        std::mem::replace((*self.state.get()).assume_init_mut(), next)
+    }
+
+    /// Stores the first state of a reserved node.
+    #[inline(always)]
+    fn fill(&self, next: S) {
+        // SAFETY: under the lock, in phase `Reserved`: nobody else reads
+        // the state.
+        unsafe { (*self.state.get()).write(next) };
+    }
+
+    /// Moves the state out; the caller marks the node removed. A lock-free
+    /// lookup may still be cloning a terminal state: this only reads it.
+    ///
+    /// # Safety
+    /// Initialised, and not moved out before.
+    #[inline(always)]
+    unsafe fn take(&self) -> S {
+        self.state.get().cast::<S>().read()
+    }
 }
 
 /// A `DedupKey` without its alignment padding (24 bytes instead of 32).
@@ -168,8 +245,8 @@ struct Node<S> {
     /// The next node of the eviction queue (Michael–Scott).
     fifo_next: AtomicLink,
     lock: NodeLock,
-    /// Under `lock`.
-    phase: UnsafeCell<Phase>,
+    /// Written under `lock`.
+    phase: PhaseCell,
     /// Under `lock`; initialised in `Live` and `Terminal` only.
     state: UnsafeCell<MaybeUninit<S>>,
 }
@@ -241,8 +318,8 @@ impl<S> Node<S> {
     #[allow(clippy::mut_from_ref)]
     unsafe fn body(&self) -> Body<'_, S> {
         Body {
-            phase: &mut *self.phase.get(),
-            state: &mut *self.state.get(),
+            phase: &self.phase,
+            state: &self.state,
         }
     }
 
@@ -254,7 +331,7 @@ impl<S> Node<S> {
             expires: AtomicU64::new(u64::MAX),
             refs: AtomicU32::new(1),
             lock: NodeLock::new_locked(),
-            phase: UnsafeCell::new(Phase::Reserved),
+            phase: PhaseCell::new(Phase::Reserved),
             state: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
@@ -446,6 +523,12 @@ enum Cause {
     Clear,
 }
 
+/// The slab that holds the nodes of tables of `S` (tests).
+#[cfg(test)]
+pub(crate) fn slab_of<S>() -> &'static Slab {
+    Slab::of(Layout::new::<Node<S>>())
+}
+
 /// The per-entry memory is reported by `size_of::<Node<S>>()`; this is how
 /// the docs and the allocator test name it.
 pub(crate) const fn node_size<S>() -> usize {
@@ -514,7 +597,7 @@ unsafe impl<S: Send> Sync for DedupTable<S> {}
 /// Buckets for a table: two per terminal entry allowed, rounded up to a power
 /// of two, at least 64, at most 2^23 (chains then grow past 1). Two, not one:
 /// every node a chain holds before the one looked for is a cache miss, and a
-/// load factor under 0.5 keeps chains at about one node (8 more bytes per
+/// load factor under 0.5 keeps chains at about one node (4 more bytes per
 /// entry).
 fn bucket_count(max_terminal: usize) -> usize {
     max_terminal.clamp(32, 1 << 22).next_power_of_two() * 2
@@ -610,9 +693,9 @@ impl<S: DedupState> DedupTable<S> {
                     let lock = node.lock.lock();
                     // SAFETY: we hold the node's lock.
                     let body = unsafe { node.body() };
-                    match *body.phase {
+                    match body.phase() {
                         Phase::Removed | Phase::Reserved => {
-                            debug_assert_ne!(*body.phase, Phase::Reserved);
+                            debug_assert_ne!(body.phase(), Phase::Reserved);
                             drop(lock);
                             continue;
                         }
@@ -622,7 +705,7 @@ impl<S: DedupState> DedupTable<S> {
                         }
                         Phase::Terminal => {
                             // SAFETY: initialised in this phase.
-                            let current = unsafe { body.state.assume_init_ref() };
+                            let current = unsafe { body.current() };
                             let (next, out) = transition(Some(current), true);
                             drop(lock);
                             debug_assert!(next.is_none(), "a terminal state was asked to change");
@@ -631,7 +714,7 @@ impl<S: DedupState> DedupTable<S> {
                         }
                         Phase::Live => {
                             // SAFETY: initialised in this phase.
-                            let current = unsafe { body.state.assume_init_ref() };
+                            let current = unsafe { body.current() };
                             let (next, out) = transition(Some(current), true);
                             let Some(next) = next else {
                                 return out;
@@ -639,8 +722,7 @@ impl<S: DedupState> DedupTable<S> {
                             let terminal = next.is_terminal();
                             // SAFETY: initialised; replaced by an initialised
                             // value.
-                            let old =
-                                unsafe { std::mem::replace(body.state.assume_init_mut(), next) };
+                            let old = unsafe { body.replace(next) };
                             if terminal {
                                 self.in_progress.fetch_sub(1, Relaxed);
                                 self.make_terminal(&node, body, now);
@@ -709,7 +791,7 @@ impl<S: DedupState> DedupTable<S> {
                 if !self.filled {
                     // SAFETY: we hold the lock.
                     let body = unsafe { self.node.body() };
-                    *body.phase = Phase::Removed;
+                    body.phase.set(Phase::Removed);
                     self.node.next.mark(AcqRel);
                 }
                 drop(lock);
@@ -733,11 +815,11 @@ impl<S: DedupState> DedupTable<S> {
             terminal = next.is_terminal();
             // SAFETY: we hold the lock (born held, released by `reservation`).
             let body = unsafe { node.body() };
-            body.state.write(next);
+            body.fill(next);
             if terminal {
                 self.make_terminal(&node, body, now);
             } else {
-                *body.phase = Phase::Live;
+                body.phase.set(Phase::Live);
                 if room_taken {
                     // The place taken above is this entry's.
                     reservation.room_taken = false;
@@ -764,7 +846,6 @@ impl<S: DedupState> DedupTable<S> {
     /// (expired on access, cleared) leaves it to be queued dead, and the
     /// queue skips dead nodes.
     fn make_terminal(&self, node: &Node<S>, body: Body<'_, S>, now: Timestamp) {
-        *body.phase = Phase::Terminal;
         // Expiry stamps never go down along the queue: an entry made
         // terminal with an earlier clock than one queued before it (callers
         // on other threads) is stamped like that one. Expiry then only ever
@@ -787,6 +868,9 @@ impl<S: DedupState> DedupTable<S> {
         // does. The queue's publishing CAS orders both stores before any
         // reader that finds the node through the queue.
         node.refs.store(2, Relaxed);
+        // Last: a lock-free lookup that reads `Terminal` (acquire) sees the
+        // state and the expiry written before it.
+        body.phase.set(Phase::Terminal);
     }
 
     /// Whether a terminal node's TTL ran out by `now`.
@@ -796,31 +880,67 @@ impl<S: DedupState> DedupTable<S> {
     }
 
     /// The current state of `key`, if any.
+    ///
+    /// A terminal entry whose state type has no drop glue (plain data:
+    /// `!std::mem::needs_drop::<S>()`) is read without its lock: a
+    /// terminal state is never written again while its slot holds the
+    /// node, and removing such an entry only marks it (dropping the state
+    /// does nothing), so a reader that saw it terminal may still clone it
+    /// while it is being evicted (the read is ordered at the moment it saw
+    /// it). Hence `S: Sync`: two threads may clone one state at once. Any
+    /// other entry is read under its lock.
     pub fn get(&self, key: &DedupKey, now: Timestamp) -> Option<S>
     where
-        S: Clone,
+        S: Clone + Sync,
     {
         let guard = self.epoch.pin();
         let bucket = self.bucket(key);
         prefetch(bucket);
         self.expire(now, &guard);
-        loop {
+        if !std::mem::needs_drop::<S>() {
             let Found::Node(node) = self.find(bucket, key, &guard) else {
+                return None;
+            };
+            if node.phase.get(Acquire) == Phase::Terminal && !Self::expired(&node, now) {
+                // SAFETY: `Terminal` (acquire) orders the state's write
+                // before this read, and a terminal state is not written
+                // again while `guard` keeps the slot from reuse: removal
+                // only reads it out and drops nothing (no drop glue). Other
+                // readers share it, which `S: Sync` allows.
+                return Some(unsafe { (*node.state.get()).assume_init_ref() }.clone());
+            }
+        }
+        self.get_locked(bucket, key, now, &guard)
+    }
+
+    /// `get` under the entry's lock (kept out of line: the lock-free path
+    /// stays small).
+    #[inline(never)]
+    fn get_locked(
+        &self,
+        bucket: &AtomicLink,
+        key: &DedupKey,
+        now: Timestamp,
+        guard: &Guard,
+    ) -> Option<S>
+    where
+        S: Clone,
+    {
+        loop {
+            let Found::Node(node) = self.find(bucket, key, guard) else {
                 return None;
             };
             let lock = node.lock.lock();
             // SAFETY: we hold the node's lock.
             let body = unsafe { node.body() };
-            match *body.phase {
+            match body.phase() {
                 Phase::Removed | Phase::Reserved => continue,
                 Phase::Terminal if Self::expired(&node, now) => {
-                    self.remove_expired(&node, body, lock, bucket, &guard);
+                    self.remove_expired(&node, body, lock, bucket, guard);
                     return None;
                 }
                 // SAFETY: initialised in these phases.
-                Phase::Live | Phase::Terminal => {
-                    return Some(unsafe { body.state.assume_init_ref() }.clone())
-                }
+                Phase::Live | Phase::Terminal => return Some(unsafe { body.current() }.clone()),
             }
         }
     }
@@ -877,7 +997,7 @@ impl<S: DedupState> DedupTable<S> {
                 let lock = node.lock.lock();
                 // SAFETY: we hold the node's lock.
                 let body = unsafe { node.body() };
-                let gone = match *body.phase {
+                let gone = match body.phase() {
                     Phase::Live | Phase::Terminal => {
                         Some(self.remove_locked(&node, body, Cause::Clear))
                     }
@@ -915,15 +1035,17 @@ impl<S: DedupState> DedupTable<S> {
     /// Removes a live or terminal node whose lock the caller holds: drops
     /// nothing itself, hands the state back to be dropped after unlocking.
     fn remove_locked(&self, node: &Node<S>, body: Body<'_, S>, cause: Cause) -> S {
-        let was_terminal = match *body.phase {
+        let was_terminal = match body.phase() {
             Phase::Terminal => true,
             Phase::Live => false,
             Phase::Reserved | Phase::Removed => unreachable!("only live entries are removed"),
         };
-        *body.phase = Phase::Removed;
+        body.phase.set(Phase::Removed);
         // SAFETY: initialised in `Live` / `Terminal`; `Removed` marks it
-        // moved out.
-        let state = unsafe { body.state.assume_init_read() };
+        // moved out. A lock-free lookup may still be cloning it (it read
+        // `Terminal` before): this read writes nothing, and the state is
+        // dropped here only if dropping it does nothing (see `get`).
+        let state = unsafe { body.take() };
         node.next.mark(AcqRel);
         if !was_terminal {
             self.in_progress.fetch_sub(1, Relaxed);
@@ -1008,7 +1130,7 @@ impl<S: DedupState> DedupTable<S> {
         let lock = node.lock.lock();
         // SAFETY: we hold the node's lock.
         let body = unsafe { node.body() };
-        if *body.phase != Phase::Terminal {
+        if body.phase() != Phase::Terminal {
             return false;
         }
         let gone = self.remove_locked(&node, body, cause);
@@ -1020,7 +1142,9 @@ impl<S: DedupState> DedupTable<S> {
         // capacity (`prefetch_eviction` reads its key) does not wait for it.
         // A hint only: loom and Miri would just explore or check one more load.
         if !cfg!(any(loom, miri)) {
-            let next = node.fifo_next.load(Relaxed);
+            // Acquire: the next node may sit in a segment this thread has
+            // not seen made yet (the slab's lookup checks it in debug).
+            let next = node.fifo_next.load(Acquire);
             if !next.is_null() {
                 prefetch(self.slab.get::<Node<S>>(next.slot()));
             }
@@ -1176,12 +1300,12 @@ impl<S: DedupState> DedupTable<S> {
             let lock = node.lock.lock();
             // SAFETY: we hold the node's lock.
             let body = unsafe { node.body() };
-            match *body.phase {
+            match body.phase() {
                 Phase::Removed | Phase::Reserved => continue,
                 Phase::Terminal => return None,
                 Phase::Live => {
                     // SAFETY: initialised in this phase.
-                    if !pred(unsafe { body.state.assume_init_ref() }) {
+                    if !pred(unsafe { body.current() }) {
                         return None;
                     }
                     let gone = self.remove_locked(&node, body, Cause::Clear);
@@ -1194,31 +1318,63 @@ impl<S: DedupState> DedupTable<S> {
     }
 }
 
-impl<S> Drop for DedupTable<S> {
-    fn drop(&mut self) {
-        // SAFETY: `&mut self`: no other thread can reach the table. Every
-        // node still reachable from a bucket or from the queue (removed or
-        // not) holds a membership nobody released: drop the states, then
-        // the memberships; a node is freed when its last one goes.
-        unsafe {
-            let guard = crossbeam_epoch::unprotected();
-            for bucket in self.buckets.iter() {
-                let mut cur = bucket.load(Relaxed);
-                while let Some(node) = resolve_opt::<S>(self.slab, cur, guard) {
-                    let next = node.next.load(Relaxed).unmarked();
-                    let body = node.body();
-                    if matches!(*body.phase, Phase::Live | Phase::Terminal) {
-                        body.state.assume_init_drop();
-                        *body.phase = Phase::Removed;
-                    }
-                    if node.refs.fetch_sub(1, Relaxed) == 1 {
-                        node_pool::give(self.slab, node.link.slot());
-                    }
-                    cur = next;
+impl<S> DedupTable<S> {
+    /// Drops every state still stored (the table is being dropped). Each
+    /// node is marked removed before its state is dropped, so if a drop
+    /// panics the states after it are leaked, never dropped twice.
+    ///
+    /// # Safety
+    /// No other thread may reach the table.
+    unsafe fn drop_states(&mut self) {
+        let guard = crossbeam_epoch::unprotected();
+        for bucket in self.buckets.iter() {
+            let mut cur = bucket.load(Relaxed);
+            while let Some(node) = resolve_opt::<S>(self.slab, cur, guard) {
+                cur = node.next.load(Relaxed).unmarked();
+                let body = node.body();
+                if matches!(body.phase(), Phase::Live | Phase::Terminal) {
+                    body.phase.set(Phase::Removed);
+                    (*body.state.get()).assume_init_drop();
                 }
             }
-            self.fifo.drop_all(guard);
         }
+    }
+
+    /// Ends every membership nobody released (the chains' and the
+    /// queue's); a node's slot goes back when its last one goes.
+    ///
+    /// # Safety
+    /// No other thread may reach the table, and no node holds a state.
+    unsafe fn release_all(&mut self) {
+        let guard = crossbeam_epoch::unprotected();
+        for bucket in self.buckets.iter() {
+            let mut cur = bucket.load(Relaxed);
+            while let Some(node) = resolve_opt::<S>(self.slab, cur, guard) {
+                cur = node.next.load(Relaxed).unmarked();
+                if node.refs.fetch_sub(1, Relaxed) == 1 {
+                    node_pool::give(self.slab, node.link.slot());
+                }
+            }
+        }
+        self.fifo.drop_all(guard);
+    }
+}
+
+impl<S> Drop for DedupTable<S> {
+    fn drop(&mut self) {
+        /// Gives the slots back even if a state's drop panics: the slab
+        /// never shrinks, so a slot lost here would be lost for good.
+        struct Slots<'a, S>(&'a mut DedupTable<S>);
+        impl<S> Drop for Slots<'_, S> {
+            fn drop(&mut self) {
+                // SAFETY: `&mut` of the table being dropped; its states are
+                // dropped (or leaked by a panicking drop).
+                unsafe { self.0.release_all() }
+            }
+        }
+        let slots = Slots(self);
+        // SAFETY: `&mut self`: no other thread can reach the table.
+        unsafe { slots.0.drop_states() };
     }
 }
 

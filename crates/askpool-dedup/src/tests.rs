@@ -333,6 +333,152 @@ fn threads_racing_on_shared_chains_keep_counts_and_drops_exact() {
     assert_eq!(live, 0);
 }
 
+#[test]
+fn lock_free_lookups_racing_evictions_see_the_entry_or_nothing() {
+    // A plain-data state (no drop glue): `get` reads terminal entries
+    // without their lock while other threads evict them (2 terminal slots,
+    // every insert evicts) and reuse their slots. Each key's state names
+    // the key, so a read of a slot reused for another key would show.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct Plain {
+        key: u64,
+        check: u64,
+    }
+    impl DedupState for Plain {
+        fn is_terminal(&self) -> bool {
+            true
+        }
+    }
+    let plain = |k: u64| Plain {
+        key: k,
+        check: k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    };
+    assert!(!std::mem::needs_drop::<Plain>());
+    let t = Arc::new(DedupTable::<Plain>::new(DedupConfig {
+        max_terminal: 2,
+        terminal_ttl: Duration::from_secs(5),
+    }));
+    let keys: u64 = if cfg!(miri) { 16 } else { 20_000 };
+    let writers: Vec<_> = (0..2u64)
+        .map(|i| {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                for k in (i..keys).step_by(2) {
+                    t.apply(key(k), at(0), |_| (Some(plain(k)), ()));
+                }
+            })
+        })
+        .collect();
+    for round in 0..keys * 2 {
+        let k = round / 2;
+        if let Some(got) = t.get(&key(k), at(0)) {
+            assert_eq!(got, plain(k), "another entry's state");
+        }
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert!(t.stats().terminal <= 2);
+}
+
+#[test]
+fn inserts_after_a_threads_slot_cache_is_gone_reuse_freed_slots() {
+    // A thread-local destructor that runs after the slot cache's (it was
+    // registered first) inserts into a small table: with no cache, slots
+    // must still come back through the slab's shared list, not be made
+    // afresh for every insert (the slab never shrinks).
+    #[derive(Clone)]
+    struct Wide(#[allow(dead_code)] [u64; 13]);
+    impl DedupState for Wide {
+        fn is_terminal(&self) -> bool {
+            true
+        }
+    }
+    struct Late(Arc<DedupTable<Wide>>, u64);
+    impl Drop for Late {
+        fn drop(&mut self) {
+            for k in 0..self.1 {
+                self.0.apply(key(k), at(0), |_| (Some(Wide([k; 13])), ()));
+            }
+        }
+    }
+    thread_local! {
+        static LATE: std::cell::RefCell<Option<Late>> = const { std::cell::RefCell::new(None) };
+    }
+    let t = Arc::new(DedupTable::<Wide>::new(DedupConfig {
+        max_terminal: 4,
+        terminal_ttl: Duration::from_secs(60),
+    }));
+    let slab = crate::table::slab_of::<Wide>();
+    let n = if cfg!(miri) { 40 } else { 5_000 };
+    for _ in 0..3 {
+        let t = Arc::clone(&t);
+        std::thread::spawn(move || {
+            LATE.with(|l| *l.borrow_mut() = Some(Late(t, n)));
+            // The slot cache, made after `LATE`, is destroyed before it.
+            let _ = crate::node_pool::take_kept(slab);
+        })
+        .join()
+        .unwrap();
+        for _ in 0..200 {
+            crossbeam_epoch::pin().flush();
+        }
+    }
+    // 3 x 5,000 inserts through a table of 4; the slots made are what the
+    // epoch holds back between collections, not one per insert.
+    let made = slab.made();
+    assert!(
+        made < 2_000 || cfg!(miri),
+        "{made} slots made for a table of 4"
+    );
+    assert_eq!(t.stats().terminal, 4);
+}
+
+#[test]
+fn a_state_drop_that_panics_as_the_table_drops_loses_no_slot() {
+    // Its own node layout, on a fresh thread (whose slot cache starts
+    // empty): the slots of a table dropped by a panic all come back.
+    struct Boom(bool, #[allow(dead_code)] [u64; 11]);
+    impl DedupState for Boom {
+        fn is_terminal(&self) -> bool {
+            true
+        }
+    }
+    impl Drop for Boom {
+        fn drop(&mut self) {
+            if self.0 && !std::thread::panicking() {
+                panic!("boom");
+            }
+        }
+    }
+    std::thread::spawn(|| {
+        let slab = crate::table::slab_of::<Boom>();
+        let fill = |t: &DedupTable<Boom>| {
+            for k in 0..40 {
+                t.apply(key(k), at(0), |_| (Some(Boom(k == 7, [k; 11])), ()));
+            }
+        };
+        let t = table_of::<Boom>();
+        fill(&t);
+        let made = slab.made();
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(t)));
+        assert!(dropped.is_err(), "the state's drop panicked");
+        let t = table_of::<Boom>();
+        fill(&t);
+        assert_eq!(slab.made(), made, "slots of the dropped table were lost");
+        std::mem::forget(t);
+    })
+    .join()
+    .unwrap();
+}
+
+fn table_of<S: DedupState>() -> DedupTable<S> {
+    DedupTable::new(DedupConfig {
+        max_terminal: 100,
+        terminal_ttl: Duration::from_secs(60),
+    })
+}
+
 /// What `apply_bounded` does with an absent key: start it if there is room.
 fn start_within(t: &DedupTable<St>, k: u64, max: usize) -> bool {
     t.apply_bounded(key(k), at(0), max, |cur, has_room| match cur {
