@@ -177,6 +177,7 @@ impl Slab {
     }
 
     /// Hands back free slots (nobody can reach them any more).
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn give_batch(&self, batch: Vec<u32>) {
         if batch.is_empty() {
             return;
