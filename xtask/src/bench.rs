@@ -633,6 +633,42 @@ fn readme_section(r: &Value, notes: &[bench_notes::Note]) -> String {
     s
 }
 
+/// `cargo xtask bench --notes-only`: the last run's report, annotated again
+/// with the current bench notes (notes written after a run need no second
+/// run to reach the report and the README).
+pub fn renote() -> Result<(), String> {
+    let notes = bench_notes::load()?;
+    let bench = root().join("target/bench");
+    let text = std::fs::read_to_string(bench.join("report.json"))
+        .map_err(|e| format!("no last run to annotate (target/bench/report.json): {e}"))?;
+    let report: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let md = markdown(&report, &notes);
+    std::fs::write(bench.join("report.md"), &md).map_err(|e| e.to_string())?;
+    println!("written: target/bench/report.md");
+    if covers_every_suite(&report) {
+        update_readme(&report, &notes)?;
+        println!("README.md performance section regenerated");
+    }
+    Ok(())
+}
+
+/// Whether a report is of a run of every suite with none failed (what
+/// regenerates the README).
+fn covers_every_suite(report: &Value) -> bool {
+    let Some(suites) = report["suites"].as_array() else {
+        return false;
+    };
+    let status = |name: &str| {
+        suites
+            .iter()
+            .find(|s| s["suite"] == name)
+            .and_then(|s| s["status"].as_str())
+    };
+    SUITES
+        .iter()
+        .all(|s| status(s.name).is_some_and(|st| !st.starts_with("failed")))
+}
+
 fn update_readme(r: &Value, notes: &[bench_notes::Note]) -> Result<(), String> {
     let path = root().join("README.md");
     let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
@@ -673,6 +709,27 @@ mod tests {
         plan.iter()
             .filter_map(|(s, skip)| skip.clone().map(|r| (s.name, r)))
             .collect()
+    }
+
+    #[test]
+    fn notes_reach_the_readme_only_from_a_run_of_every_suite() {
+        let report = |statuses: Vec<(&str, &str)>| {
+            json!({"suites": statuses
+                .into_iter()
+                .map(|(suite, status)| json!({"suite": suite, "status": status}))
+                .collect::<Vec<_>>()})
+        };
+        let every = |status: &'static str| SUITES.iter().map(move |s| (s.name, status));
+        assert!(covers_every_suite(&report(every("ran").collect())));
+        let mut skipped: Vec<_> = every("ran").collect();
+        skipped[0].1 = "skipped: no mvn on PATH";
+        assert!(covers_every_suite(&report(skipped)), "a skip is no failure");
+        let mut failed: Vec<_> = every("ran").collect();
+        failed[0].1 = "failed: build phase";
+        assert!(!covers_every_suite(&report(failed)));
+        let one: Vec<_> = every("ran").take(1).collect();
+        assert!(!covers_every_suite(&report(one)), "a run of one suite");
+        assert!(!covers_every_suite(&json!({})));
     }
 
     #[test]

@@ -67,6 +67,11 @@ enum Task {
         /// Smaller sizes (still >= 7 interleaved trials): under 5 minutes.
         #[arg(long)]
         quick: bool,
+        /// Measure nothing: rewrite report.md (and the README's section,
+        /// if the last run was of every suite) from the last run's
+        /// report.json with the bench notes as they are now.
+        #[arg(long, conflicts_with_all = ["suite", "quick"])]
+        notes_only: bool,
     },
     /// Build the Python wheel (target/wheels) and install it into .venv.
     Python,
@@ -95,7 +100,10 @@ fn main() -> ExitCode {
             first_seed,
             sabotage,
         } => sim(seeds, asks, first_seed, sabotage.as_deref()),
-        Task::Bench { suite, quick } => bench::run(suite.as_deref(), quick),
+        Task::Bench {
+            notes_only: true, ..
+        } => bench::renote(),
+        Task::Bench { suite, quick, .. } => bench::run(suite.as_deref(), quick),
         Task::Python => python::build().map(|_| ()),
         Task::Kotlin { leak_asks } => kotlin::test(leak_asks),
         Task::Ci => test(false),

@@ -889,6 +889,7 @@ impl<S: DedupState> DedupTable<S> {
     /// while it is being evicted (the read is ordered at the moment it saw
     /// it). Hence `S: Sync`: two threads may clone one state at once. Any
     /// other entry is read under its lock.
+    #[inline]
     pub fn get(&self, key: &DedupKey, now: Timestamp) -> Option<S>
     where
         S: Clone + Sync,
