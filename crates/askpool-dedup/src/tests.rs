@@ -424,12 +424,15 @@ fn inserts_after_a_threads_slot_cache_is_gone_reuse_freed_slots() {
             crossbeam_epoch::pin().flush();
         }
     }
-    // 3 x 5,000 inserts through a table of 4; the slots made are what the
-    // epoch holds back between collections, not one per insert.
-    let made = slab.made();
+    // 3 x 5,000 inserts through a table of 4. Made afresh for each insert
+    // (the defect), 15,001 slots; reused, only those the epoch holds back
+    // until a collection frees them: a few hundred alone, up to about 5,000
+    // while the other tests' threads pin all the time (a loaded CI run).
+    let made = u64::from(slab.made());
     assert!(
-        made < 2_000 || cfg!(miri),
-        "{made} slots made for a table of 4"
+        made < 3 * n / 2 || cfg!(miri),
+        "{made} slots made for {} inserts into a table of 4",
+        3 * n
     );
     assert_eq!(t.stats().terminal, 4);
 }

@@ -30,6 +30,11 @@ impl DedupState for St {
 /// tier), unless `LOOM_MAX_PREEMPTIONS` says otherwise.
 fn model_bounded(fast: usize, slow: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
+    // Every atomic access is a branch of the path; with the phase an atomic
+    // byte (read lock-free by lookups), dropping a model's collector (its
+    // queue of deferred bags) took a long path past loom's default of 1,000
+    // under the slow tier's preemption bound.
+    builder.max_branches = 10_000;
     if builder.preemption_bound.is_none() {
         let slow_tier = std::env::var_os("ASKPOOL_LOOM_SLOW").is_some_and(|v| v == "1");
         builder.preemption_bound = Some(if slow_tier { slow } else { fast });
