@@ -884,8 +884,9 @@ impl<S: DedupState> DedupTable<S> {
     /// A terminal entry whose state type has no drop glue (plain data:
     /// `!std::mem::needs_drop::<S>()`) is read without its lock: a
     /// terminal state is never written again while its slot holds the
-    /// node, and removing such an entry only marks it (dropping the state
-    /// does nothing), so a reader that saw it terminal may still clone it
+    /// node, and removing such an entry only marks it (the state stays in
+    /// place: there is nothing to drop), so a reader that saw it terminal
+    /// may still clone it
     /// while it is being evicted (the read is ordered at the moment it saw
     /// it). Hence `S: Sync`: two threads may clone one state at once. Any
     /// other entry is read under its lock.
@@ -906,7 +907,7 @@ impl<S: DedupState> DedupTable<S> {
                 // SAFETY: `Terminal` (acquire) orders the state's write
                 // before this read, and a terminal state is not written
                 // again while `guard` keeps the slot from reuse: removal
-                // only reads it out and drops nothing (no drop glue). Other
+                // leaves it in place (no drop glue: `remove_locked`). Other
                 // readers share it, which `S: Sync` allows.
                 return Some(unsafe { (*node.state.get()).assume_init_ref() }.clone());
             }
@@ -999,9 +1000,7 @@ impl<S: DedupState> DedupTable<S> {
                 // SAFETY: we hold the node's lock.
                 let body = unsafe { node.body() };
                 let gone = match body.phase() {
-                    Phase::Live | Phase::Terminal => {
-                        Some(self.remove_locked(&node, body, Cause::Clear))
-                    }
+                    Phase::Live | Phase::Terminal => self.remove_locked(&node, body, Cause::Clear),
                     Phase::Removed | Phase::Reserved => None,
                 };
                 drop(lock);
@@ -1035,7 +1034,11 @@ impl<S: DedupState> DedupTable<S> {
 
     /// Removes a live or terminal node whose lock the caller holds: drops
     /// nothing itself, hands the state back to be dropped after unlocking.
-    fn remove_locked(&self, node: &Node<S>, body: Body<'_, S>, cause: Cause) -> S {
+    /// A terminal state with no drop glue stays where it is (`None`): a
+    /// lock-free lookup may be cloning it, and its `Clone` may write to it
+    /// through the `Sync` parts it shares (an atomic counter): reading its
+    /// bytes out would race with that write, and there is nothing to drop.
+    fn remove_locked(&self, node: &Node<S>, body: Body<'_, S>, cause: Cause) -> Option<S> {
         let was_terminal = match body.phase() {
             Phase::Terminal => true,
             Phase::Live => false,
@@ -1043,10 +1046,9 @@ impl<S: DedupState> DedupTable<S> {
         };
         body.phase.set(Phase::Removed);
         // SAFETY: initialised in `Live` / `Terminal`; `Removed` marks it
-        // moved out. A lock-free lookup may still be cloning it (it read
-        // `Terminal` before): this read writes nothing, and the state is
-        // dropped here only if dropping it does nothing (see `get`).
-        let state = unsafe { body.take() };
+        // moved out (or, left in place, gone: it needs no drop). A live
+        // state is never read lock-free.
+        let state = (!was_terminal || std::mem::needs_drop::<S>()).then(|| unsafe { body.take() });
         node.next.mark(AcqRel);
         if !was_terminal {
             self.in_progress.fetch_sub(1, Relaxed);
@@ -1312,7 +1314,7 @@ impl<S: DedupState> DedupTable<S> {
                     let gone = self.remove_locked(&node, body, Cause::Clear);
                     drop(lock);
                     self.unlink(bucket, &guard);
-                    return Some(gone);
+                    return gone;
                 }
             }
         }

@@ -482,6 +482,59 @@ fn table_of<S: DedupState>() -> DedupTable<S> {
     })
 }
 
+#[test]
+fn a_clone_that_writes_to_its_state_does_not_race_the_eviction_of_it() {
+    // Sync, no drop glue, and a `Clone` that writes to the stored state
+    // (atomically): a lock-free lookup clones it with no lock while the
+    // entry is evicted. The eviction must not read the state's bytes out
+    // (a non-atomic read racing that write). Miri's race detector sees it
+    // with some seeds only (crossbeam's own synchronisation may order the
+    // two): with -Zmiri-seed=1 and 5 of 1 to 5 on the build before.
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    struct CountsClones {
+        clones: AtomicU64,
+    }
+    impl Clone for CountsClones {
+        fn clone(&self) -> Self {
+            let n = self.clones.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+            CountsClones {
+                clones: AtomicU64::new(n),
+            }
+        }
+    }
+    impl DedupState for CountsClones {
+        fn is_terminal(&self) -> bool {
+            true
+        }
+    }
+    let fresh = || CountsClones {
+        clones: AtomicU64::new(0),
+    };
+    assert!(!std::mem::needs_drop::<CountsClones>());
+    let t = Arc::new(DedupTable::<CountsClones>::new(DedupConfig {
+        max_terminal: 1,
+        terminal_ttl: Duration::from_secs(5),
+    }));
+    t.apply(key(0), at(0), |_| (Some(fresh()), ()));
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (t, done) = (t.clone(), done.clone());
+        std::thread::spawn(move || {
+            let got = t.get(&key(0), at(0)).map(|c| c.clones.into_inner());
+            // Relaxed: no happens-before with the eviction below.
+            done.store(true, AtomicOrdering::Relaxed);
+            got
+        })
+    };
+    while !done.load(AtomicOrdering::Relaxed) {
+        std::thread::yield_now();
+    }
+    // Evicts key 0 (capacity 1).
+    t.apply(key(1), at(0), |_| (Some(fresh()), ()));
+    assert_eq!(reader.join().unwrap(), Some(1));
+    assert!(t.get(&key(0), at(0)).is_none());
+}
+
 /// What `apply_bounded` does with an absent key: start it if there is room.
 fn start_within(t: &DedupTable<St>, k: u64, max: usize) -> bool {
     t.apply_bounded(key(k), at(0), max, |cur, has_room| match cur {
