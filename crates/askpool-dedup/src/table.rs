@@ -1329,16 +1329,27 @@ impl<S> DedupTable<S> {
     /// # Safety
     /// No other thread may reach the table.
     unsafe fn drop_states(&mut self) {
+        self.each_chained(|node| {
+            let body = node.body();
+            if matches!(body.phase(), Phase::Live | Phase::Terminal) {
+                body.phase.set(Phase::Removed);
+                (*body.state.get()).assume_init_drop();
+            }
+        });
+    }
+
+    /// Calls `f` on every node of every chain, each node's successor read
+    /// before `f` runs (`f` may give the node's slot back).
+    ///
+    /// # Safety
+    /// No other thread may reach the table.
+    unsafe fn each_chained(&mut self, mut f: impl FnMut(NodeRef<'_, S>)) {
         let guard = crossbeam_epoch::unprotected();
         for bucket in self.buckets.iter() {
             let mut cur = bucket.load(Relaxed);
             while let Some(node) = resolve_opt::<S>(self.slab, cur, guard) {
                 cur = node.next.load(Relaxed).unmarked();
-                let body = node.body();
-                if matches!(body.phase(), Phase::Live | Phase::Terminal) {
-                    body.phase.set(Phase::Removed);
-                    (*body.state.get()).assume_init_drop();
-                }
+                f(node);
             }
         }
     }
@@ -1349,17 +1360,13 @@ impl<S> DedupTable<S> {
     /// # Safety
     /// No other thread may reach the table, and no node holds a state.
     unsafe fn release_all(&mut self) {
-        let guard = crossbeam_epoch::unprotected();
-        for bucket in self.buckets.iter() {
-            let mut cur = bucket.load(Relaxed);
-            while let Some(node) = resolve_opt::<S>(self.slab, cur, guard) {
-                cur = node.next.load(Relaxed).unmarked();
-                if node.refs.fetch_sub(1, Relaxed) == 1 {
-                    node_pool::give(self.slab, node.link.slot());
-                }
+        let slab = self.slab;
+        self.each_chained(|node| {
+            if node.refs.fetch_sub(1, Relaxed) == 1 {
+                node_pool::give(slab, node.link.slot());
             }
-        }
-        self.fifo.drop_all(guard);
+        });
+        self.fifo.drop_all(crossbeam_epoch::unprotected());
     }
 }
 

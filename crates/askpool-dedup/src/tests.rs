@@ -24,7 +24,7 @@ fn at(secs: u64) -> Timestamp {
     Timestamp::ZERO + Duration::from_secs(secs)
 }
 
-fn table(max_terminal: usize, ttl_secs: u64) -> DedupTable<St> {
+fn table<S: DedupState>(max_terminal: usize, ttl_secs: u64) -> DedupTable<S> {
     DedupTable::new(DedupConfig {
         max_terminal,
         terminal_ttl: Duration::from_secs(ttl_secs),
@@ -295,10 +295,7 @@ fn threads_racing_on_shared_chains_keep_counts_and_drops_exact() {
     // Small enough for Miri: 3 threads, a 64-bucket table, 2 terminal slots,
     // every key on a few chains.
     let live = live_after(|live| {
-        let t = Arc::new(DedupTable::<Counted>::new(DedupConfig {
-            max_terminal: 2,
-            terminal_ttl: Duration::from_secs(5),
-        }));
+        let t = Arc::new(table::<Counted>(2, 5));
         let keys: u64 = if cfg!(miri) { 12 } else { 2_000 };
         let handles: Vec<_> = (0..3u64)
             .map(|i| {
@@ -354,10 +351,7 @@ fn lock_free_lookups_racing_evictions_see_the_entry_or_nothing() {
         check: k.wrapping_mul(0x9e37_79b9_7f4a_7c15),
     };
     assert!(!std::mem::needs_drop::<Plain>());
-    let t = Arc::new(DedupTable::<Plain>::new(DedupConfig {
-        max_terminal: 2,
-        terminal_ttl: Duration::from_secs(5),
-    }));
+    let t = Arc::new(table::<Plain>(2, 5));
     let keys: u64 = if cfg!(miri) { 16 } else { 20_000 };
     let writers: Vec<_> = (0..2u64)
         .map(|i| {
@@ -405,10 +399,7 @@ fn inserts_after_a_threads_slot_cache_is_gone_reuse_freed_slots() {
     thread_local! {
         static LATE: std::cell::RefCell<Option<Late>> = const { std::cell::RefCell::new(None) };
     }
-    let t = Arc::new(DedupTable::<Wide>::new(DedupConfig {
-        max_terminal: 4,
-        terminal_ttl: Duration::from_secs(60),
-    }));
+    let t = Arc::new(table::<Wide>(4, 60));
     let slab = crate::table::slab_of::<Wide>();
     let n = if cfg!(miri) { 40 } else { 5_000 };
     for _ in 0..3 {
@@ -461,25 +452,18 @@ fn a_state_drop_that_panics_as_the_table_drops_loses_no_slot() {
                 t.apply(key(k), at(0), |_| (Some(Boom(k == 7, [k; 11])), ()));
             }
         };
-        let t = table_of::<Boom>();
+        let t = table::<Boom>(100, 60);
         fill(&t);
         let made = slab.made();
         let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(t)));
         assert!(dropped.is_err(), "the state's drop panicked");
-        let t = table_of::<Boom>();
+        let t = table::<Boom>(100, 60);
         fill(&t);
         assert_eq!(slab.made(), made, "slots of the dropped table were lost");
         std::mem::forget(t);
     })
     .join()
     .unwrap();
-}
-
-fn table_of<S: DedupState>() -> DedupTable<S> {
-    DedupTable::new(DedupConfig {
-        max_terminal: 100,
-        terminal_ttl: Duration::from_secs(60),
-    })
 }
 
 #[test]
@@ -511,10 +495,7 @@ fn a_clone_that_writes_to_its_state_does_not_race_the_eviction_of_it() {
         clones: AtomicU64::new(0),
     };
     assert!(!std::mem::needs_drop::<CountsClones>());
-    let t = Arc::new(DedupTable::<CountsClones>::new(DedupConfig {
-        max_terminal: 1,
-        terminal_ttl: Duration::from_secs(5),
-    }));
+    let t = Arc::new(table::<CountsClones>(1, 5));
     t.apply(key(0), at(0), |_| (Some(fresh()), ()));
     let done = Arc::new(AtomicBool::new(false));
     let reader = {
