@@ -362,7 +362,9 @@ struct FloorEntry {
     value: u64,
 }
 
-/// The least a hit of this design does: an epoch pin (crossbeam-epoch, as
+/// The least a hit of a state that owns resources does in this design
+/// (such states are read under a pin and their entry's lock; plain-data
+/// states, as the bench's, skip both): an epoch pin (crossbeam-epoch, as
 /// the table), then the entry, locked and released as `NodeLock` does (a
 /// compare-and-swap, then a store) around the key compare and the value's
 /// read; the entries as many as the table's, picked by the same key
@@ -546,11 +548,11 @@ const BASELINES: [&str; 5] = ["mutex_fifo", "dashmap", "papaya", "quick_cache", 
 
 /// Where the time goes when a lookup or insert target is missed (profile of
 /// `cargo bench` under perf, see the closing note of issue 3).
-const LOOKUP_NOTE: &str = "a hit reads the bucket (a 2 MiB pointer array, not cache-resident \
-     beside the nodes), then the entry's node (key, lock, state: one 64-byte run), behind an \
-     epoch pin; quick_cache reaches its entry through a small cache-resident index \
-     (cachegrind at 100,000 entries: about 1.5 misses and 142 instructions per hit against \
-     0.9 and 113); closing it takes a compact index of slot indices or entries stored inline";
+const LOOKUP_NOTE: &str = "a hit of a plain-data state takes no pin and no lock: it reads the \
+     bucket (a 1 MiB array of slot numbers), then the entry's node (key, phase, expiry, \
+     version, state: one 64-byte line), about 62 instructions by cachegrind against \
+     quick_cache's 113; what is left is the two dependent misses of a cold key, and the \
+     machine's noise";
 const INSERT_NOTE: &str = "every insert at capacity also pops the oldest terminal entry from \
      the FIFO, unlinks it from its chain and defers its node to the epoch collector (TTL + \
      terminal-only eviction): about ten atomic read-modify-writes per insert";
@@ -646,9 +648,10 @@ fn interleaved_report(mode: Mode, inputs: &Inputs) {
             .floor(PIN)
             .note(
                 "the epoch pin (crossbeam-epoch, which issue 3 names) and one entry of the \
-                 table's size locked as the table locks it (a Sync table of any S: Send reads \
-                 a state under its lock), found with no index: what this design cannot skip. \
-                 The distance from here to the hit is the index: bucket, chain, node",
+                 table's size locked as the table locks it, found with no index: what a \
+                 lookup of a state that owns resources (read under a pin and its lock) cannot \
+                 skip. A plain-data state, as here, is read with neither (a version check \
+                 instead), so the hit can go below this floor",
             ),
         );
     }

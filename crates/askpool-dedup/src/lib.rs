@@ -33,17 +33,27 @@
 //! lock, its phase (reserved / in progress / terminal / removed, in the
 //! byte after the lock) and the state inline.
 //!
-//! - *Lookup* walks the chain without any lock (unlinking removed nodes it
-//!   meets, as Harris–Michael lists do). A terminal entry of a state with
-//!   no drop glue (plain data) is then read without any lock either: the
-//!   phase is an atomic byte, `Terminal` is stored (release) after the
-//!   state and expiry, a terminal state is never written again while its
-//!   slot holds the node, and removing it drops nothing, so a reader
-//!   racing its eviction still reads what was there when it saw it
-//!   terminal (`get` asks `S: Sync` for this). Any other entry is read
-//!   under its lock: one compare-and-swap to take it, a plain store to
-//!   release it. (A state that owns resources is dropped at once when its
-//!   entry is removed, under the lock, so its readers must hold the lock.)
+//! - *Lookup* of a terminal entry whose state has no drop glue (plain
+//!   data) takes no lock and no epoch pin (a pin is a locked
+//!   compare-and-swap, about a third of a hit's time). Slots are never
+//!   freed, so any link, however stale, names the memory of a node; the
+//!   lookup follows the chain as it finds it, and at the node holding its
+//!   key copies the phase, expiry and state with atomic loads. Each slot
+//!   has a version, a seqlock on its reuse: odd while a new node is written
+//!   into the slot, and every write to such a node is atomic, the state's
+//!   too (word by word, through `atomic-maybe-uninit`, which copies padding
+//!   soundly; such tables use slabs of their own). The lookup keeps what it
+//!   read only if the version was even before and unchanged after, and the
+//!   entry was terminal and unexpired: then it is one node's, as it was at
+//!   one moment (terminal states are never written again), and the lookup
+//!   returns a clone of that copy (a `Clone` that writes to the state it
+//!   clones writes to the copy). Anything else (absent, in progress,
+//!   expired, a state with drop glue, a read overtaken by a reuse) is looked
+//!   up again under a pin: that walk unlinks removed nodes it meets (as
+//!   Harris–Michael lists do) and reads the entry under its lock, one
+//!   compare-and-swap to take it and a plain store to release it. (A state
+//!   that owns resources is dropped at once when its entry is removed,
+//!   under the lock, so its readers must hold the lock.)
 //! - *Insert-if-absent* publishes a new node with one CAS on the bucket head.
 //!   The node is born with its lock held by its creator (a *reserved* entry),
 //!   so the insert waits for nobody; the creator then runs the transition
@@ -149,6 +159,15 @@
 //! - A `get` or `apply` of a key whose transition is running waits for it
 //!   (the per-entry lock); a lookup of another key, or a `get` of a
 //!   terminal plain-data entry, never waits.
+//! - A slot's version (32 bits, as Linux's seqcounts) wraps after 2^31
+//!   reuses of the slot. A lookup with no pin that stalls between its two
+//!   reads of a version while that one slot is reused exactly a multiple of
+//!   2^31 times would keep a read that mixes two states: a wrong value, and
+//!   undefined behaviour for a state type with invalid bit patterns (an
+//!   enum, a reference). A slot is reused at most once per batch of 256
+//!   retired nodes and epoch advance, so this needs one lookup stalled for
+//!   hours (about 15 at 10 million evictions a second) while its table is
+//!   evicting as fast as it can.
 //! - The transition closure must not call back into the table.
 //!
 //! # Verification
@@ -181,6 +200,7 @@ use askpool_proto::InboundState;
 mod exactly_once;
 mod node_pool;
 mod slab;
+mod state_cell;
 mod sync;
 mod table;
 

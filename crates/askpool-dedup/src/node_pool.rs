@@ -341,7 +341,7 @@ mod tests {
     /// A slab of its own for each test: no node and no other test uses a
     /// layout of this alignment.
     fn slab(size: usize) -> &'static Slab {
-        Slab::of(Layout::from_size_align(size, 128).unwrap())
+        Slab::of(Layout::from_size_align(size, 128).unwrap(), false)
     }
 
     /// Takes every slot this thread can get of `slab` without a fresh one

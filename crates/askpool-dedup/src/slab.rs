@@ -46,6 +46,18 @@ const SEGMENT_ALIGN: usize = 64;
 pub(crate) struct Slab {
     /// Of one slot.
     layout: Layout,
+    /// Whether its slots hold nodes that lookups read with no pin (see
+    /// `state_cell`): such nodes are only ever written with atomic stores,
+    /// and such a slab belongs to one table at a time. A lookup with no pin
+    /// may follow a stale link to a slot reused since; within its own
+    /// table that is caught (the key, the version), but a node of another
+    /// table could hold the same key. So a slot never passes to another
+    /// table while its table lives, nor to a table that writes plainly.
+    #[cfg_attr(loom, allow(dead_code))]
+    lock_free_reads: bool,
+    /// For a slab of `lock_free_reads`: a table uses it.
+    #[cfg_attr(loom, allow(dead_code))]
+    taken: std::sync::atomic::AtomicBool,
     segments: [AtomicPtr<u8>; SEGMENTS],
     /// For each bit length `b` of `slot + FIRST` (6 to 30), the base of the
     /// segment whose slots have it, less the bytes of the slots numbered
@@ -63,22 +75,36 @@ pub(crate) struct Slab {
     shared_len: AtomicUsize,
 }
 
-/// The slabs made so far (one per node layout), never freed.
+/// The slabs made so far, never freed: one per node layout for tables
+/// read under a pin, and one per table read with no pin (reused by a later
+/// table once its table is dropped).
 static SLABS: Mutex<Vec<&'static Slab>> = Mutex::new(Vec::new());
 
 impl Slab {
-    /// The slab of slots of `layout` (made on first use; a table looks it
-    /// up once, when it is made).
-    pub(crate) fn of(layout: Layout) -> &'static Slab {
+    /// A slab of slots of `layout` for a new table: the one every table of
+    /// that layout shares, or, for a table whose nodes are read with no pin,
+    /// one of its own until it is dropped ([`Slab::release`]). Made on
+    /// first use.
+    pub(crate) fn of(layout: Layout, lock_free_reads: bool) -> &'static Slab {
         // Slots sit back to back: each one's size is a multiple of its
         // alignment.
         let layout = layout.pad_to_align();
         let mut slabs = SLABS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(slab) = slabs.iter().find(|s| s.layout == layout) {
+        // Under loom every table has a slab of its own (leaked, as all
+        // slabs are): a node's atomics are objects of one model run, which
+        // a slot shared with the next run would outlive (see `Node::init`).
+        #[cfg(not(loom))]
+        if let Some(slab) = slabs.iter().find(|s| {
+            s.layout == layout
+                && s.lock_free_reads == lock_free_reads
+                && !(lock_free_reads && s.taken.swap(true, Ordering::Relaxed))
+        }) {
             return slab;
         }
         let slab: &'static Slab = Box::leak(Box::new(Slab {
             layout,
+            lock_free_reads,
+            taken: std::sync::atomic::AtomicBool::new(lock_free_reads),
             segments: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             biased: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             fresh: AtomicU32::new(0),
@@ -88,6 +114,18 @@ impl Slab {
         }));
         slabs.push(slab);
         slab
+    }
+
+    /// Hands the slab of a table that is being dropped to the next table
+    /// of its layout (no-op for a shared slab). The table gave its slots
+    /// back; those still in the epoch collector come back to this slab
+    /// later, unreachable from any table.
+    pub(crate) fn release(&self) {
+        if self.lock_free_reads {
+            // The registry's lock orders this after the table's last use.
+            let _slabs = SLABS.lock().unwrap_or_else(|e| e.into_inner());
+            self.taken.store(false, Ordering::Relaxed);
+        }
     }
 
     /// The memory of a slot handed out by this slab, whose slots hold `T`s.
@@ -139,8 +177,11 @@ impl Slab {
             return;
         }
         let layout = self.segment_layout(segment);
+        // Zeroed: a slot's first node is written field by field with
+        // atomic stores, over atomics that must already hold a value (a
+        // node's version starts at 0).
         // SAFETY: a non-zero size (a node is never zero-sized).
-        let base = unsafe { std::alloc::alloc(layout) };
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
         if base.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
@@ -276,8 +317,8 @@ mod tests {
         #[repr(align(32))]
         struct Slot32(#[allow(dead_code)] [u8; 32]);
         let layout = Layout::new::<Slot32>();
-        let slab = Slab::of(layout);
-        assert!(std::ptr::eq(slab, Slab::of(layout)));
+        let slab = Slab::of(layout, false);
+        assert!(std::ptr::eq(slab, Slab::of(layout, false)));
         let n = if cfg!(miri) { 200 } else { 10_000 };
         let slots: Vec<u32> = (0..n).map(|_| slab.fresh()).collect();
         for &slot in &slots {

@@ -13,11 +13,11 @@ use std::thread;
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
-    AtomicBool, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{
-    AtomicBool, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+    fence, AtomicBool, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
 
 use crossbeam_epoch::Guard;
@@ -78,10 +78,19 @@ pub(crate) struct NodeLock {
 
 impl NodeLock {
     /// A lock that is held by its creator.
+    #[cfg(loom)]
     pub(crate) fn new_locked() -> Self {
         Self {
             flag: AtomicBool::new(true),
         }
+    }
+
+    /// Makes the lock of a slot's new node held by its creator (the slot's
+    /// previous node is gone: nobody else takes this lock).
+    #[cfg_attr(loom, allow(dead_code))]
+    #[inline]
+    pub(crate) fn init_locked(&self) {
+        self.flag.store(true, Ordering::Relaxed);
     }
 
     #[inline]

@@ -2,9 +2,8 @@
 //! `unsafe` lives here; see the crate docs for the design.
 
 use std::alloc::Layout;
-use std::cell::{Cell, UnsafeCell};
+use std::cell::Cell;
 use std::hash::BuildHasher;
-use std::mem::MaybeUninit;
 
 use askpool_proto::{CallerId, DedupKey, RequestId, Timestamp};
 use crossbeam_epoch::Guard;
@@ -13,9 +12,10 @@ use rustc_hash::FxBuildHasher;
 
 use crate::node_pool;
 use crate::slab::Slab;
+use crate::state_cell::{read_lock_free, StateCell, StateView};
 use crate::sync::Ordering::{self, AcqRel, Acquire, Relaxed, Release};
 use crate::sync::{
-    AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Epoch, LockGuard, NodeLock,
+    fence, AtomicIsize, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Epoch, LockGuard, NodeLock,
 };
 use crate::{DedupConfig, DedupState, DedupStats};
 
@@ -41,6 +41,7 @@ enum Phase {
 struct PhaseCell(AtomicU8);
 
 impl PhaseCell {
+    #[cfg(loom)]
     fn new(phase: Phase) -> Self {
         Self(AtomicU8::new(phase as u8))
     }
@@ -68,7 +69,7 @@ impl PhaseCell {
 /// assert it is unshared: a lock-free lookup may be reading a terminal one.
 struct Body<'a, S> {
     phase: &'a PhaseCell,
-    state: &'a UnsafeCell<MaybeUninit<S>>,
+    state: &'a StateCell<S>,
 }
 
 impl<S> Body<'_, S> {
@@ -78,13 +79,14 @@ impl<S> Body<'_, S> {
         self.phase.get(Relaxed)
     }
 
-    /// The state.
+    /// The state, as code outside the table may see it (a copy, if
+    /// lookups read it lock-free: see `StateView`).
     ///
     /// # Safety
     /// Initialised (phase `Live` or `Terminal`).
     #[inline(always)]
-    unsafe fn current(&self) -> &S {
-        (*self.state.get()).assume_init_ref()
+    unsafe fn current(&self) -> StateView<'_, S> {
+        self.state.view()
     }
 
     /// Replaces an in-progress state (which no lock-free reader reads).
@@ -93,15 +95,15 @@ impl<S> Body<'_, S> {
     /// Phase `Live`.
     #[inline(always)]
     unsafe fn replace(&self, next: S) -> S {
-        std::mem::replace((*self.state.get()).assume_init_mut(), next)
+        self.state.replace(next)
     }
 
     /// Stores the first state of a reserved node.
     #[inline(always)]
     fn fill(&self, next: S) {
         // SAFETY: under the lock, in phase `Reserved`: nobody else reads
-        // the state.
-        unsafe { (*self.state.get()).write(next) };
+        // the state but lock-free lookups (which validate what they read).
+        unsafe { self.state.write(next) };
     }
 
     /// Moves the state out; the caller marks the node removed. A lock-free
@@ -111,7 +113,7 @@ impl<S> Body<'_, S> {
     /// Initialised, and not moved out before.
     #[inline(always)]
     unsafe fn take(&self) -> S {
-        self.state.get().cast::<S>().read()
+        self.state.get().read()
     }
 }
 
@@ -140,6 +142,31 @@ impl PackedKey {
         DedupKey {
             caller: CallerId::from_u64(self.0[0]),
             request: RequestId::from_u128(u128::from(self.0[1]) << 64 | u128::from(self.0[2])),
+        }
+    }
+}
+
+/// A node's key, in atomics: a lookup with no pin may read it while the
+/// slot's next node is written (see `Node::init`).
+struct AtomicKey([AtomicU64; 3]);
+
+impl AtomicKey {
+    #[cfg(loom)]
+    fn new(key: PackedKey) -> Self {
+        Self(key.0.map(AtomicU64::new))
+    }
+
+    #[inline(always)]
+    fn load(&self) -> PackedKey {
+        let [a, b, c] = &self.0;
+        PackedKey([a.load(Relaxed), b.load(Relaxed), c.load(Relaxed)])
+    }
+
+    #[cfg_attr(loom, allow(dead_code))]
+    #[inline(always)]
+    fn store(&self, key: PackedKey) {
+        for (word, value) in self.0.iter().zip(key.0) {
+            word.store(value, Relaxed);
         }
     }
 }
@@ -226,9 +253,13 @@ impl AtomicLink {
 /// those two memberships and the last one to let go retires the node.
 ///
 /// `repr(C)`: links are 32-bit slot numbers, so with the key, expiry,
-/// membership count, lock and phase the header is 48 bytes and a node with
-/// a 16-byte state fills one 64-byte slot, which the slab starts on a cache
-/// line: a hit reads one line.
+/// version, membership count, lock and phase the header is 48 bytes and a
+/// node with a 16-byte state fills one 64-byte slot, which the slab starts
+/// on a cache line: a hit reads one line.
+///
+/// Every field is an atomic or the state cell, and every write to a node is
+/// atomic (the state's too, when lookups read it lock-free): a lookup with
+/// no pin may be reading a slot while its next node is written there.
 #[repr(C)]
 struct Node<S> {
     /// The next node of the bucket's chain. The mark marks this node as
@@ -236,19 +267,30 @@ struct Node<S> {
     /// whoever meets it first, and the thread whose unlink succeeds drops
     /// the chain's membership.
     next: AtomicLink,
-    /// Chain + queue memberships.
-    refs: AtomicU32,
-    key: PackedKey,
+    /// Chain + queue memberships (at most 2).
+    refs: AtomicU8,
+    lock: NodeLock,
+    /// Written under `lock`.
+    phase: PhaseCell,
+    key: AtomicKey,
     /// When a terminal entry's TTL runs out (nanoseconds); written before
     /// the node is queued, then never again: the queue reads it lock-free.
     expires: AtomicU64,
     /// The next node of the eviction queue (Michael–Scott).
     fifo_next: AtomicLink,
-    lock: NodeLock,
-    /// Written under `lock`.
-    phase: PhaseCell,
+    /// How many times the slot's node was rewritten, twice per node (a
+    /// seqlock on the slot's reuse): odd while a new node is being written
+    /// (`Node::init`). A lookup with no pin keeps what it read of a node
+    /// only if the version was even before and unchanged after. It wraps
+    /// after 2^31 reuses of one slot, which one lookup would have to
+    /// overlap for a wrong read to pass.
+    version: AtomicU32,
     /// Under `lock`; initialised in `Live` and `Terminal` only.
-    state: UnsafeCell<MaybeUninit<S>>,
+    state: StateCell<S>,
+    /// Under loom, whether the slot's atomics were made (loom's atomics are
+    /// objects of the model, not bytes: a zeroed slot holds none).
+    #[cfg(loom)]
+    born: std::sync::atomic::AtomicBool,
 }
 
 /// A node reached under a guard, with its (unmarked) link: compared in the
@@ -323,17 +365,59 @@ impl<S> Node<S> {
         }
     }
 
-    fn reserved(key: PackedKey) -> Self {
-        Self {
-            key,
-            next: AtomicLink::null(),
-            fifo_next: AtomicLink::null(),
-            expires: AtomicU64::new(u64::MAX),
-            refs: AtomicU32::new(1),
-            lock: NodeLock::new_locked(),
-            phase: PhaseCell::new(Phase::Reserved),
-            state: UnsafeCell::new(MaybeUninit::uninit()),
+    /// Makes the node in a free slot a new reserved node of `key`, its lock
+    /// held by the caller.
+    ///
+    /// Lookups with no pin may still be reading the slot's previous node,
+    /// so every field is stored atomically, between the version's odd store
+    /// and its next even one (release): a lookup that read any of these
+    /// stores sees the version moved, and throws its read away. The state
+    /// is not touched (uninitialised until the first transition).
+    ///
+    /// # Safety
+    /// A free slot of `Node<S>`s owned by this thread alone: zeroed (never
+    /// used) or holding a node no table links to any more.
+    #[inline(always)]
+    unsafe fn init(p: *mut Self, key: PackedKey) {
+        #[cfg(loom)]
+        {
+            // SAFETY: the flag is std's: zeroed, it reads false.
+            let born = unsafe { &*std::ptr::addr_of!((*p).born) };
+            if !born.load(Relaxed) {
+                // A slot never used (each loom table has a slab of its own):
+                // nobody can be reading it.
+                // SAFETY: the slot is ours.
+                unsafe {
+                    p.write(Self {
+                        key: AtomicKey::new(key),
+                        next: AtomicLink::null(),
+                        fifo_next: AtomicLink::null(),
+                        expires: AtomicU64::new(u64::MAX),
+                        refs: AtomicU8::new(1),
+                        lock: NodeLock::new_locked(),
+                        phase: PhaseCell::new(Phase::Reserved),
+                        version: AtomicU32::new(2),
+                        state: StateCell::uninit(),
+                        born: std::sync::atomic::AtomicBool::new(true),
+                    })
+                };
+                return;
+            }
         }
+        // SAFETY: every field of a zeroed or used slot is an atomic that
+        // holds a value, or the state cell (which may hold anything).
+        let node = unsafe { &*p };
+        let version = node.version.load(Relaxed);
+        node.version.store(version.wrapping_add(1), Relaxed);
+        fence(Release);
+        node.next.store(Link::NULL, Relaxed);
+        node.refs.store(1, Relaxed);
+        node.lock.init_locked();
+        node.phase.0.store(Phase::Reserved as u8, Relaxed);
+        node.key.store(key);
+        node.expires.store(u64::MAX, Relaxed);
+        node.fifo_next.store(Link::NULL, Relaxed);
+        node.version.store(version.wrapping_add(2), Release);
     }
 }
 
@@ -378,7 +462,7 @@ fn alloc_node<S>(slab: &'static Slab, key: PackedKey) -> u32 {
     let slot = node_pool::take(slab);
     // SAFETY: a free slot of this layout, owned by this thread alone (no
     // table links to it, and no pinned thread can still reach it).
-    unsafe { slab.get::<Node<S>>(slot).write(Node::reserved(key)) };
+    unsafe { Node::init(slab.get::<Node<S>>(slot), key) };
     slot
 }
 
@@ -523,10 +607,73 @@ enum Cause {
     Clear,
 }
 
-/// The slab that holds the nodes of tables of `S` (tests).
+/// A slab for the nodes of a table of `S` (tests: for a state read with
+/// no pin, a slab of its own, until released).
 #[cfg(test)]
 pub(crate) fn slab_of<S>() -> &'static Slab {
-    Slab::of(Layout::new::<Node<S>>())
+    Slab::of(Layout::new::<Node<S>>(), read_lock_free::<S>())
+}
+
+#[cfg(test)]
+impl<S> DedupTable<S> {
+    /// The slab of this table's nodes.
+    pub(crate) fn slab(&self) -> &'static Slab {
+        self.slab
+    }
+}
+
+#[cfg(test)]
+impl<S: DedupState + Clone> DedupTable<S> {
+    /// The slot that holds `key`'s node, if any.
+    pub(crate) fn slot_of(&self, key: &DedupKey) -> Option<u32> {
+        let guard = self.epoch.pin();
+        match self.find(self.bucket(key), key, &guard) {
+            Found::Node(node) => Some(node.link.slot()),
+            Found::Absent(_) => None,
+        }
+    }
+
+    /// Writes a terminal node of `key` into `slot`, as a reuse of the slot
+    /// by another entry writes it (`Node::init`, the first transition).
+    ///
+    /// # Safety
+    /// `slot` is a slot of this table's slab that no table links to and
+    /// that is not free yet (retired, waiting for the epoch in this
+    /// thread's batch): nothing else writes it meanwhile.
+    pub(crate) unsafe fn rewrite_retired_slot(&self, slot: u32, key: &DedupKey, state: S) {
+        let p = self.slab.get::<Node<S>>(slot);
+        unsafe { Node::init(p, PackedKey::new(key)) };
+        let node = unsafe { &*p };
+        // SAFETY: born locked by `init`, for this thread.
+        let lock = unsafe { node.lock.adopt() };
+        let body = unsafe { node.body() };
+        body.fill(state);
+        node.expires.store(u64::MAX, Relaxed);
+        body.phase.set(Phase::Terminal);
+        drop(lock);
+    }
+
+    /// The link `key`'s bucket holds now (raw).
+    pub(crate) fn bucket_link(&self, key: &DedupKey) -> u32 {
+        self.bucket(key).load(Acquire).0
+    }
+
+    /// A lookup with no pin that starts from `link` instead of `key`'s
+    /// bucket (a link read long ago).
+    pub(crate) fn get_unpinned_from(&self, link: u32, key: &DedupKey, now: Timestamp) -> Option<S> {
+        self.read_unpinned(&AtomicLink(AtomicU32::new(link)), key, now)
+    }
+
+    /// A lookup with no pin that lets `meanwhile` run once it found the
+    /// key's node.
+    pub(crate) fn get_unpinned_with(
+        &self,
+        key: &DedupKey,
+        now: Timestamp,
+        meanwhile: impl FnOnce(),
+    ) -> Option<S> {
+        self.read_unpinned_with(self.bucket(key), key, now, meanwhile)
+    }
 }
 
 /// The per-entry memory is reported by `size_of::<Node<S>>()`; this is how
@@ -587,9 +734,13 @@ struct Evicted {
 }
 
 // SAFETY: a state is only ever touched under its entry's lock, by one thread
-// at a time, like `Mutex<S>`; it may be dropped on any thread. Nodes freed by
-// the epoch collector no longer hold a state (it is dropped when the entry is
-// removed), so garbage never outlives the table with an `S` inside.
+// at a time, like `Mutex<S>`, except a plain-data state, which lookups copy
+// with atomic loads and no lock while code outside the table only ever sees
+// copies of it (`StateView`): so no `S` is ever shared between threads, and
+// a copy made on one thread and used on another is a move (`S: Send`). A
+// state may be dropped on any thread. Nodes freed by the epoch collector no
+// longer hold a state (it is dropped when the entry is removed), so garbage
+// never outlives the table with an `S` inside.
 unsafe impl<S: Send> Send for DedupTable<S> {}
 // SAFETY: as above.
 unsafe impl<S: Send> Sync for DedupTable<S> {}
@@ -606,7 +757,7 @@ fn bucket_count(max_terminal: usize) -> usize {
 impl<S: DedupState> DedupTable<S> {
     pub fn new(config: DedupConfig) -> Self {
         let n = bucket_count(config.max_terminal);
-        let slab = Slab::of(Layout::new::<Node<S>>());
+        let slab = Slab::of(Layout::new::<Node<S>>(), read_lock_free::<S>());
         Self {
             config,
             buckets: (0..n).map(|_| AtomicLink::null()).collect(),
@@ -640,6 +791,11 @@ impl<S: DedupState> DedupTable<S> {
     /// only: other keys go on undisturbed, a concurrent `apply` on the same
     /// key waits for it. It must not block or call back into the table. If
     /// it panics, nothing is stored.
+    ///
+    /// For a state with no drop glue (read by lookups with no lock: see
+    /// [`Self::get`]), `transition` sees a copy of the stored state: what it
+    /// writes through the state's interior mutability (a `Cell`, an
+    /// atomic) is not stored; only a state it returns is.
     pub fn apply<O>(
         &self,
         key: DedupKey,
@@ -706,7 +862,7 @@ impl<S: DedupState> DedupTable<S> {
                         Phase::Terminal => {
                             // SAFETY: initialised in this phase.
                             let current = unsafe { body.current() };
-                            let (next, out) = transition(Some(current), true);
+                            let (next, out) = transition(Some(&current), true);
                             drop(lock);
                             debug_assert!(next.is_none(), "a terminal state was asked to change");
                             drop(next);
@@ -715,7 +871,7 @@ impl<S: DedupState> DedupTable<S> {
                         Phase::Live => {
                             // SAFETY: initialised in this phase.
                             let current = unsafe { body.current() };
-                            let (next, out) = transition(Some(current), true);
+                            let (next, out) = transition(Some(&current), true);
                             let Some(next) = next else {
                                 return out;
                             };
@@ -748,7 +904,9 @@ impl<S: DedupState> DedupTable<S> {
                     let new = Link::to(slot);
                     // SAFETY: this thread's own node, not published yet.
                     let node = unsafe { resolve::<S>(self.slab, new, &guard) };
-                    node.next.store(head, Relaxed);
+                    // Release: a lookup with no pin may read this link
+                    // through a stale one to this slot, then follow it.
+                    node.next.store(head, Release);
                     if bucket.compare_exchange(head, new, AcqRel, Acquire).is_err() {
                         spare.slot = Some(slot);
                         continue;
@@ -882,37 +1040,114 @@ impl<S: DedupState> DedupTable<S> {
     /// The current state of `key`, if any.
     ///
     /// A terminal entry whose state type has no drop glue (plain data:
-    /// `!std::mem::needs_drop::<S>()`) is read without its lock: a
-    /// terminal state is never written again while its slot holds the
-    /// node, and removing such an entry only marks it (the state stays in
-    /// place: there is nothing to drop), so a reader that saw it terminal
-    /// may still clone it
-    /// while it is being evicted (the read is ordered at the moment it saw
-    /// it). Hence `S: Sync`: two threads may clone one state at once. Any
-    /// other entry is read under its lock.
+    /// `!std::mem::needs_drop::<S>()`) is read with no lock and no epoch
+    /// pin: the lookup follows the chain's links as they are, copies the
+    /// entry's state with atomic loads, and keeps the copy only if the
+    /// node's version shows that its slot was not reused meanwhile
+    /// (`state_cell` and `Node::version` say why this is sound). The state
+    /// returned is a clone of that copy: a `Clone` that writes to the state
+    /// it clones writes to the copy. Anything else (an absent, in-progress
+    /// or expired entry, a state with drop glue, a read overtaken by a
+    /// reuse) is looked up again under a pin, and read under the entry's
+    /// lock.
     #[inline]
     pub fn get(&self, key: &DedupKey, now: Timestamp) -> Option<S>
     where
-        S: Clone + Sync,
+        S: Clone,
     {
-        let guard = self.epoch.pin();
-        let bucket = self.bucket(key);
-        prefetch(bucket);
-        self.expire(now, &guard);
-        if !std::mem::needs_drop::<S>() {
-            let Found::Node(node) = self.find(bucket, key, &guard) else {
-                return None;
-            };
-            if node.phase.get(Acquire) == Phase::Terminal && !Self::expired(&node, now) {
-                // SAFETY: `Terminal` (acquire) orders the state's write
-                // before this read, and a terminal state is not written
-                // again while `guard` keeps the slot from reuse: removal
-                // leaves it in place (no drop glue: `remove_locked`). Other
-                // readers share it, which `S: Sync` allows.
-                return Some(unsafe { (*node.state.get()).assume_init_ref() }.clone());
+        if read_lock_free::<S>() && now.as_nanos() < self.next_due.load(Relaxed) {
+            if let Some(state) = self.read_unpinned(self.bucket(key), key, now) {
+                return Some(state);
             }
         }
+        self.get_pinned(key, now)
+    }
+
+    /// `get` under a pin (kept out of line: the lock-free path stays
+    /// small).
+    #[inline(never)]
+    fn get_pinned(&self, key: &DedupKey, now: Timestamp) -> Option<S>
+    where
+        S: Clone,
+    {
+        let bucket = self.bucket(key);
+        let guard = self.epoch.pin();
+        self.expire(now, &guard);
         self.get_locked(bucket, key, now, &guard)
+    }
+
+    /// A terminal entry's state, read with no pin and no lock; `None` sends
+    /// the lookup to the pinned path (not found, not terminal, expired, or
+    /// the slot reused while it was read).
+    ///
+    /// Slots are never freed, so every link, even one read long ago, names
+    /// the memory of a node of this layout; its node may be another entry's
+    /// by now. Links are read with acquire: the node a link named when it
+    /// was read was written before it was published, so a node read through
+    /// it is that one or a later one of the slot. A chain walked this way
+    /// may wander into another chain, after a reuse, but what is returned
+    /// is checked on its own: the node holds `key`, is terminal and
+    /// unexpired, and its version was even before the key was read and
+    /// unchanged after the state was copied, so all of it is one node's, as
+    /// it was at one moment (terminal states are never written again).
+    #[inline(always)]
+    fn read_unpinned(&self, bucket: &AtomicLink, key: &DedupKey, now: Timestamp) -> Option<S>
+    where
+        S: Clone,
+    {
+        self.read_unpinned_with(bucket, key, now, || ())
+    }
+
+    /// [`Self::read_unpinned`], running `meanwhile` once it has found the
+    /// key's node, before it reads the rest: the tests reuse the slot there.
+    #[inline(always)]
+    fn read_unpinned_with(
+        &self,
+        bucket: &AtomicLink,
+        key: &DedupKey,
+        now: Timestamp,
+        meanwhile: impl FnOnce(),
+    ) -> Option<S>
+    where
+        S: Clone,
+    {
+        // A chain holds about one node (`bucket_count`); a walk past a few
+        // has met reuses or a crowded bucket: the pinned path will do.
+        const MOST_STEPS: usize = 8;
+        let key = PackedKey::new(key);
+        let mut cur = bucket.load(Acquire);
+        for _ in 0..MOST_STEPS {
+            if cur.is_null() {
+                return None;
+            }
+            // SAFETY: a slot this table handed out (a link named it), in a
+            // slab whose memory is never freed and whose nodes are only ever
+            // written atomically (`read_lock_free`).
+            let node = unsafe { &*self.slab.get::<Node<S>>(cur.unmarked().slot()) };
+            let version = node.version.load(Acquire);
+            let next = node.next.load(Acquire);
+            if node.key.load() == key {
+                meanwhile();
+                // Every check is made, without branches between them, after
+                // every read: a hit takes one branch, well predicted.
+                let terminal = node.phase.get(Acquire) == Phase::Terminal;
+                let expires = node.expires.load(Relaxed);
+                let copy = node.state.copy_lock_free();
+                // Orders the reads above before the version's second read:
+                // if any of them saw a store of the slot's next node, this
+                // read sees that node's odd version or a later one.
+                fence(Acquire);
+                let unchanged = node.version.load(Relaxed) == version;
+                let valid = terminal & unchanged & (version & 1 == 0) & (expires > now.as_nanos());
+                if !valid {
+                    return None;
+                }
+                // SAFETY: one terminal node's state, whole (see above).
+                return Some(unsafe { copy.assume_init_ref() }.clone());
+            }
+            cur = next.unmarked();
+        }
+        None
     }
 
     /// `get` under the entry's lock (kept out of line: the lock-free path
@@ -942,7 +1177,9 @@ impl<S: DedupState> DedupTable<S> {
                     return None;
                 }
                 // SAFETY: initialised in these phases.
-                Phase::Live | Phase::Terminal => return Some(unsafe { body.current() }.clone()),
+                Phase::Live | Phase::Terminal => {
+                    return Some(S::clone(&*unsafe { body.current() }))
+                }
             }
         }
     }
@@ -1034,10 +1271,8 @@ impl<S: DedupState> DedupTable<S> {
 
     /// Removes a live or terminal node whose lock the caller holds: drops
     /// nothing itself, hands the state back to be dropped after unlocking.
-    /// A terminal state with no drop glue stays where it is (`None`): a
-    /// lock-free lookup may be cloning it, and its `Clone` may write to it
-    /// through the `Sync` parts it shares (an atomic counter): reading its
-    /// bytes out would race with that write, and there is nothing to drop.
+    /// A terminal state with no drop glue stays where it is (`None`):
+    /// there is nothing to drop, and lock-free lookups may be copying it.
     fn remove_locked(&self, node: &Node<S>, body: Body<'_, S>, cause: Cause) -> Option<S> {
         let was_terminal = match body.phase() {
             Phase::Terminal => true,
@@ -1139,7 +1374,7 @@ impl<S: DedupState> DedupTable<S> {
         let gone = self.remove_locked(&node, body, cause);
         drop(lock);
         drop(gone);
-        self.unlink(self.bucket_of(&node.key), guard);
+        self.unlink(self.bucket_of(&node.key.load()), guard);
         // The node is the queue's sentinel now, and what follows it is the
         // next entry to evict: start loading it, so the next insert at
         // capacity (`prefetch_eviction` reads its key) does not wait for it.
@@ -1172,7 +1407,7 @@ impl<S: DedupState> DedupTable<S> {
         // SAFETY: as above.
         if let Some(oldest) = unsafe { resolve_opt::<S>(self.slab, next, guard) } {
             prefetch(&oldest.fifo_next);
-            prefetch(self.bucket_of(&oldest.key));
+            prefetch(self.bucket_of(&oldest.key.load()));
         }
     }
 
@@ -1208,7 +1443,7 @@ impl<S: DedupState> DedupTable<S> {
             if next.marked() {
                 return self.walk(bucket, Some(&key), guard);
             }
-            if node.key == key {
+            if node.key.load() == key {
                 return Found::Node(node);
             }
             cur = next;
@@ -1253,7 +1488,7 @@ impl<S: DedupState> DedupTable<S> {
                         Err(_) => continue 'retry,
                     }
                 }
-                if key.is_some_and(|k| *k == node.key) {
+                if key.is_some_and(|k| *k == node.key.load()) {
                     return Found::Node(node);
                 }
                 prev = &node.node.next;
@@ -1308,7 +1543,7 @@ impl<S: DedupState> DedupTable<S> {
                 Phase::Terminal => return None,
                 Phase::Live => {
                     // SAFETY: initialised in this phase.
-                    if !pred(unsafe { body.current() }) {
+                    if !pred(&*unsafe { body.current() }) {
                         return None;
                     }
                     let gone = self.remove_locked(&node, body, Cause::Clear);
@@ -1333,7 +1568,7 @@ impl<S> DedupTable<S> {
             let body = node.body();
             if matches!(body.phase(), Phase::Live | Phase::Terminal) {
                 body.phase.set(Phase::Removed);
-                (*body.state.get()).assume_init_drop();
+                std::ptr::drop_in_place(body.state.get());
             }
         });
     }
@@ -1385,6 +1620,9 @@ impl<S> Drop for DedupTable<S> {
         let slots = Slots(self);
         // SAFETY: `&mut self`: no other thread can reach the table.
         unsafe { slots.0.drop_states() };
+        drop(slots);
+        // No lookup of this table runs any more: its slab may serve another.
+        self.slab.release();
     }
 }
 

@@ -13,6 +13,14 @@ impl DedupState for St {
     }
 }
 
+/// Drop glue, so that `St` is read under a pin and its lock: under Miri a
+/// state read with no pin is copied through integers, and `Running` leaves
+/// bytes uninitialised. The read with no pin is tested with states that
+/// have no padding (`Named`, `Plain`).
+impl Drop for St {
+    fn drop(&mut self) {}
+}
+
 fn key(n: u64) -> DedupKey {
     DedupKey {
         caller: CallerId::from_u64(1),
@@ -375,6 +383,165 @@ fn lock_free_lookups_racing_evictions_see_the_entry_or_nothing() {
     assert!(t.stats().terminal <= 2);
 }
 
+/// A plain-data state (no drop glue, no padding: Miri copies it through
+/// integers) that names its key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Named {
+    key: u64,
+    check: u64,
+}
+
+impl DedupState for Named {
+    fn is_terminal(&self) -> bool {
+        true
+    }
+}
+
+fn named(k: u64) -> Named {
+    Named { key: k, check: !k }
+}
+
+/// Evicts key 0 from a one-entry table (keys 1 and 2 go in; key 0's node,
+/// the eviction queue's sentinel until key 1 leaves, is then retired), and
+/// writes a terminal node of key 99 into its slot, as a reuse of the slot
+/// does once the epoch has passed. Deterministic: a real reuse waits for
+/// the epoch, which other tests' threads hold back, and the freed slot may
+/// go to the cache of whichever thread collected it.
+fn reuse_slot_of_key_0(t: &DedupTable<Named>, slot: u32) {
+    for k in 1..=2 {
+        t.apply(key(k), at(0), |_| (Some(named(k)), ()));
+    }
+    assert_eq!(t.get(&key(0), at(0)), None);
+    assert!(
+        (1..=2).all(|k| t.slot_of(&key(k)) != Some(slot)),
+        "key 0's slot is retired, not reused yet"
+    );
+    // SAFETY: unlinked and retired in this thread's batch (fewer than a
+    // batch retired: the slab is this table's own), so nothing else
+    // writes it; the slot's next real reuse rewrites it again.
+    unsafe { t.rewrite_retired_slot(slot, &key(99), named(99)) };
+}
+
+#[test]
+fn a_table_read_with_no_pin_has_a_slab_of_its_own_until_it_is_dropped() {
+    // A lookup with no pin may follow a stale link to a slot reused since:
+    // within its table the key and the version catch it, but a node of
+    // another table may hold the same key. So a plain-data table's slots
+    // are its own while it lives (and never a table's that writes
+    // plainly); tables whose states own resources share a slab per layout.
+    #[allow(dead_code)]
+    struct Owning(Box<u64>, u64);
+    impl DedupState for Owning {
+        fn is_terminal(&self) -> bool {
+            true
+        }
+    }
+    assert_eq!(std::mem::size_of::<Owning>(), std::mem::size_of::<Named>());
+    assert!(std::mem::needs_drop::<Owning>());
+    let (a, b) = (table::<Named>(4, 60), table::<Named>(4, 60));
+    let (o, p) = (table::<Owning>(4, 60), table::<Owning>(4, 60));
+    assert!(!std::ptr::eq(a.slab(), b.slab()));
+    assert!(!std::ptr::eq(a.slab(), o.slab()));
+    assert!(std::ptr::eq(o.slab(), p.slab()));
+    // A layout no other test uses: the slab of a dropped table serves the
+    // next one.
+    #[derive(Clone, Copy)]
+    struct Odd([u64; 21]);
+    impl DedupState for Odd {
+        fn is_terminal(&self) -> bool {
+            true
+        }
+    }
+    let first = table::<Odd>(4, 60);
+    first.apply(key(1), at(0), |_| (Some(Odd([1; 21])), ()));
+    let slab = first.slab();
+    let second = table::<Odd>(4, 60);
+    assert!(!std::ptr::eq(second.slab(), slab));
+    drop(first);
+    let third = table::<Odd>(4, 60);
+    assert!(std::ptr::eq(third.slab(), slab));
+    assert_eq!(third.get(&key(1), at(0)).map(|o| o.0[0]), None);
+}
+
+#[test]
+fn a_lookup_overtaken_by_the_reuse_of_its_slot_throws_its_read_away() {
+    // The lookup holds no pin: between finding key 0's node and reading
+    // its phase and state, the entry is evicted and its slot rewritten for
+    // key 99 (by this very thread). The version tells the lookup, which
+    // must not return key 99's state, nor key 0's (gone by then).
+    assert!(crate::state_cell::read_lock_free::<Named>());
+    let t = table::<Named>(1, 60);
+    t.apply(key(0), at(0), |_| (Some(named(0)), ()));
+    let slot = t.slot_of(&key(0)).expect("key 0 is in");
+    let mut reused = false;
+    let got = t.get_unpinned_with(&key(0), at(0), || {
+        reuse_slot_of_key_0(&t, slot);
+        reused = true;
+    });
+    assert!(reused, "the lookup found key 0's node");
+    assert_eq!(got, None, "a read overtaken by a reuse was kept");
+    // Undisturbed, the same lookup finds an entry with no pin.
+    assert_eq!(t.get_unpinned_with(&key(2), at(0), || ()), Some(named(2)));
+}
+
+#[test]
+fn a_lookup_with_a_stale_link_to_a_reused_slot_finds_nothing() {
+    // The lookup read a link to key 0's node, then the slot was reused
+    // before it read the node: it finds key 99 there, in a node of a
+    // settled version, so not key 0's, and the node's chain ends there.
+    let t = table::<Named>(1, 60);
+    t.apply(key(0), at(0), |_| (Some(named(0)), ()));
+    let slot = t.slot_of(&key(0)).expect("key 0 is in");
+    let link = t.bucket_link(&key(0));
+    reuse_slot_of_key_0(&t, slot);
+    // The link as a slow reader read it, before the reuse.
+    assert_eq!(t.get_unpinned_from(link, &key(0), at(0)), None);
+}
+
+#[test]
+fn user_code_writes_through_a_plain_state_to_a_copy_not_the_cell_lookups_read() {
+    // A state with no drop glue whose interior mutability a transition
+    // closure uses on the stored, terminal state, while another thread
+    // looks it up with no lock. The closure must get a copy: in the cell
+    // its plain write would race the lookup's atomic loads (Miri's race
+    // detector), and the stored state must not change once terminal.
+    use std::cell::Cell;
+    #[derive(Clone, Debug)]
+    struct Touched {
+        seen: Cell<u64>,
+    }
+    impl DedupState for Touched {
+        fn is_terminal(&self) -> bool {
+            true
+        }
+    }
+    assert!(crate::state_cell::read_lock_free::<Touched>());
+    let t = Arc::new(table::<Touched>(4, 60));
+    t.apply(key(0), at(0), |_| {
+        (Some(Touched { seen: Cell::new(0) }), ())
+    });
+    let rounds: u64 = if cfg!(miri) { 20 } else { 20_000 };
+    let reader = {
+        let t = t.clone();
+        std::thread::spawn(move || {
+            for _ in 0..rounds {
+                let got = t.get(&key(0), at(0)).expect("key 0 stays");
+                assert_eq!(got.seen.get(), 0, "a terminal state changed");
+            }
+        })
+    };
+    for i in 1..=rounds {
+        t.apply(key(0), at(0), |cur| {
+            let cur = cur.expect("key 0 stays");
+            cur.seen.set(i);
+            assert_eq!(cur.seen.get(), i);
+            (None, ())
+        });
+    }
+    reader.join().unwrap();
+    assert_eq!(t.get(&key(0), at(0)).unwrap().seen.get(), 0);
+}
+
 #[test]
 fn inserts_after_a_threads_slot_cache_is_gone_reuse_freed_slots() {
     // A thread-local destructor that runs after the slot cache's (it was
@@ -400,7 +567,7 @@ fn inserts_after_a_threads_slot_cache_is_gone_reuse_freed_slots() {
         static LATE: std::cell::RefCell<Option<Late>> = const { std::cell::RefCell::new(None) };
     }
     let t = Arc::new(table::<Wide>(4, 60));
-    let slab = crate::table::slab_of::<Wide>();
+    let slab = t.slab();
     let n = if cfg!(miri) { 40 } else { 5_000 };
     for _ in 0..3 {
         let t = Arc::clone(&t);
@@ -468,12 +635,12 @@ fn a_state_drop_that_panics_as_the_table_drops_loses_no_slot() {
 
 #[test]
 fn a_clone_that_writes_to_its_state_does_not_race_the_eviction_of_it() {
-    // Sync, no drop glue, and a `Clone` that writes to the stored state
-    // (atomically): a lock-free lookup clones it with no lock while the
-    // entry is evicted. The eviction must not read the state's bytes out
-    // (a non-atomic read racing that write). Miri's race detector sees it
-    // with some seeds only (crossbeam's own synchronisation may order the
-    // two): with -Zmiri-seed=1 and 5 of 1 to 5 on the build before.
+    // Sync, no drop glue, and a `Clone` that writes to the state it clones
+    // (atomically), while the entry is evicted. A lookup with no lock
+    // clones its own copy of the state (`StateView`), so that write lands
+    // in the copy and races nothing; before copies, it wrote to the stored
+    // state, and an eviction that read the state's bytes out raced it
+    // (Miri's race detector saw it with -Zmiri-seed=1 and 5 of 1 to 5).
     use std::sync::atomic::{AtomicBool, AtomicU64};
     struct CountsClones {
         clones: AtomicU64,

@@ -164,11 +164,14 @@ fn transition_to_terminal_racing_lookup() {
 
 #[test]
 fn lock_free_lookup_racing_eviction_of_the_entry() {
-    // `St` has no drop glue, so `get` reads a terminal entry without its
-    // lock: it sees the entry or its absence, never another's state.
+    // `St` has no drop glue, so `get` reads a terminal entry with no pin
+    // and no lock: it sees the entry or its absence, never another's state.
     model(|| {
         let t = Arc::new(table(1));
         t.apply(key(0), T0, |_| (Some(St::Done(1)), ()));
+        // A first lookup (pinned) notes when the oldest entry is due; the
+        // next one reads with no pin and no lock.
+        assert_eq!(t.get(&key(0), T0), Some(St::Done(1)));
         let t2 = t.clone();
         let h = thread::spawn(move || t2.apply(key(1), T0, |_| (Some(St::Done(2)), ())));
         let got = t.get(&key(0), T0);
