@@ -23,7 +23,8 @@
 //! **Map.** A fixed array of buckets (two per allowed terminal entry, rounded
 //! up to a power of two, 64 to 2^23), each the head of a Harris–Michael
 //! lock-free linked list of nodes, on crossbeam-epoch. Nodes live in slots
-//! of a process-wide slab per node layout (`slab`), and every link (bucket,
+//! of a process-wide slab per node layout (per table for plain-data
+//! states: see *Lookup*) (`slab`), and every link (bucket,
 //! chain, queue) is a 32-bit slot number, not a pointer: the bucket array
 //! is half the size (1 MiB for 100,000 entries, so more of it stays in
 //! cache), and a node with a 16-byte state fills exactly one 64-byte slot,
@@ -100,10 +101,10 @@
 //! pinned when it was retired, so the collector waits for it); a deferred
 //! function per shell cost more than the rest of its reclamation. Until its
 //! thread's batch fills, a retired slot waits in it: a thread that stops
-//! retiring keeps up to 255 (per node layout, whichever tables they came
+//! retiring keeps up to 255 (per slab, whichever tables they came
 //! from, dropped ones included) until it exits, when they go to the
 //! collector. A slot the collector frees goes to a small per-thread cache
-//! (at most 512 per thread and node layout) that the next insert on that
+//! (at most 512 per thread and slab) that the next insert on that
 //! thread reuses. A full cache hands 256 slots at a time to its slab's
 //! shared list, which an empty cache draws from before it takes a slot
 //! never used: the collector runs on whichever thread pins, not always one
@@ -117,8 +118,15 @@
 //! of 32 biased segment bases. Segments are never freed: the slab is as large
 //! as the most nodes of its layout that were ever in use at once (the
 //! tables' entries, the epoch garbage and the caches above), and a slot one
-//! table frees is reused by any table of that layout, as an allocator
-//! would reuse a block.
+//! table frees is reused by any table of that layout whose states own
+//! resources, as an allocator would reuse a block. A table of plain-data
+//! states has a slab of its own while it lives (a lookup with no pin may
+//! follow a stale link into a reused slot: within one table the key and the
+//! version catch it, but another table's node could hold the same key, or
+//! another type's bytes); the next such table of its layout takes it over
+//! once it is dropped. Its bounds are then per table: memory is the sum of
+//! each such table's peak, and each thread may keep the slack above per
+//! slab.
 //!
 //! **Epoch garbage.** Callers hold a pin only for the duration of one call
 //! (never while a user closure of `ExactlyOnceDedup` runs), so crossbeam's
@@ -127,7 +135,7 @@
 //! bag holds), keeps up: each
 //! evicting insert retires one node. The garbage is counted in the
 //! memory bound, and so is what each thread keeps besides the table: up to
-//! 255 retired slots and 512 free ones per node layout (about 48 KiB of
+//! 255 retired slots and 512 free ones per slab (about 48 KiB of
 //! 64-byte nodes).
 //! Measured: `tests/alloc_bound.rs` streams 10 million unique terminal
 //! entries through a table of 100,000 under a counting global allocator;

@@ -12,9 +12,13 @@
 //! from a table of 32 biased segment bases (in L1) and a multiply-add.
 //! Segments are never freed: a slot
 //! freed by one table is reused by the next node of the same layout, in any
-//! table, as the system allocator would reuse a block. A slab's memory is
-//! its peak of nodes in use at once, which the tables bound (entries,
-//! in-flight epoch garbage and the per-thread caches of `node_pool`).
+//! table whose states own resources (one slab per layout for those), as the
+//! system allocator would reuse a block. A table of plain-data states, read
+//! with no pin, has a slab of its own while it lives, which the next such
+//! table of its layout takes over once it is dropped (`Slab::of`). A slab's
+//! memory is its peak of nodes in use at once, which the tables bound
+//! (entries, in-flight epoch garbage and the per-thread caches of
+//! `node_pool`).
 //!
 //! The segment table is written once per segment, under a mutex, before the
 //! first slot of the segment is handed out; a slot number reaches another

@@ -689,8 +689,9 @@ pub struct DedupTable<S> {
     config: DedupConfig,
     buckets: Box<[AtomicLink]>,
     mask: usize,
-    /// Where this table's nodes live (shared by every table whose nodes
-    /// have the same layout).
+    /// Where this table's nodes live: shared by every table whose nodes
+    /// have the same layout, or, for plain-data states (read with no pin),
+    /// this table's own while it lives (`Slab::of`).
     slab: &'static Slab,
     fifo: Fifo<S>,
     in_progress: CachePadded<AtomicUsize>,
@@ -1046,10 +1047,11 @@ impl<S: DedupState> DedupTable<S> {
     /// node's version shows that its slot was not reused meanwhile
     /// (`state_cell` and `Node::version` say why this is sound). The state
     /// returned is a clone of that copy: a `Clone` that writes to the state
-    /// it clones writes to the copy. Anything else (an absent, in-progress
-    /// or expired entry, a state with drop glue, a read overtaken by a
-    /// reuse) is looked up again under a pin, and read under the entry's
-    /// lock.
+    /// it clones writes to the copy. A plain-data state must therefore be
+    /// fine to duplicate bit for bit (no `&'static mut` inside). Anything
+    /// else (an absent, in-progress or expired entry, a state with drop
+    /// glue, a read overtaken by a reuse) is looked up again under a pin,
+    /// and read under the entry's lock.
     #[inline]
     pub fn get(&self, key: &DedupKey, now: Timestamp) -> Option<S>
     where
