@@ -1065,6 +1065,17 @@ impl<S: DedupState> DedupTable<S> {
         self.get_pinned(key, now)
     }
 
+    /// Loom models: `get`'s read with no pin alone (`None` where `get`
+    /// would go on under a pin).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn get_unpinned_only(&self, key: &DedupKey, now: Timestamp) -> Option<S>
+    where
+        S: Clone,
+    {
+        self.read_unpinned(self.bucket(key), key, now)
+    }
+
     /// `get` under a pin (kept out of line: the lock-free path stays
     /// small).
     #[inline(never)]
