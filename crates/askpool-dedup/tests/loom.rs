@@ -162,16 +162,22 @@ fn transition_to_terminal_racing_lookup() {
     });
 }
 
+/// A one-entry table holding key 0 (terminal, `Done(1)`), looked up once:
+/// that first lookup (pinned) notes when the oldest entry is due, so the
+/// next ones read with no pin and no lock.
+fn one_terminal_entry() -> Arc<DedupTable<St>> {
+    let t = Arc::new(table(1));
+    t.apply(key(0), T0, |_| (Some(St::Done(1)), ()));
+    assert_eq!(t.get(&key(0), T0), Some(St::Done(1)));
+    t
+}
+
 #[test]
 fn lock_free_lookup_racing_eviction_of_the_entry() {
     // `St` has no drop glue, so `get` reads a terminal entry with no pin
     // and no lock: it sees the entry or its absence, never another's state.
     model(|| {
-        let t = Arc::new(table(1));
-        t.apply(key(0), T0, |_| (Some(St::Done(1)), ()));
-        // A first lookup (pinned) notes when the oldest entry is due; the
-        // next one reads with no pin and no lock.
-        assert_eq!(t.get(&key(0), T0), Some(St::Done(1)));
+        let t = one_terminal_entry();
         let t2 = t.clone();
         let h = thread::spawn(move || t2.apply(key(1), T0, |_| (Some(St::Done(2)), ())));
         let got = t.get(&key(0), T0);
@@ -193,10 +199,7 @@ fn lock_free_lookup_racing_the_reuse_of_its_entrys_slot() {
     // the slot was reused (not understood yet); the fallback's own races
     // are the other models'.
     model(|| {
-        let t = Arc::new(table(1));
-        t.apply(key(0), T0, |_| (Some(St::Done(1)), ()));
-        // A first lookup (pinned) notes when the oldest entry is due.
-        assert_eq!(t.get(&key(0), T0), Some(St::Done(1)));
+        let t = one_terminal_entry();
         let t2 = t.clone();
         let h = thread::spawn(move || {
             // Evicts key 0, then key 1: key 0's node, the eviction queue's
