@@ -131,6 +131,25 @@ impl<S> StateCell<S> {
         old
     }
 
+    /// The state, as code outside the table may see it ([`StateView`]).
+    ///
+    /// # Safety
+    /// Initialised, and not written while the view lives (the entry's lock
+    /// is held).
+    #[inline(always)]
+    pub(crate) unsafe fn view(&self) -> StateView<'_, S> {
+        if read_lock_free::<S>() {
+            // SAFETY: initialised, and nobody writes it meanwhile: a whole
+            // state. A copy of a type with no drop glue, never dropped.
+            StateView::Copy(ManuallyDrop::new(unsafe {
+                self.copy_lock_free().assume_init()
+            }))
+        } else {
+            // SAFETY: initialised; not written while the view lives.
+            StateView::Cell(unsafe { &*self.get() })
+        }
+    }
+
     /// A copy of the cell's bytes, read with atomic loads and no lock.
     /// Meaningful only once validated: the cell may be rewritten meanwhile,
     /// and the copy then mixes two states.
@@ -170,27 +189,6 @@ impl<S> std::ops::Deref for StateView<'_, S> {
         match self {
             Self::Cell(state) => state,
             Self::Copy(state) => state,
-        }
-    }
-}
-
-impl<S> StateCell<S> {
-    /// The state, as code outside the table may see it ([`StateView`]).
-    ///
-    /// # Safety
-    /// Initialised, and not written while the view lives (the entry's lock
-    /// is held).
-    #[inline(always)]
-    pub(crate) unsafe fn view(&self) -> StateView<'_, S> {
-        if read_lock_free::<S>() {
-            // SAFETY: initialised, and nobody writes it meanwhile: a whole
-            // state. A copy of a type with no drop glue, never dropped.
-            StateView::Copy(ManuallyDrop::new(unsafe {
-                self.copy_lock_free().assume_init()
-            }))
-        } else {
-            // SAFETY: initialised; not written while the view lives.
-            StateView::Cell(unsafe { &*self.get() })
         }
     }
 }

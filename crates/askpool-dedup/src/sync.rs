@@ -87,7 +87,6 @@ impl NodeLock {
 
     /// Makes the lock of a slot's new node held by its creator (the slot's
     /// previous node is gone: nobody else takes this lock).
-    #[cfg_attr(loom, allow(dead_code))]
     #[inline]
     pub(crate) fn init_locked(&self) {
         self.flag.store(true, Ordering::Relaxed);

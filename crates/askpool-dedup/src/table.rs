@@ -162,7 +162,6 @@ impl AtomicKey {
         PackedKey([a.load(Relaxed), b.load(Relaxed), c.load(Relaxed)])
     }
 
-    #[cfg_attr(loom, allow(dead_code))]
     #[inline(always)]
     fn store(&self, key: PackedKey) {
         for (word, value) in self.0.iter().zip(key.0) {
@@ -1163,9 +1162,8 @@ impl<S: DedupState> DedupTable<S> {
         None
     }
 
-    /// `get` under the entry's lock (kept out of line: the lock-free path
-    /// stays small).
-    #[inline(never)]
+    /// `get` under the entry's lock (`get_pinned`'s walk).
+    #[inline]
     fn get_locked(
         &self,
         bucket: &AtomicLink,
