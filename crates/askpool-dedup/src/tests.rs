@@ -584,11 +584,14 @@ fn inserts_after_a_threads_slot_cache_is_gone_reuse_freed_slots() {
     }
     // 3 x 5,000 inserts through a table of 4. Made afresh for each insert
     // (the defect), 15,001 slots; reused, only those the epoch holds back
-    // until a collection frees them: a few hundred alone, up to about 5,000
-    // while the other tests' threads pin all the time (a loaded CI run).
+    // until a collection frees them: a few hundred alone, but up to about
+    // 8,000 while the other tests' threads pin all the time (seen on a
+    // loaded CI run, where a preempted pinned thread stalls the epoch for
+    // most of a thread's inserts). The bound sits between the two: it
+    // still fails whenever the shared list is not used at all.
     let made = u64::from(slab.made());
     assert!(
-        made < 3 * n / 2 || cfg!(miri),
+        made < 5 * n / 2 || cfg!(miri),
         "{made} slots made for {} inserts into a table of 4",
         3 * n
     );
