@@ -80,15 +80,20 @@ async def test_a_cancel_does_not_interrupt_a_handler_that_polls() -> None:
     async with Node() as node:
         pool = node.pool("poll")
 
+        running = asyncio.Event()
+
         @pool.handler
         async def handle(msg: Any, ctx: Context) -> Any:
             flags.append(ctx.cancelled)
+            running.set()
             while not ctx.cancelled:
                 await asyncio.sleep(0.005)
             flags.append(ctx.cancelled)
 
         handle_ = node.ask("poll", 1, timeout=10)
-        await asyncio.sleep(0.02)
+        # Cancel once the handler runs (a fixed sleep could cancel before
+        # it started on a loaded machine).
+        await asyncio.wait_for(running.wait(), 5)
         handle_.cancel()
         for _ in range(200):
             if len(flags) == 2:
@@ -142,6 +147,11 @@ def test_ask_sync_is_interrupted_by_a_signal_and_cancels_the_ask() -> None:
     asyncio.run_coroutine_threadsafe(host(), loop).result(5)
 
     def interrupt(signum: int, frame: Any) -> None:
+        # Interrupt the wait only once the handler runs: on a loaded
+        # machine the loop thread may not have started it 0.3 s in.
+        if not started.is_set():
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGALRM, interrupt)

@@ -144,7 +144,10 @@ async def test_wait_finds_a_completion_made_elsewhere_by_polling(tmp_path: Path)
 async def test_a_cancelled_wait_leaves_nothing_behind(promises: Promises) -> None:
     promises.create("abandoned", timeout=60)
     waiting = asyncio.ensure_future(promises.wait("abandoned", poll=0.01))
-    await asyncio.sleep(0.05)
+    # The wait registers on the runtime's thread: poll until it has.
+    deadline = time.monotonic() + 5
+    while promises._native._waits() != 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
     assert promises._native._waits() == 1
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -122,10 +122,17 @@ async fn concurrent_asks_under_faults_leave_nothing_behind() {
 
     // Let delayed frames land and processing timeouts fire (a loaded
     // machine may need longer than an idle one).
-    for _ in 0..50 {
+    // Every count asserted below is waited for (early exit when all are 0).
+    for _ in 0..300 {
         let stats = node.stats();
         let pool = stats.pool("p").unwrap();
-        if stats.pending == 0 && pool.in_flight == 0 && pool.expiry_index == 0 {
+        if stats.pending == 0
+            && stats.armed_timers == 0
+            && pool.in_flight == 0
+            && pool.queued == 0
+            && pool.dedup.in_progress == 0
+            && pool.expiry_index == 0
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

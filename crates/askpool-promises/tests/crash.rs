@@ -180,9 +180,15 @@ fn a_process_killed_inside_a_transaction_leaves_nothing_half_written() {
 }
 
 /// Writes for ever: invoke, await, settle, resume, in many transactions.
+/// Says `WRITING` once the first round is committed, so the kill that
+/// follows lands in the middle of the loop however late the child was
+/// scheduled (on a loaded machine, a fixed sleep after a `WRITING` printed
+/// before any write could see it commit nothing yet).
 fn busy_writer(s: &SqliteStore) {
-    println!("WRITING");
     for round in 0u64.. {
+        if round == 1 {
+            println!("WRITING");
+        }
         let now = T + round;
         let (parent, child) = (format!("parent-{round}"), format!("child-{round}"));
         s.create(

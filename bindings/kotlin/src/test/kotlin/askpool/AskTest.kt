@@ -160,17 +160,19 @@ class AskTest {
         // Node). The close reached the host as the request's cancel, whose
         // coroutine was cancelled: the caller got AskCancelled instead.
         Node().use { node ->
-            val started = CompletableDeferred<Unit>()
+            val started = CompletableDeferred<RequestContext>()
             val release = CompletableDeferred<Unit>()
             val pool = node.pool("closing") { _, ctx ->
-                started.complete(Unit)
+                started.complete(ctx)
                 release.await()
                 if (ctx.isCancelled) "done, told of the close" else "done"
             }
             val caller = async { runCatching { node.ask("closing", "x", AskOptions(timeout = 30.seconds)) } }
-            withTimeout(5_000) { started.await() }
+            val ctx = withTimeout(5_000) { started.await() }
             pool.close()
-            Thread.sleep(100)
+            // The close reaches the handler's context from the runtime's
+            // thread: wait for it rather than for a fixed time.
+            eventually("the handler told of the close") { ctx.isCancelled }
             release.complete(Unit)
             val reply = withTimeout(5_000) { caller.await() }
             assertEquals("done, told of the close", reply.getOrNull(), reply.toString())
