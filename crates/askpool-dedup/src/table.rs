@@ -718,19 +718,36 @@ pub struct DedupTable<S> {
     /// reads (buckets, mask, bounds).
     latest_expiry: CachePadded<AtomicU64>,
     /// Terminal entries removed because of `max_terminal`, and because
-    /// their TTL passed (`DedupStats`), on a line of their own: each
-    /// eviction writes one, and beside the fields every operation reads
-    /// (buckets, mask, bounds) or the queue's head (which every insert at
-    /// capacity reads) it made the other core miss on them (profiled in the
-    /// two-thread duplicate storm).
-    evicted: CachePadded<Evicted>,
+    /// their TTL passed (`DedupStats`), in stripes of a line each, a thread
+    /// adding to its own: each eviction writes one, and beside the fields
+    /// every operation reads (buckets, mask, bounds) or the queue's head
+    /// (which every insert at capacity reads) it made the other core miss
+    /// on them, and one line for all threads moved between the cores on
+    /// every eviction (both profiled in the two-thread duplicate storm).
+    evicted: [CachePadded<Evicted>; EVICTED_STRIPES],
     epoch: Epoch,
 }
 
 /// See `DedupTable::evicted`.
+#[derive(Default)]
 struct Evicted {
     capacity: AtomicU64,
     ttl: AtomicU64,
+}
+
+/// Stripes of `DedupTable::evicted`: threads take them in turn, so up to
+/// this many threads each count on a line of their own.
+const EVICTED_STRIPES: usize = 8;
+
+/// This thread's stripe of `DedupTable::evicted`.
+fn evicted_stripe() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % EVICTED_STRIPES;
+    }
+    // A thread being torn down (a thread-local destructor that uses a
+    // table) counts on the first stripe.
+    STRIPE.try_with(|s| *s).unwrap_or(0)
 }
 
 // SAFETY: a state is only ever touched under its entry's lock, by one thread
@@ -770,10 +787,7 @@ impl<S: DedupState> DedupTable<S> {
             ttl_nanos: u64::try_from(config.terminal_ttl.as_nanos()).unwrap_or(u64::MAX),
             next_due: CachePadded::new(AtomicU64::new(0)),
             latest_expiry: CachePadded::new(AtomicU64::new(0)),
-            evicted: CachePadded::new(Evicted {
-                capacity: AtomicU64::new(0),
-                ttl: AtomicU64::new(0),
-            }),
+            evicted: Default::default(),
             epoch: Epoch::new(),
         }
     }
@@ -1205,8 +1219,8 @@ impl<S: DedupState> DedupTable<S> {
         DedupStats {
             in_progress: self.in_progress.load(Relaxed),
             terminal: self.terminal_count(),
-            evicted_capacity: self.evicted.capacity.load(Relaxed),
-            evicted_ttl: self.evicted.ttl.load(Relaxed),
+            evicted_capacity: self.evicted.iter().map(|e| e.capacity.load(Relaxed)).sum(),
+            evicted_ttl: self.evicted.iter().map(|e| e.ttl.load(Relaxed)).sum(),
         }
     }
 
@@ -1303,10 +1317,12 @@ impl<S: DedupState> DedupTable<S> {
         }
         match cause {
             Cause::Capacity | Cause::Replaced => {
-                self.evicted.capacity.fetch_add(1, Relaxed);
+                self.evicted[evicted_stripe()]
+                    .capacity
+                    .fetch_add(1, Relaxed);
             }
             Cause::Ttl => {
-                self.evicted.ttl.fetch_add(1, Relaxed);
+                self.evicted[evicted_stripe()].ttl.fetch_add(1, Relaxed);
             }
             Cause::Clear => {}
         }

@@ -748,3 +748,32 @@ fn bounded_inserts_racing_on_different_keys_never_overshoot() {
         assert_eq!(t.in_progress(), 1);
     }
 }
+
+#[test]
+fn evictions_on_many_threads_are_all_counted() {
+    // Each thread counts on a stripe of its own (more threads than stripes
+    // share them); the stats add every stripe up.
+    let t = table::<St>(100, 3_600);
+    let threads = if cfg!(miri) { 3 } else { 12 };
+    let per_thread = if cfg!(miri) { 60 } else { 2_000 };
+    std::thread::scope(|s| {
+        for th in 0..threads {
+            let t = &t;
+            s.spawn(move || {
+                for n in 0..per_thread {
+                    t.apply(key(th * 1_000_000 + n), at(0), |_| (Some(St::Done(1)), ()));
+                }
+            });
+        }
+    });
+    let s = t.stats();
+    assert_eq!(s.terminal, 100);
+    assert_eq!(s.evicted_capacity, threads * per_thread - 100);
+    // And TTL evictions, on yet another thread.
+    std::thread::scope(|s| {
+        s.spawn(|| t.evict_expired(at(3_601)));
+    });
+    let s = t.stats();
+    assert_eq!((s.terminal, s.evicted_ttl), (0, 100));
+    assert_eq!(s.evicted_capacity, threads * per_thread - 100);
+}
