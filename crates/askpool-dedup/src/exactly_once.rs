@@ -179,6 +179,20 @@ impl<R: Clone> ExactlyOnceDedup<R> {
         self.table.stats()
     }
 
+    /// How many calls wait for `key`'s computation to end (for tests that
+    /// must start a duplicate's wait before the computation ends).
+    #[doc(hidden)]
+    pub fn waiting(&self, key: DedupKey) -> usize {
+        self.table.apply(key, self.now(), |current| match current {
+            // The entry holds one reference and the running call another;
+            // each waiting call holds one more.
+            Some(Slot::InProgress { done, .. }) => {
+                (None, Arc::strong_count(done).saturating_sub(2))
+            }
+            _ => (None, 0),
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.table.len()
     }

@@ -77,8 +77,10 @@ fn clear_racing_inserts_orphans_terminal_entries() {
     );
 }
 
-/// A duplicate that waited for an in-progress computation re-runs it when
-/// the finished record is evicted (capacity) before the waiter retries.
+/// A duplicate that waited for an in-progress computation gets its result,
+/// even when the finished record is evicted (capacity) before the waiter
+/// looks again: it must not re-run the computation (the defect this test is
+/// named after).
 #[test]
 fn waiter_reruns_when_record_is_evicted_before_it_retries() {
     let mut double = 0;
@@ -107,11 +109,26 @@ fn waiter_reruns_when_record_is_evicted_before_it_retries() {
             std::thread::spawn(move || {
                 d.resolve(k, || {
                     b.wait();
-                    // The duplicate must reach `resolve` within this window;
-                    // 30 ms was missed now and then with 4 jobs on 2 cores
-                    // (the waiter was not scheduled in time, before and
-                    // after the dedup-perf changes alike).
-                    std::thread::sleep(Duration::from_millis(100));
+                    // Ends only once the duplicate waits for it: a fixed
+                    // sleep alone was missed now and then on a loaded
+                    // machine (the duplicate came after the record's
+                    // eviction and rightly ran the computation itself).
+                    let until = std::time::Instant::now() + Duration::from_secs(10);
+                    while d.waiting(k) == 0 {
+                        assert!(
+                            std::time::Instant::now() < until,
+                            "the duplicate never waited"
+                        );
+                        std::thread::yield_now();
+                    }
+                    // Then lets the waiter fall asleep, so that it wakes
+                    // after the churn has evicted the record: a waiter that
+                    // looked the key up again instead of taking the result
+                    // it waited for would re-run it (most rounds with that
+                    // defect put in by hand; almost none with this sleep
+                    // left out, when it wakes before the eviction). Correct
+                    // code passes however long this takes.
+                    std::thread::sleep(Duration::from_millis(20));
                     runs.fetch_add(1, Ordering::SeqCst);
                     7
                 })
