@@ -596,8 +596,16 @@ impl<S> Fifo<S> {
         });
     }
 
-    /// Whether this thread made the last two pops of this queue, with no
-    /// other thread's pop between them (see `prefetch_eviction`).
+    /// Whether this thread's last `POPS_ALONE` pops of this queue each found
+    /// the head its pop before had left: no other thread popped between
+    /// them (see `prefetch_eviction`). It cannot tell whether another
+    /// thread has popped since; this thread's next pop will.
+    ///
+    /// A hint, and wrong at times, which only costs or spares a prefetch: a
+    /// thread that stops evicting while another goes on keeps its run until
+    /// its own next pop; a thread that pops from two tables in turn never
+    /// builds one; a reused slot can bring back a head link this thread
+    /// left, and a new queue at a freed one's address can inherit its run.
     #[inline]
     fn popping_alone(&self) -> bool {
         let queue = self as *const Self as usize;
@@ -625,15 +633,16 @@ impl<S> Fifo<S> {
     }
 }
 
-/// Pops in a row with no other thread's pop between them after which a
-/// thread counts as the queue's only evictor. Two threads taking turns at
-/// random rarely reach it (one chance in 256).
+/// How many of a thread's pops in a row must each find the head its pop
+/// before left (after a first pop to compare with) for the thread to count
+/// as the queue's only evictor. Two threads taking turns at random rarely
+/// get there (one chance in 256).
 const POPS_ALONE: u8 = 8;
 
 thread_local! {
     /// This thread's last pop: the queue (its address), the head the pop
-    /// left, and whether that pop found the head this thread's pop before it
-    /// had left. Another queue at a reused address only costs one hint.
+    /// left, and how many of this thread's pops in a row, up to that one,
+    /// found the head its pop before had left (see `Fifo::popping_alone`).
     static LAST_POP: Cell<(usize, u32, u8)> = const { Cell::new((0, 0, 0)) };
 }
 
@@ -895,8 +904,9 @@ impl<S: DedupState> DedupTable<S> {
         let bucket = self.bucket(&key);
         // The bucket, the oldest terminal node (read by `expire`) and, at
         // capacity, that node's bucket (read to unlink it when this insert
-        // evicts it) do not depend on each other: start them loading
-        // together rather than one miss after another.
+        // evicts it, if this thread is the one evicting lately) do not
+        // depend on each other: start them loading together rather than one
+        // miss after another.
         prefetch(bucket);
         self.expire(now, &guard);
         self.prefetch_eviction(&guard);
