@@ -1266,6 +1266,16 @@ impl<S: DedupState> DedupTable<S> {
         }
     }
 
+    /// Starts loading `key`'s bucket, for a caller that will `apply` to
+    /// the key after some work of its own: a new key's bucket is a cache
+    /// miss, and `apply` alone has little to overlap it with. A hint only.
+    #[inline]
+    pub fn prefetch(&self, key: &DedupKey) {
+        if !cfg!(any(loom, miri)) {
+            prefetch(self.bucket(key));
+        }
+    }
+
     /// Removes terminal entries whose TTL passed by `now`.
     pub fn evict_expired(&self, now: Timestamp) {
         let guard = self.epoch.pin();

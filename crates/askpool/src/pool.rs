@@ -427,6 +427,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     fn admit(&self, env: Envelope<M>) {
         let Envelope { meta, payload } = env;
         let ids = meta.ids;
+        // Loaded while the request is built (an allocation, the caller's
+        // slot, a clock read): a new id's bucket is a cache miss.
+        self.table.prefetch(&ids.dedup_key());
         let fingerprint = meta.fingerprint;
         let refuse = |error: AskError| {
             self.send(ToCaller::Refused {
