@@ -575,9 +575,9 @@ impl<S> Fifo<S> {
         }
     }
 
-    /// Remembers, for this thread, the head this pop left and whether the
-    /// head it found was the one its previous pop of this queue had left:
-    /// if so, nobody else popped in between.
+    /// Remembers, for this thread, the head this pop left, and extends its
+    /// run if the head it found was the one its previous pop of this queue
+    /// had left (nobody else popped in between), else starts it again.
     #[inline]
     fn note_pop(&self, found: Link, left: Link) {
         // Only `prefetch_eviction` asks, and never under loom or Miri.
@@ -1268,12 +1268,11 @@ impl<S: DedupState> DedupTable<S> {
 
     /// Starts loading `key`'s bucket, for a caller that will `apply` to
     /// the key after some work of its own: a new key's bucket is a cache
-    /// miss, and `apply` alone has little to overlap it with. A hint only.
+    /// miss, and `apply` alone has little to overlap it with. A hint only
+    /// (nothing under loom or Miri: see the `prefetch` it calls).
     #[inline]
     pub fn prefetch(&self, key: &DedupKey) {
-        if !cfg!(any(loom, miri)) {
-            prefetch(self.bucket(key));
-        }
+        prefetch(self.bucket(key));
     }
 
     /// Removes terminal entries whose TTL passed by `now`.
