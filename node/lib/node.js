@@ -740,6 +740,7 @@ class Node {
       const name = this.#poolName(pool);
       if (kind === 2) {
         o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        if (signal?.aborted) throw aborted(signal);
         const ref = this.#ref(name);
         const slot = this.#table.put(msg);
         task = call(() => this.#core.tell(ref, slot, o));
@@ -749,6 +750,10 @@ class Node {
         task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
       } else {
         o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+        // Again: reading the options ran the caller's code (a getter, a
+        // Proxy trap), which may have aborted the signal. Its listener is
+        // added after the ask is sent and would never fire.
+        if (signal?.aborted) throw aborted(signal);
         const ref = this.#ref(name);
         const slot = this.#table.put(msg);
         task = call(() => this.#core.askWith(ref, slot, o));

@@ -36,6 +36,33 @@ test('a signal aborted before the ask: nothing is sent', async () => {
   await node.close();
 });
 
+test('a signal aborted while the options are read (a getter): nothing is sent', async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('p').handle(() => {
+    runs++;
+  });
+  for (const kind of ['ask', 'askHandle', 'tell']) {
+    const controller = new AbortController();
+    const options = {
+      signal: controller.signal,
+      get timeoutMs() {
+        controller.abort(new Error(`left during ${kind}`));
+        return 1000;
+      },
+    };
+    const started =
+      kind === 'ask' ? node.ask('p', 1, options) : kind === 'askHandle' ? node.askHandle('p', 1, options).result : node.tell('p', 1, options);
+    const err = await started.catch((e) => e);
+    assert.ok(err instanceof AskCancelledError, kind);
+    assert.equal(err.cause.message, `left during ${kind}`, kind);
+  }
+  await tick();
+  assert.equal(runs, 0);
+  assert.equal(node.stats().pools[0].admitted, 0);
+  await node.close();
+});
+
 test('a signal aborted during the ask: it rejects and the handler sees the cancel', async () => {
   const node = new Node();
   let handlerSignal;
