@@ -51,8 +51,11 @@ test('a signal aborted while the options are read (a getter): nothing is sent', 
         return 1000;
       },
     };
-    const started =
-      kind === 'ask' ? node.ask('p', 1, options) : kind === 'askHandle' ? node.askHandle('p', 1, options).result : node.tell('p', 1, options);
+    const started = {
+      ask: () => node.ask('p', 1, options),
+      askHandle: () => node.askHandle('p', 1, options).result,
+      tell: () => node.tell('p', 1, options),
+    }[kind]();
     const err = await started.catch((e) => e);
     assert.ok(err instanceof AskCancelledError, kind);
     assert.equal(err.cause.message, `left during ${kind}`, kind);
