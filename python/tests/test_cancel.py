@@ -237,3 +237,47 @@ async def test_cancelling_a_tell_before_its_pool_accepted_it_cancels_it() -> Non
         await asyncio.sleep(1.5)
         assert runs == ["block", "wanted"]
         assert node.stats()["pending"] == 0
+
+
+async def test_wait_cancelled_awaited_on_another_loop_wakes_there() -> None:
+    # A handler hands its context to a coroutine on another loop (another
+    # thread). Its wait must be completed on that loop, the one it awaits
+    # on: completed on the pool's loop it was never woken.
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever, name="other loop")
+    thread.start()
+    saw: list[str] = []
+
+    async def watch(ctx: Context) -> None:
+        await ctx.wait_cancelled()
+        saw.append(threading.current_thread().name)
+
+    try:
+        async with Node() as node:
+            pool = node.pool("p")
+            watching = asyncio.Event()
+
+            @pool.handler
+            async def handle(msg: Any, ctx: Context) -> Any:
+                watcher = asyncio.run_coroutine_threadsafe(watch(ctx), other)
+                watching.set()
+                await asyncio.wait_for(asyncio.wrap_future(watcher), 10)
+                return "watched"
+
+            ask = node.ask("p", 1)
+            await watching.wait()
+            while pool.stats()["in_flight"] == 0:
+                await asyncio.sleep(0.01)
+            ask.cancel()
+            for _ in range(500):
+                if saw:
+                    break
+                await asyncio.sleep(0.01)
+            assert saw == ["other loop"], "the wait on the other loop never woke"
+            # The handle is an asyncio future: cancelled, it raises so.
+            with pytest.raises(asyncio.CancelledError):
+                await ask
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        thread.join(5)
+        other.close()

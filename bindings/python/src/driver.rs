@@ -227,6 +227,19 @@ impl LoopDriver {
 }
 
 impl LoopDriver {
+    /// The driver of `event_loop`, made and hooked to the loop by the
+    /// wrapper on first use: an asyncio future of that loop must be
+    /// completed by that loop's driver, on its thread (`set_result` from
+    /// another loop's thread leaves its awaiter asleep).
+    pub(crate) fn of(event_loop: &Bound<'_, PyAny>) -> PyResult<Arc<DriverShared>> {
+        let py = event_loop.py();
+        let driver = py
+            .import(pyo3::intern!(py, "askpool._node"))?
+            .getattr(pyo3::intern!(py, "_driver"))?
+            .call1((event_loop,))?;
+        Ok(Arc::clone(&driver.cast::<LoopDriver>()?.get().shared))
+    }
+
     /// Runs `start` (which queues work on this loop, e.g. an ask to a pool
     /// hosted here), then the queue, on the loop thread: a handler that does
     /// not await has answered before the caller awaits. Wake-ups inside

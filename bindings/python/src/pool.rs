@@ -163,7 +163,6 @@ impl SlotTask {
         let ctx = Ctx {
             context,
             worker: self.worker_id.clone(),
-            driver: Arc::clone(&self.driver),
             waits: Arc::clone(&waits),
         };
         let started = (|| {
@@ -404,7 +403,6 @@ impl Reply {
 pub(crate) struct Ctx {
     context: RequestContext,
     worker: WorkerId,
-    driver: Arc<DriverShared>,
     waits: Arc<Waits>,
 }
 
@@ -459,13 +457,17 @@ impl Ctx {
     }
     /// An asyncio future (of the running loop) that completes when the
     /// request is cancelled. It stays pending if the request is answered
-    /// first (and is then no longer watched).
+    /// first (and is then no longer watched). The running loop may be
+    /// another than the pool's (the context handed to a coroutine on
+    /// another thread's loop): the wait is driven by that loop's driver.
     fn wait_cancelled<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let target = send::running_loop(py)?.call_method0(intern!(py, "create_future"))?;
+        let event_loop = send::running_loop(py)?;
+        let driver = LoopDriver::of(&event_loop)?;
+        let target = event_loop.call_method0(intern!(py, "create_future"))?;
         let context = self.context.clone();
         let wait: Pin<Box<dyn Future<Output = ()> + Send>> =
             Box::pin(async move { context.cancelled().await });
-        let task = FutureTask::spawn(&self.driver, wait, target.clone().unbind(), |py, ()| {
+        let task = FutureTask::spawn(&driver, wait, target.clone().unbind(), |py, ()| {
             Ok(py.None())
         });
         if !self.waits.add(&task) {
