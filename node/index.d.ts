@@ -330,7 +330,11 @@ export class Node {
   replayDeadLetter<Reply = any>(requestId: string): Promise<Reply>;
   purgeDeadLetters(): number;
   evictExpired(): void;
-  /** Opens (or creates) the SQLite file of durable asks and promises. */
+  /**
+   * Opens (or creates) the SQLite file of durable asks and promises.
+   * `timeoutMs`: how long a durable ask's promise stays pending at most
+   * (default one hour); at least 1, else `InvalidArgumentError`.
+   */
   openPromises(path: string | URL, options?: { timeoutMs?: number }): this;
   /** An ask recorded as a durable promise; message and reply are stored as JSON. */
   askDurable<Reply = any>(pool: PoolRef, msg: unknown, options?: { id?: string }): DurableAsk<Reply>;

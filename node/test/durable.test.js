@@ -202,3 +202,20 @@ test('durable asks around close: in flight they reject UNAVAILABLE, after it at 
     tmp.done();
   }
 });
+
+test('openPromises: a durable timeout under a millisecond is refused', () => {
+  // Every durable ask would time out as it is stored, its handler never run.
+  const tmp = tempFile();
+  try {
+    for (const timeoutMs of [0, 0.5, -1, NaN]) {
+      assert.throws(
+        () => new Node().openPromises(tmp.file, { timeoutMs }),
+        (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT',
+        String(timeoutMs),
+      );
+    }
+    assert.ok(new Node().openPromises(tmp.file, { timeoutMs: 1 }).promises);
+  } finally {
+    tmp.done();
+  }
+});

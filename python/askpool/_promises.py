@@ -48,7 +48,7 @@ class Promises:
         cls, path: Union[str, os.PathLike[str]], *, durable_timeout: float = 3600.0
     ) -> Promises:
         """``durable_timeout``: seconds a durable ask's promise stays pending
-        at most."""
+        at most; at least 0.001 (``InvalidArgumentError`` otherwise)."""
         return cls(_native.NativePromises.sqlite(os.fspath(path), durable_timeout))
 
     @classmethod

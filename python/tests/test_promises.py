@@ -429,3 +429,11 @@ async def test_a_stored_taxonomy_rejection_comes_back_as_the_same_error(
             with pytest.raises(cls) as again:
                 await node.await_durable(handle_.id)
             assert str(again.value) == str(first.value)
+
+
+def test_a_durable_timeout_under_a_millisecond_is_refused_at_open(tmp_path: Path) -> None:
+    # Every durable ask would time out as it is stored, its handler never run.
+    for bad in (0, 0.0004, -1.0, math.nan, math.inf):
+        with pytest.raises(askpool.InvalidArgumentError):
+            Promises.open(tmp_path / "p.db", durable_timeout=bad)
+    assert Promises.open(tmp_path / "p.db", durable_timeout=0.001) is not None

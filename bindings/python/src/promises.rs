@@ -180,7 +180,16 @@ impl NativePromises {
                 .map_err(AskError::from),
         )?;
         let mut durable = DurablePromises::new(store);
-        durable.timeout = Duration::from_millis(to_py(millis("durable_timeout", durable_timeout))?);
+        let timeout = to_py(duration("durable_timeout", durable_timeout))?;
+        // Shorter, every durable ask would time out as it is stored.
+        if timeout < Duration::from_millis(1) {
+            return to_py(Err(AskError::InvalidArgument {
+                message: format!(
+                    "durable_timeout must be at least 0.001 seconds, not {durable_timeout}"
+                ),
+            }));
+        }
+        durable.timeout = timeout;
         Ok(Self::of(durable))
     }
 

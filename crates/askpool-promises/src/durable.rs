@@ -155,9 +155,19 @@ where
         pool: &str,
         msg: M,
     ) -> Result<DurableHandle<R>, AskError> {
+        // Under a millisecond the promise would time out as it is created:
+        // the ask could never run, and every retry would find it so.
+        let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
+        if timeout == 0 {
+            return Err(AskError::InvalidArgument {
+                message: format!(
+                    "a durable ask's timeout must be at least a millisecond, not {:?}",
+                    promises.timeout
+                ),
+            });
+        }
         let now = now_millis();
         let key = id.to_string();
-        let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
         let param = msg
             .to_bytes()
             .map_err(|message| AskError::InvalidArgument {

@@ -492,3 +492,26 @@ fn concurrent_awaits_of_one_durable_ask_ask_once() {
         assert_eq!(runs.load(Ordering::SeqCst), 1, "round {round}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_timeout_under_a_millisecond_is_refused_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let node = upper_node(&runs);
+    for timeout in [Duration::ZERO, Duration::from_micros(999)] {
+        let mut store = promises(&path);
+        store.timeout = timeout;
+        let id = RequestId::from_parts(42, 9);
+        let refused = node.ask_durable_with_id(&store, id, "upper", "hi".into());
+        assert!(
+            matches!(refused, Err(AskError::InvalidArgument { .. })),
+            "{timeout:?}"
+        );
+        assert!(
+            store.store().get(&id.to_string(), 0).is_err(),
+            "nothing stored"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

@@ -6,6 +6,7 @@ import askpool.ffi.PromiseRecord
 import java.nio.file.Path
 import kotlin.time.Duration
 import kotlin.time.Duration.Companion.hours
+import kotlin.time.Duration.Companion.milliseconds
 
 /** Where a promise is: pending, or settled one of four ways. */
 enum class PromiseState { PENDING, RESOLVED, REJECTED, CANCELED, TIMEDOUT }
@@ -181,13 +182,19 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
          * @throws PromiseException.BadDatabase the file is no promise store.
          */
         fun open(path: Path, durableTimeout: Duration = 1.hours): Promises =
-            Promises(PromiseException.native { NativePromises.open(path.toString(), durableTimeout.millis()) })
+            Promises(PromiseException.native { NativePromises.open(path.toString(), durableTimeout.durableMillis()) })
 
         fun open(path: String, durableTimeout: Duration = 1.hours): Promises = open(Path.of(path), durableTimeout)
 
         /** A store in memory, gone with the process. */
         fun memory(durableTimeout: Duration = 1.hours): Promises =
-            Promises(NativePromises.memory(durableTimeout.millis()))
+            Promises(NativePromises.memory(durableTimeout.durableMillis()))
+
+        /** Shorter, every durable ask would time out as it is stored. */
+        private fun Duration.durableMillis(): ULong {
+            require(this >= 1.milliseconds) { "durableTimeout must be at least 1 ms: $this" }
+            return millis("durableTimeout")
+        }
 
         private fun Duration.millis(what: String = "a timeout"): ULong {
             require(!isNegative()) { "$what must not be negative: $this" }

@@ -18,6 +18,7 @@ import java.util.concurrent.TimeUnit
 import java.util.concurrent.atomic.AtomicInteger
 import kotlin.time.Duration
 import kotlin.time.Duration.Companion.hours
+import kotlin.time.Duration.Companion.microseconds
 import kotlin.time.Duration.Companion.milliseconds
 import kotlin.time.Duration.Companion.seconds
 
@@ -74,6 +75,16 @@ class PromisesTest {
         Files.write(junk, ByteArray(8192) { (it * 31).toByte() })
         val bad = assertThrows(PromiseException.BadDatabase::class.java) { Promises.open(junk) }
         assertTrue(bad.code in setOf("Corrupt", "Foreign"), bad.code)
+    }
+
+    @Test
+    fun `a durable timeout under a millisecond is refused`(@TempDir dir: Path) {
+        // Every durable ask would time out as it is stored, its handler never run.
+        for (bad in listOf(Duration.ZERO, 500.microseconds, (-1).seconds)) {
+            assertThrows(IllegalArgumentException::class.java, { Promises.memory(bad) }, "$bad")
+            assertThrows(IllegalArgumentException::class.java, { Promises.open(dir.resolve("p.db"), bad) }, "$bad")
+        }
+        Promises.memory(1.milliseconds).close()
     }
 
     @Test
