@@ -45,22 +45,23 @@ sealed class AskException(message: String, val code: String, val errorClass: Err
     class HandlerFailed(val typeName: String, val handlerMessage: String, message: String = "handler failed with $typeName: $handlerMessage") :
         AskException(message, "HANDLER_FAILED", ErrorClass.PERMANENT)
 
+    /** As a fault to send: its text made valid Unicode ([validText]), which the native side requires. */
     internal fun toFault(): Fault = when (this) {
-        is Unavailable -> Fault.Unavailable(reason)
+        is Unavailable -> Fault.Unavailable(validText(reason))
         is DeadlineExceeded -> Fault.DeadlineExceeded
         is AskTimeout -> Fault.AskTimeout(elapsedMs.toULong())
-        is BufferFull -> Fault.BufferFull(pool, limit.toULong())
-        is NoRoute -> Fault.NoRoute(pool)
-        is InvalidArgument -> Fault.InvalidArgument(detail)
-        is ValidationError -> Fault.ValidationError(detail)
+        is BufferFull -> Fault.BufferFull(validText(pool), limit.toULong())
+        is NoRoute -> Fault.NoRoute(validText(pool))
+        is InvalidArgument -> Fault.InvalidArgument(validText(detail))
+        is ValidationError -> Fault.ValidationError(validText(detail))
         is PayloadMismatch -> Fault.PayloadMismatch
-        is PermissionDenied -> Fault.PermissionDenied(detail)
+        is PermissionDenied -> Fault.PermissionDenied(validText(detail))
         is OversizePayload -> Fault.OversizePayload(size.toULong(), limit.toULong())
-        is FailedPrecondition -> Fault.FailedPrecondition(detail)
-        is DecodeFailure -> Fault.DecodeFailure(detail)
-        is Internal -> Fault.Internal(detail)
+        is FailedPrecondition -> Fault.FailedPrecondition(validText(detail))
+        is DecodeFailure -> Fault.DecodeFailure(validText(detail))
+        is Internal -> Fault.Internal(validText(detail))
         is AskCancelled -> Fault.AskCancelled(reason.cause)
-        is HandlerFailed -> Fault.HandlerFailed(typeName, handlerMessage)
+        is HandlerFailed -> Fault.HandlerFailed(validText(typeName), validText(handlerMessage))
     }
 
     internal companion object {
@@ -89,13 +90,16 @@ sealed class AskException(message: String, val code: String, val errorClass: Err
         fun fromHandler(e: Throwable): Fault = when (e) {
             // The mapping every binding shares: a message-only code is kept,
             // one describing an ask (timeout, route, ...) becomes HandlerFailed.
-            is AskException -> askpool.ffi.handlerFault(e.toFault(), e.javaClass.name, e.message ?: "")
+            is AskException -> askpool.ffi.handlerFault(e.toFault(), e.javaClass.name, messageOf(e))
             else -> Fault.HandlerFailed(e.javaClass.name, messageOf(e))
         }
 
-        /** [e]'s message, "" if none; a `message` getter that throws does not stop the failure. */
+        /**
+         * [e]'s message, "" if none, as valid Unicode ([validText]); a
+         * `message` getter that throws does not stop the failure.
+         */
         fun messageOf(e: Throwable): String = try {
-            e.message ?: ""
+            validText(e.message ?: "")
         } catch (t: Throwable) {
             "(its message threw ${t.javaClass.name})"
         }
@@ -107,8 +111,67 @@ sealed class AskException(message: String, val code: String, val errorClass: Err
             throw of(e.failure)
         } catch (e: askpool.ffi.InternalException) {
             throw Internal(e.message ?: "panic", "internal error: ${e.message}")
+        } catch (e: java.nio.charset.CharacterCodingException) {
+            throw InvalidArgument(notUnicode(e))
         }
     }
+}
+
+/**
+ * What a string argument that is not valid Unicode (an unpaired UTF-16
+ * surrogate, which UTF-8 cannot carry) is told: the generated code refuses
+ * it on its way to the native side, before anything starts.
+ */
+internal fun notUnicode(e: java.nio.charset.CharacterCodingException): String =
+    "a string argument is not valid Unicode (an unpaired UTF-16 surrogate): $e"
+
+/**
+ * Refuses, as [notUnicode] does, a string argument that is not valid
+ * Unicode, before a call registers anything (a payload's handle the native
+ * side would never take, the generated code refusing the string first).
+ */
+internal fun checkUnicode(vararg strings: String?) {
+    for (s in strings) {
+        if (s != null && validText(s) !== s) {
+            throw AskException.InvalidArgument(
+                "a string argument is not valid Unicode (an unpaired UTF-16 surrogate): ${validText(s)}",
+            )
+        }
+    }
+}
+
+/**
+ * [s] with every unpaired UTF-16 surrogate replaced by U+FFFD: text that
+ * only describes (a handler's error message, a progress note) still
+ * crosses to the native side, which takes valid Unicode only.
+ */
+internal fun validText(s: String): String {
+    if (s.none { it.isSurrogate() }) return s
+    var paired = true
+    var j = 0
+    while (j < s.length) {
+        val c = s[j]
+        if (c.isHighSurrogate() && j + 1 < s.length && s[j + 1].isLowSurrogate()) {
+            j += 2
+        } else {
+            if (c.isSurrogate()) paired = false
+            j++
+        }
+    }
+    if (paired) return s
+    val out = StringBuilder(s.length)
+    var i = 0
+    while (i < s.length) {
+        val c = s[i]
+        if (c.isHighSurrogate() && i + 1 < s.length && s[i + 1].isLowSurrogate()) {
+            out.append(c).append(s[i + 1])
+            i += 2
+            continue
+        }
+        out.append(if (c.isSurrogate()) '\uFFFD' else c)
+        i++
+    }
+    return out.toString()
 }
 
 /** Who cancelled an ask. */

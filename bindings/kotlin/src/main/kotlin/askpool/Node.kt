@@ -193,6 +193,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     /** Asks and returns at once with the ask's [AskHandle]. */
     fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
         checkOpen()
+        checkUnicode(pool, options.preferredWorker, options.requestId, options.correlationId, options.causationId)
         val handle = AskHandle(this)
         val token = completions.register(handle, stages = true)
         handle.token = token
@@ -208,6 +209,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      */
     suspend fun tell(pool: String, msg: Any?, options: TellOptions = TellOptions()): String {
         checkOpen()
+        checkUnicode(pool, options.requestId, options.correlationId, options.causationId)
         val handle = AskHandle(this)
         val token = completions.register(handle)
         handle.token = token

@@ -79,7 +79,7 @@ class RequestContext internal constructor(private val request: Long) {
     }
 
     /** Reports progress to the caller (a `PARTIAL` stage). */
-    fun progress(fraction: Float, note: String = "") = requestProgress(request, fraction, note)
+    fun progress(fraction: Float, note: String = "") = requestProgress(request, fraction, validText(note))
 
     /** Cancels the handler's coroutine, or has it cancel itself once it starts. */
     internal fun cancelJob() {

@@ -68,6 +68,8 @@ sealed class PromiseException(message: String, val code: String) : RuntimeExcept
             throw of(e)
         } catch (e: askpool.ffi.InternalException) {
             throw Storage("internal error: ${e.message}", "Internal")
+        } catch (e: java.nio.charset.CharacterCodingException) {
+            throw InvalidArgument(notUnicode(e))
         }
     }
 }
@@ -130,7 +132,7 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
      * store keeps every promise until pruned: call this on a schedule, with
      * a retention period. A pruned durable ask is forgotten: asked again
      * under its id, it runs again.
-     * @throws IllegalArgumentException [olderThan] is negative.
+     * @throws PromiseException.InvalidArgument [olderThan] is negative.
      */
     fun prune(olderThan: Duration): Long =
         store { PromiseException.native { it.prune(olderThan.millis("a retention")) } }.toLong()
@@ -192,12 +194,15 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
 
         /** Shorter, every durable ask would time out as it is stored. */
         private fun Duration.durableMillis(): ULong {
-            require(this >= 1.milliseconds) { "durableTimeout must be at least 1 ms: $this" }
+            if (this < 1.milliseconds) {
+                throw PromiseException.InvalidArgument("durableTimeout must be at least 1 ms: $this")
+            }
             return millis("durableTimeout")
         }
 
+        /** As the other bindings and the store refuse bad input: [PromiseException.InvalidArgument]. */
         private fun Duration.millis(what: String = "a timeout"): ULong {
-            require(!isNegative()) { "$what must not be negative: $this" }
+            if (isNegative()) throw PromiseException.InvalidArgument("$what must not be negative: $this")
             return inWholeMilliseconds.toULong()
         }
     }

@@ -14,6 +14,7 @@ import kotlinx.coroutines.withTimeout
 import org.junit.jupiter.api.Assertions.assertArrayEquals
 import org.junit.jupiter.api.Assertions.assertEquals
 import org.junit.jupiter.api.Assertions.assertNull
+import org.junit.jupiter.api.Assertions.assertThrows
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
 import kotlin.time.Duration
@@ -299,12 +300,12 @@ class AdversarialTest {
             results += "prune neg" to runCatching { p.prune((-1).seconds) }
             results += "prune inf" to runCatching { p.prune(Duration.INFINITE) }
             val expect = mapOf(
-                "create neg" to IllegalArgumentException::class, // as prune's, documented
+                "create neg" to PromiseException.InvalidArgument::class,
                 "create empty id" to PromiseException.InvalidArgument::class,
                 "get missing" to PromiseException.NotFound::class,
                 "resolve missing" to PromiseException.NotFound::class,
                 "await missing" to PromiseException.NotFound::class,
-                "prune neg" to IllegalArgumentException::class,
+                "prune neg" to PromiseException.InvalidArgument::class,
             )
             for ((w, r) in results) {
                 val want = expect[w]
@@ -316,7 +317,7 @@ class AdversarialTest {
             }
         }
         val r1 = runCatching { Promises.memory((-1).seconds) }
-        assertTrue(r1.exceptionOrNull() is IllegalArgumentException, "$r1")
+        assertTrue(r1.exceptionOrNull() is PromiseException.InvalidArgument, "$r1")
         val r2 = runCatching { Promises.open("") }
         assertTrue(r2.exceptionOrNull() is PromiseException.InvalidArgument, "$r2")
         val p = Promises.memory()
@@ -421,4 +422,41 @@ class AdversarialTest {
         }
         noHandles()
     }
+
+    @Test
+    fun `a string that is not valid Unicode is InvalidArgument, and a handler's such text arrives cleaned up`() = runBlocking {
+        // An unpaired UTF-16 surrogate: a Kotlin String may hold one, UTF-8 cannot.
+        val bad = "pool\uD800"
+        Node().use { node ->
+            node.pool("echo") { m, _ -> m }
+            node.pool("thrower") { _, _ -> throw IllegalStateException("bad \uD800 message") }
+            node.pool("noter") { m, ctx -> ctx.progress(0.5f, "note \uD800"); m }
+            val refused: List<Pair<String, suspend () -> Any?>> = listOf(
+                "pool" to { node.pool(bad) { m, _ -> m } },
+                "ask" to { node.ask(bad, "x") },
+                "ask bytes" to { node.ask(bad, byteArrayOf(1)) },
+                "send" to { node.send(bad, "x").await() },
+                "tell" to { node.tell(bad, "x") },
+                "correlationId" to { node.ask("echo", "x", AskOptions(correlationId = "\uD800")) },
+                "preferredWorker" to { node.ask("echo", "x", AskOptions(preferredWorker = "w\uD800")) },
+                "replayDeadLetter" to { node.replayDeadLetter("\uD800") },
+            )
+            for ((what, call) in refused) {
+                val e = runCatching { withTimeout(10_000) { call() } }.exceptionOrNull()
+                assertTrue(e is AskException.InvalidArgument, "$what: $e")
+            }
+            val e = runCatching { node.ask("thrower", "x") }.exceptionOrNull() as AskException.HandlerFailed
+            assertEquals("java.lang.IllegalStateException", e.typeName)
+            assertEquals("bad \uFFFD message", e.handlerMessage)
+            assertEquals("x", node.ask("noter", "x"), "a progress note is cleaned up, not refused")
+            settled(node)
+        }
+        noHandles()
+        Promises.memory().use { p ->
+            assertThrows(PromiseException.InvalidArgument::class.java) { p.create("id\uD800", 1.seconds) }
+        }
+        assertEquals("a\uD83D\uDE00b", validText("a\uD83D\uDE00b"), "a pair is kept")
+        assertEquals("\uFFFD\uFFFDc", validText("\uDE00\uD83Dc"), "a reversed pair is two unpaired halves")
+    }
+
 }

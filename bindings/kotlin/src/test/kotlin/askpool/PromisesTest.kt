@@ -81,8 +81,8 @@ class PromisesTest {
     fun `a durable timeout under a millisecond is refused`(@TempDir dir: Path) {
         // Every durable ask would time out as it is stored, its handler never run.
         for (bad in listOf(Duration.ZERO, 500.microseconds, (-1).seconds)) {
-            assertThrows(IllegalArgumentException::class.java, { Promises.memory(bad) }, "$bad")
-            assertThrows(IllegalArgumentException::class.java, { Promises.open(dir.resolve("p.db"), bad) }, "$bad")
+            assertThrows(PromiseException.InvalidArgument::class.java, { Promises.memory(bad) }, "$bad")
+            assertThrows(PromiseException.InvalidArgument::class.java, { Promises.open(dir.resolve("p.db"), bad) }, "$bad")
         }
         Promises.memory(1.milliseconds).close()
     }
@@ -101,7 +101,7 @@ class PromisesTest {
             p.resolve("open", b("3"))
             assertEquals(0L, p.prune(1.hours))
             assertEquals(PromiseState.RESOLVED, p.get("open").state)
-            assertThrows(IllegalArgumentException::class.java) { p.prune((-1).milliseconds) }
+            assertThrows(PromiseException.InvalidArgument::class.java) { p.prune((-1).milliseconds) }
         }
     }
 
