@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import sys
 from asyncio import tasks as _tasks
 from typing import Any, Callable, Coroutine, Generator, Optional
@@ -56,7 +57,20 @@ def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
         message = str(exc)
     except Exception as e:  # noqa: BLE001 - the handler's error wins
         message = f"<str() failed: {type(e).__name__}>"
-    return (name, message, code)
+    return (_valid_text(name), _valid_text(message), code)
+
+
+def _valid_text(text: str) -> str:
+    """``text`` with its surrogates (which UTF-8 cannot carry: a ``str`` may
+    hold them, from ``surrogateescape`` or ``"\\ud800"``) as U+FFFD, so
+    that a handler's error still reaches its caller with its type and
+    message."""
+    if text.isascii():
+        return text
+    return _SURROGATES.sub("\ufffd", text)
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def _reraise(exc: BaseException) -> None:

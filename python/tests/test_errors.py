@@ -101,6 +101,32 @@ async def test_handler_exception_after_an_await() -> None:
         assert (info.value.type_name, info.value.message) == ("ZeroDivisionError", "later")
 
 
+async def test_text_utf8_cannot_carry_is_cleaned_up_not_lost() -> None:
+    # A str may hold lone surrogates ("\ud800", surrogateescape'd bytes);
+    # UTF-8 cannot. A handler's error still arrives with its type and
+    # message, and a progress note does not fail the handler.
+    async with Node() as node:
+        pool = node.pool("odd")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if msg == "note":
+                ctx.progress(0.5, "half \udcff way")
+                return "noted"
+            if msg == "later":
+                await asyncio.sleep(0)
+            raise ValueError("bad \ud800 input")
+
+        for when in ("now", "later"):
+            with pytest.raises(askpool.HandlerError) as info:
+                await node.ask("odd", when, timeout=5)
+            assert (info.value.type_name, info.value.message) == ("ValueError", "bad \ufffd input"), when
+        handle_ = node.ask("odd", "note", timeout=5)
+        events = [e async for e in handle_.stages()]
+        assert await handle_ == "noted"
+        assert [e.note for e in events if e.stage == "PARTIAL"] == ["half \ufffd way"]
+
+
 def _loop_reports() -> list[dict[str, Any]]:
     """What the running loop's exception handler is given from now on."""
     reported: list[dict[str, Any]] = []

@@ -441,9 +441,14 @@ impl Ctx {
         self.context.is_cancelled()
     }
     /// Reports progress: the caller's stage stream gets a PARTIAL event.
-    /// The fraction is clamped to [0, 1].
-    #[pyo3(signature = (fraction, note=""))]
-    fn progress(&self, fraction: f64, note: &str) -> PyResult<()> {
+    /// The fraction is clamped to [0, 1]; a note's surrogates (which UTF-8
+    /// cannot carry) become U+FFFD rather than failing the handler.
+    #[pyo3(signature = (fraction, note=None))]
+    fn progress(
+        &self,
+        fraction: f64,
+        note: Option<&Bound<'_, pyo3::types::PyString>>,
+    ) -> PyResult<()> {
         if !fraction.is_finite() {
             return errors::to_py(Err(AskError::InvalidArgument {
                 message: format!("progress fraction must be finite, not {fraction}"),
@@ -452,6 +457,20 @@ impl Ctx {
         // Clamped before the narrowing to f32: a finite float past f32's
         // range would otherwise become infinite.
         let fraction = fraction.clamp(0.0, 1.0) as f32;
+        let note = match note {
+            None => String::new(),
+            Some(note) => match note.to_cow() {
+                Ok(note) => note.into_owned(),
+                // One U+FFFD per surrogate, as for a handler's error text.
+                Err(_) => {
+                    let py = note.py();
+                    py.import(intern!(py, "askpool._dispatch"))?
+                        .getattr(intern!(py, "_valid_text"))?
+                        .call1((note,))?
+                        .extract()?
+                }
+            },
+        };
         self.context.report(Progress::new(fraction, note));
         Ok(())
     }
