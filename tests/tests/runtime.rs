@@ -677,6 +677,40 @@ async fn zero_stage_deadlines_and_processing_timeouts_are_invalid() {
     }
 }
 
+/// An invalid retry policy in the node's config failed every ask it
+/// governs: refused when the node is made, as the other settings are; the
+/// infallible constructor falls back to the default policy (a pool's
+/// invalid policy is dropped, so its asks take the node's).
+#[tokio::test(start_paused = true)]
+async fn an_invalid_retry_policy_in_the_node_config_is_refused_when_the_node_is_made() {
+    let bad = RetryPolicy {
+        max_attempts: 0,
+        ..RetryPolicy::default()
+    };
+    let configs = [
+        NodeConfig {
+            retry: bad,
+            ..NodeConfig::default()
+        },
+        NodeConfig {
+            pool_retry: [(PoolName::new("p"), bad)].into_iter().collect(),
+            ..NodeConfig::default()
+        },
+    ];
+    for config in configs {
+        let err = TestNode::try_with_transport(Arc::new(InProcessTransport::new()), config.clone())
+            .err()
+            .expect("refused");
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+        assert!(err.to_string().contains("max_attempts"), "{err}");
+        let node = TestNode::with_config(config);
+        node.pool("p")
+            .handler(|m: u64, _ctx| async move { Ok(format!("{m}")) })
+            .unwrap();
+        assert_eq!(node.ask("p", 6).await.unwrap(), "6");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_running_handler_is_told_when_its_pool_closes() {
     let node: TestNode = Node::new();
@@ -960,4 +994,79 @@ async fn an_oversize_payload_fails_at_once_and_sends_nothing() {
         .unwrap();
     let big = unbounded.ask("p", 5).payload_size(usize::MAX).await;
     assert_eq!(big.unwrap(), "5");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_passing_on_an_inner_asks_error_fails_its_own_ask_as_handler_failed() {
+    // `?` on an inner ask's timeout: the outer ask did not time out, and
+    // must not be recorded so (timed out, a dead letter, a late record).
+    let node: TestNode = Node::new();
+    node.pool("slow")
+        .handler(|_m: u64, _ctx| async move {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok("late".to_string())
+        })
+        .unwrap();
+    let inner = node.clone();
+    node.pool("outer")
+        .handler(move |m: u64, _ctx| {
+            let inner = inner.clone();
+            async move {
+                if m == 1 {
+                    inner
+                        .ask("slow", m)
+                        .timeout(Duration::from_millis(50))
+                        .await
+                } else {
+                    inner.ask("nowhere", m).await
+                }
+            }
+        })
+        .unwrap();
+    let timed_out = node.ask("outer", 1).timeout(Duration::from_secs(10)).await;
+    match timed_out {
+        Err(AskError::HandlerFailed { type_name, message }) => {
+            assert_eq!(type_name, "AskError::AskTimeout");
+            assert!(message.contains("timed out"), "{message}");
+        }
+        other => panic!("expected HandlerFailed, got {other:?}"),
+    }
+    let no_route = node.ask("outer", 2).timeout(Duration::from_secs(10)).await;
+    assert!(
+        matches!(&no_route, Err(AskError::HandlerFailed { type_name, .. }) if type_name == "AskError::NoRoute"),
+        "{no_route:?}"
+    );
+    let stats = node.stats();
+    // The inner ask's own timeout is the only one on record.
+    assert_eq!(stats.timed_out_records, 1, "{stats:?}");
+    assert_eq!(stats.dlq_depth, 1, "the inner ask's letter only: {stats:?}");
+}
+
+#[test]
+fn a_handler_error_maps_as_the_bindings_map_it() {
+    use askpool::CancelReason::*;
+    let kept = [
+        AskError::unavailable("db down"),
+        AskError::InvalidArgument {
+            message: "bad".into(),
+        },
+        AskError::handler_failed("ValueError", "no"),
+        AskError::AskCancelled { reason: Worker },
+    ];
+    for error in kept {
+        assert_eq!(error.clone().from_handler_error(), error);
+    }
+    for error in [
+        AskError::AskCancelled { reason: Caller },
+        AskError::DeadlineExceeded,
+        AskError::PayloadMismatch,
+    ] {
+        let code = error.code();
+        let mapped = error.clone().from_handler_error();
+        assert_eq!(
+            mapped,
+            AskError::from_handler(Some(code), format!("AskError::{code:?}"), error.to_string())
+        );
+        assert_eq!(mapped.code(), ErrorCode::HandlerFailed);
+    }
 }

@@ -300,6 +300,28 @@ impl AskError {
         }
     }
 
+    /// What a Rust handler's error becomes for its caller: the rule of
+    /// [`from_handler`](Self::from_handler) for an `AskError` value, so a
+    /// Rust handler reads as a Python, Node or Kotlin one. An error that
+    /// describes an ask (an inner ask's timeout or route, passed on with
+    /// `?`) becomes `HandlerFailed` (type `AskError::<code>`, its message):
+    /// taken as is, it misreported the caller's own ask (timed out, dead
+    /// letter, late reconciliation). `HandlerFailed`, the message-only codes
+    /// and `AskCancelled { reason: Worker }` (a handler stopping on its
+    /// request's cancel, as a Python `CancelledError` does) pass unchanged.
+    pub fn from_handler_error(self) -> Self {
+        match self {
+            AskError::HandlerFailed { .. }
+            | AskError::AskCancelled {
+                reason: CancelReason::Worker,
+            } => self,
+            error if error.code().kept_from_handler() => error,
+            error => {
+                AskError::handler_failed(format!("AskError::{:?}", error.code()), error.to_string())
+            }
+        }
+    }
+
     pub fn handler_failed(type_name: impl Into<String>, message: impl Into<String>) -> Self {
         AskError::HandlerFailed {
             type_name: type_name.into(),

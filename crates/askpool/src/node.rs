@@ -124,8 +124,9 @@ where
     /// A node on a shared transport: nodes on one transport ask each other's
     /// pools.
     ///
-    /// An invalid breaker configuration or a zero `default_timeout` is
-    /// replaced by the default one, and a `seed` whose caller id another
+    /// An invalid breaker configuration, retry policy or timeout (a zero
+    /// `default_timeout`) is replaced by the default one (an invalid
+    /// per-pool retry policy is dropped), and a `seed` whose caller id another
     /// live node already has on `transport` is dropped (the node gets a
     /// random seed), each reported with `tracing::warn!`; use
     /// [`try_with_transport`] to get the error instead.
@@ -156,6 +157,16 @@ where
                     } else {
                         TimeoutConfig::default()
                     },
+                    retry: if config.retry.validate().is_ok() {
+                        config.retry
+                    } else {
+                        defaults.retry
+                    },
+                    pool_retry: config
+                        .pool_retry
+                        .into_iter()
+                        .filter(|(_, policy)| policy.validate().is_ok())
+                        .collect(),
                     ..config
                 };
                 match Self::try_with_transport(Arc::clone(&transport), fixed.clone()) {
@@ -187,6 +198,11 @@ where
             });
         }
         config.timeouts.validate()?;
+        // Here, not at each ask: a bad policy failed every ask otherwise.
+        config.retry.validate()?;
+        for policy in config.pool_retry.values() {
+            policy.validate()?;
+        }
         let breakers = Breakers::new(config.breaker)?;
         telemetry::describe();
         let seed = config.seed.unwrap_or_else(rand::random);
@@ -454,7 +470,12 @@ where
     }
 
     /// A pool of `concurrency` workers (named `w0`, `w1`, ...) that run
-    /// `handler`. Needs a tokio runtime.
+    /// `handler`. Needs a tokio runtime. The handler's error reaches the
+    /// caller as [`AskError::from_handler_error`] maps it (an inner ask's
+    /// timeout passed on with `?` is `HandlerFailed`, not the caller's own
+    /// timeout); a panic is `HandlerFailed` with type `panic`. A request
+    /// pulled with `next_request` is answered with exactly what
+    /// `Responder::fail` is given.
     pub fn handler<F, Fut>(self, handler: F) -> Result<WorkerPool<M, R>, AskError>
     where
         F: Fn(M, RequestContext) -> Fut + Send + Sync + 'static,

@@ -412,7 +412,8 @@ where
                 .await
                 .unwrap_or_else(|panic| Err(panic_error(panic.as_ref()))),
             Err(panic) => Err(panic_error(panic.as_ref())),
-        };
+        }
+        .map_err(AskError::from_handler_error);
         // The outcome is on record before the reply goes out (the panic
         // gap): a transport that panics sending it loses that frame only,
         // and the worker goes on (a duplicate is answered from the cache).
