@@ -26,10 +26,11 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use askpool::{AskError, ErrorClass, ErrorCode, Node, RequestId};
 
+use crate::error::PromiseError;
 use crate::facade::DurablePromises;
 use crate::model::{Completion, CreateRequest, Millis, Promise, State};
 use crate::rules::MAX_VALUE_BYTES;
@@ -301,9 +302,14 @@ where
                 if p.state.is_settled() {
                     return outcome_of(&p);
                 }
+                // The ask may take as long as its promise stays pending: a
+                // handler slower than the node's default timeout would
+                // otherwise be cancelled and asked again, its work lost.
+                let pending_for = p.timeout_at.saturating_sub(now_millis()).max(1);
                 let outcome = node
                     .ask(pool.clone(), msg.clone())
                     .request_id(id)
+                    .timeout(Duration::from_millis(pending_for))
                     .payload_size(size)
                     .on_replay_outcome(recorder(&promises, &key))
                     .await;
@@ -374,7 +380,15 @@ fn record<R: Durable>(
             (Err(e), Completion::Reject, value)
         }
     };
-    let completed = promises.complete(id, completion, value, Some(id.to_owned()))?;
+    let completed = match promises.complete(id, completion, value, Some(id.to_owned())) {
+        Ok(completed) => completed,
+        // Settled meanwhile another way (by hand, by another process's
+        // ask): that outcome is the ask's, as every later await reads it.
+        Err(PromiseError::AlreadySettled { .. }) => {
+            return outcome_of(&promises.store().get(id, now_millis())?)
+        }
+        Err(e) => return Err(e.into()),
+    };
     if completed.replayed {
         return outcome_of(&completed.promise);
     }

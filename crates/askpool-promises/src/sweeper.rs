@@ -9,11 +9,14 @@ use tokio::task::JoinHandle;
 use crate::durable::now_millis;
 use crate::store::Store;
 
-/// Every `every`, sweeps in batches of `batch` until a batch comes back
-/// short. Needs a tokio runtime; abort the handle to stop it. A storage
-/// error is logged and retried at the next tick.
+/// Every `every` (at least a millisecond: tokio's timer has no finer
+/// tick, and a zero period would panic the task), sweeps in batches of
+/// `batch` (at least 1) until a batch comes back short. Needs a tokio
+/// runtime; abort the handle to stop it. A storage error is logged and
+/// retried at the next tick.
 pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration, batch: usize) -> JoinHandle<()> {
     let batch = batch.max(1);
+    let every = every.max(Duration::from_millis(1));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -515,3 +515,87 @@ async fn a_durable_timeout_under_a_millisecond_is_refused_and_stores_nothing() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_ask_waits_as_long_as_its_promise_not_the_nodes_default_timeout() {
+    // The handler takes longer than the node's default ask timeout. Timed
+    // out at that default, the ask was cancelled and asked again later,
+    // its finished work lost, until the promise's own timeout.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let node = N::with_config(askpool::NodeConfig {
+        default_timeout: Duration::from_millis(100),
+        ..askpool::NodeConfig::default()
+    });
+    let r = Arc::clone(&runs);
+    node.pool("slow")
+        .handler(move |m: String, _ctx| {
+            let r = Arc::clone(&r);
+            async move {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(m.to_uppercase())
+            }
+        })
+        .unwrap();
+    let promises = DurablePromises::in_memory();
+    let ask = node.ask_durable(&promises, "slow", "hi".into()).unwrap();
+    let id = ask.id().to_owned();
+    assert_eq!(ask.await, Ok("HI".to_string()));
+    assert_eq!(promises.get(&id).unwrap().state, State::Resolved);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promise_settled_elsewhere_first_is_the_asks_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let node = N::new();
+    let (g, s) = (Arc::clone(&gate), Arc::clone(&started));
+    node.pool("gated")
+        .handler(move |m: String, _ctx| {
+            let (g, s) = (Arc::clone(&g), Arc::clone(&s));
+            async move {
+                s.notify_one();
+                let _pass = g.acquire().await;
+                Ok(m.to_uppercase())
+            }
+        })
+        .unwrap();
+    let store = promises(&path);
+    let ask = node.ask_durable(&store, "gated", "hi".into()).unwrap();
+    let id = ask.id().to_owned();
+    started.notified().await;
+    // Settled by hand while the handler runs (`askpool promises resolve`).
+    promises(&path)
+        .resolve(&id, b"by hand".to_vec(), None)
+        .unwrap();
+    gate.add_permits(1);
+    let first = ask.await;
+    assert_eq!(first, Ok("by hand".to_string()));
+    let later = node.await_durable(&store, &id).unwrap().await;
+    assert_eq!(first, later, "the ask and a later await read one outcome");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweeper_with_a_zero_period_sweeps_instead_of_panicking() {
+    use askpool_promises::{CreateRequest, MemoryStore};
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let now = askpool_promises::now_millis();
+    store
+        .create(&CreateRequest::new("short", now + 20), now)
+        .unwrap();
+    let sweeper = askpool_promises::spawn_sweeper(Arc::clone(&store), Duration::ZERO, 0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.snapshot().unwrap().promises[0].state != State::TimedOut {
+        assert!(
+            !sweeper.is_finished(),
+            "the sweeper ended: {:?}",
+            sweeper.await
+        );
+        assert!(tokio::time::Instant::now() < deadline, "not swept");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sweeper.abort();
+}
