@@ -62,12 +62,14 @@ test('a durable ask resumed from its store and dead-lettered keeps its payload i
 
     // Resumed by another node (its message now exists only as JSON), into a
     // full pool: dead-lettered.
-    const node = new Node({ breaker: false, defaultTimeoutMs: 1000 }).openPromises(file);
+    // The durable ask waits as long as its promise (an hour): refused by
+    // the full pool, it ends when its attempts do (about 7 s).
+    const node = new Node({ breaker: false }).openPromises(file);
     let release;
     node.pool('orders', { maxInFlight: 1 }).handle((m) =>
       m.block ? new Promise((r) => (release = r)) : { got: m },
     );
-    const blocker = node.ask('orders', { block: true });
+    const blocker = node.ask('orders', { block: true }, { timeoutMs: 60_000 });
     await assert.rejects(node.awaitDurable(ask.id), refusedToTheEnd);
     const [letter] = node.deadLetters();
     assert.equal(letter.requestId, ask.id);
@@ -88,9 +90,8 @@ test('replaying the dead letter of a durable ask settles its promise', async () 
   const path = require('node:path');
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-dlq-'));
   try {
-    const node = new Node({ breaker: false, defaultTimeoutMs: 1000 }).openPromises(
-      path.join(dir, 'promises.db'),
-    );
+    // Refused to the end: its attempts end (about 7 s), not its promise.
+    const node = new Node({ breaker: false }).openPromises(path.join(dir, 'promises.db'));
     let release;
     let runs = 0;
     node.pool('orders', { maxInFlight: 1 }).handle((m) => {
@@ -98,7 +99,7 @@ test('replaying the dead letter of a durable ask settles its promise', async () 
       runs += 1;
       return { got: m };
     });
-    const blocker = node.ask('orders', { block: true });
+    const blocker = node.ask('orders', { block: true }, { timeoutMs: 60_000 });
     const ask = node.askDurable('orders', { order: 8 });
     await assert.rejects(ask.result, refusedToTheEnd);
     assert.equal(node.promises.get(ask.id).state, 'PENDING', 'a transient failure is no outcome');
