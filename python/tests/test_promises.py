@@ -198,12 +198,12 @@ async def test_replaying_a_durable_asks_dead_letter_settles_its_promise(
     promises: Promises,
 ) -> None:
     upper = GatedUpper()
-    async with Node(promises=promises, default_timeout=0.3) as node:
+    async with Node(promises=promises) as node:
         node.pool("one", concurrency=1, max_in_flight=1).handler(upper)
 
         # Holds the pool's only place: the durable ask is refused until its
-        # retries or its time run out, and dead-lettered with its promise
-        # still pending.
+        # retries run out (about 7 s: it may wait as long as its promise),
+        # and dead-lettered with its promise still pending.
         blocker = node.ask("one", "first", timeout=30)
         await asyncio.sleep(0.05)
         durable = node.ask_durable("one", "hi")

@@ -302,14 +302,19 @@ where
                 if p.state.is_settled() {
                     return outcome_of(&p);
                 }
-                // The ask may take as long as its promise stays pending: a
-                // handler slower than the node's default timeout would
-                // otherwise be cancelled and asked again, its work lost.
-                let pending_for = p.timeout_at.saturating_sub(now_millis()).max(1);
+                // The ask may take as long as its promise stays pending
+                // (see `DurablePromises::ask_timeout`): a handler slower
+                // than the node's default timeout would otherwise be
+                // cancelled and asked again, its work lost.
+                let pending_for = Duration::from_millis(p.timeout_at.saturating_sub(now_millis()));
+                let wait = promises
+                    .ask_timeout
+                    .map_or(pending_for, |bound| bound.min(pending_for))
+                    .max(Duration::from_millis(1));
                 let outcome = node
                     .ask(pool.clone(), msg.clone())
                     .request_id(id)
-                    .timeout(Duration::from_millis(pending_for))
+                    .timeout(wait)
                     .payload_size(size)
                     .on_replay_outcome(recorder(&promises, &key))
                     .await;
@@ -373,7 +378,12 @@ fn record<R: Durable>(
             if e.class() == ErrorClass::Transient
                 || matches!(e.code(), ErrorCode::AskCancelled | ErrorCode::NoRoute) =>
         {
-            return Err(e)
+            // Unless the promise was settled meanwhile another way: that
+            // is the ask's outcome, as every later await reads it.
+            return match promises.store().get(id, now_millis()) {
+                Ok(p) if p.state.is_settled() => outcome_of(&p),
+                _ => Err(e),
+            };
         }
         Err(e) => {
             let value = encode_error(&e);

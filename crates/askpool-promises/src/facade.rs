@@ -27,6 +27,14 @@ pub struct DurablePromises {
     asking: Arc<Mutex<HashSet<String>>>,
     /// How long a durable ask's promise stays pending at most.
     pub timeout: Duration,
+    /// How long one ask of a durable ask waits for its outcome before it
+    /// gives up, leaving the promise pending for a later await. `None` (the
+    /// default): as long as the promise stays pending, so that a slow
+    /// handler is not cancelled by its caller's deadline (its outcome would
+    /// be lost and the ask run again). A bound suits a transport that may
+    /// lose a reply: the ask then ends sooner, and a later await asks again
+    /// and is answered from the pool's reply cache.
+    pub ask_timeout: Option<Duration>,
     /// How often `wait` looks at the store for completions made elsewhere
     /// (another process on the same file).
     pub poll: Duration,
@@ -43,6 +51,7 @@ impl DurablePromises {
             settled: Arc::new(Notify::new()),
             asking: Arc::default(),
             timeout: Duration::from_secs(3600),
+            ask_timeout: None,
             poll: Duration::from_millis(100),
         }
     }
@@ -182,6 +191,7 @@ impl std::fmt::Debug for DurablePromises {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DurablePromises")
             .field("timeout", &self.timeout)
+            .field("ask_timeout", &self.ask_timeout)
             .field("poll", &self.poll)
             .finish_non_exhaustive()
     }

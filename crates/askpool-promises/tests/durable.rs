@@ -599,3 +599,42 @@ async fn a_sweeper_with_a_zero_period_sweeps_instead_of_panicking() {
     }
     sweeper.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promise_settled_elsewhere_while_the_ask_fails_is_the_asks_outcome() {
+    // The ask ends in a failure that settles nothing (refused by a full
+    // pool until its ask_timeout), after the promise was settled by hand.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let node = N::new();
+    let g = Arc::clone(&gate);
+    let pool = node
+        .pool("narrow")
+        .max_in_flight(1)
+        .handler(move |m: String, _ctx| {
+            let g = Arc::clone(&g);
+            async move {
+                let _pass = g.acquire().await;
+                Ok(m)
+            }
+        })
+        .unwrap();
+    let blocker = node
+        .ask("narrow", "first".to_owned())
+        .timeout(Duration::from_secs(30))
+        .send();
+    let mut store = DurablePromises::in_memory();
+    // Attempts at about 0, 1 and 3 s, then it gives up (a fourth would
+    // come after its time): the hand settles it long before that.
+    store.ask_timeout = Some(Duration::from_secs(6));
+    let ask = node.ask_durable(&store, "narrow", "hi".into()).unwrap();
+    let id = ask.id().to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while pool.stats().rejected_full == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never refused");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    store.resolve(&id, b"by hand".to_vec(), None).unwrap();
+    assert_eq!(ask.await, Ok("by hand".to_string()));
+    gate.add_permits(1);
+    assert_eq!(blocker.await.unwrap(), "first");
+}

@@ -6,17 +6,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use askpool::{AskError, Node, NodeConfig};
+use askpool::{AskError, Node};
 use askpool_promises::{DurableAsk, DurablePromises, State};
 
 type N = Node<String, String>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaying_a_durable_asks_dead_letter_settles_its_promise() {
-    let node = N::with_config(NodeConfig {
-        default_timeout: Duration::from_millis(300),
-        ..NodeConfig::default()
-    });
+    let node = N::new();
     let runs = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let (counted, gated) = (Arc::clone(&runs), Arc::clone(&gate));
@@ -33,13 +30,14 @@ async fn replaying_a_durable_asks_dead_letter_settles_its_promise() {
         })
         .unwrap();
     // Holds the pool's only place: the durable ask is refused BufferFull
-    // until its time runs out, and dead-lettered.
+    // until its time (`ask_timeout`) runs out, and dead-lettered.
     let blocker = node
         .ask("one", "first".to_owned())
         .timeout(Duration::from_secs(30))
         .send();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let promises = DurablePromises::in_memory();
+    let mut promises = DurablePromises::in_memory();
+    promises.ask_timeout = Some(Duration::from_millis(300));
     let ask = node.ask_durable(&promises, "one", "hi".into()).unwrap();
     let id = ask.id().to_owned();
     let failed = ask.await;
