@@ -282,21 +282,36 @@ impl AskError {
     /// own ask (its timeout, its route, its pool's buffer, its payload, its
     /// cancellation) would misreport this ask, so it becomes
     /// `HandlerFailed` with the handler's type name and message intact.
+    ///
+    /// A message that already reads as that code's error (a re-raised
+    /// askpool error's text: `unavailable: node closed`) loses that prefix,
+    /// so the caller reads it once, as a Rust handler's `?` gives it.
     pub fn from_handler(
         code: Option<ErrorCode>,
         type_name: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
         let message = message.into();
-        match code.filter(|code| code.kept_from_handler()) {
-            Some(ErrorCode::Unavailable) => AskError::Unavailable { reason: message },
-            Some(ErrorCode::InvalidArgument) => AskError::InvalidArgument { message },
-            Some(ErrorCode::ValidationError) => AskError::ValidationError { message },
-            Some(ErrorCode::PermissionDenied) => AskError::PermissionDenied { message },
-            Some(ErrorCode::FailedPrecondition) => AskError::FailedPrecondition { message },
-            Some(ErrorCode::DecodeFailure) => AskError::DecodeFailure { message },
-            Some(ErrorCode::Internal) => AskError::Internal { message },
-            _ => AskError::handler_failed(type_name, message),
+        let kept = |message: String| match code.filter(|code| code.kept_from_handler()) {
+            Some(ErrorCode::Unavailable) => Some(AskError::Unavailable { reason: message }),
+            Some(ErrorCode::InvalidArgument) => Some(AskError::InvalidArgument { message }),
+            Some(ErrorCode::ValidationError) => Some(AskError::ValidationError { message }),
+            Some(ErrorCode::PermissionDenied) => Some(AskError::PermissionDenied { message }),
+            Some(ErrorCode::FailedPrecondition) => Some(AskError::FailedPrecondition { message }),
+            Some(ErrorCode::DecodeFailure) => Some(AskError::DecodeFailure { message }),
+            Some(ErrorCode::Internal) => Some(AskError::Internal { message }),
+            _ => None,
+        };
+        match kept(String::new()) {
+            Some(empty) => {
+                let prefix = empty.to_string();
+                let message = match message.strip_prefix(prefix.as_str()) {
+                    Some(bare) => bare.to_owned(),
+                    None => message,
+                };
+                kept(message).expect("a kept code, as above")
+            }
+            None => AskError::handler_failed(type_name, message),
         }
     }
 
@@ -358,6 +373,25 @@ mod tests {
             AskError::from_handler(None, "ValueError", "bad"),
             AskError::handler_failed("ValueError", "bad")
         );
+    }
+
+    #[test]
+    fn a_re_raised_askpool_errors_text_reads_its_code_once() {
+        use super::{AskError, ErrorCode};
+        // What a binding's handler re-raising an inner ask's error passes:
+        // the error's own text, which already carries the code's prefix.
+        let inner = AskError::unavailable("node closed");
+        let e = AskError::from_handler(Some(inner.code()), "UnavailableError", inner.to_string());
+        assert_eq!(e, inner);
+        assert_eq!(e.to_string(), "unavailable: node closed");
+        let inner = AskError::InvalidArgument {
+            message: "id 7: bad".into(),
+        };
+        let e = AskError::from_handler(Some(ErrorCode::InvalidArgument), "X", inner.to_string());
+        assert_eq!(e, inner);
+        // Only its own code's prefix, and once.
+        let e = AskError::from_handler(Some(ErrorCode::Internal), "X", "unavailable: x");
+        assert_eq!(e.to_string(), "internal error: unavailable: x");
     }
 
     use super::*;
