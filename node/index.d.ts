@@ -183,8 +183,9 @@ export class Context {
    */
   readonly signal: AbortSignal;
   /**
-   * Reports progress to the caller (a PARTIAL stage): `fraction` from 0 to 1
-   * (else InvalidArgumentError). Does nothing once the node closed while
+   * Reports progress to the caller (a PARTIAL stage): `fraction` is clamped
+   * to 0..1 (NaN, an infinity or a non-number is InvalidArgumentError), as in Python and
+   * Kotlin. Does nothing once the node closed while
    * the handler runs; throws FailedPreconditionError once the handler ended.
    */
   progress(fraction: number, note?: string): void;

@@ -120,6 +120,13 @@ export declare class Core {
    * `AskError`, else `HANDLER_FAILED` with the thrown value's name.
    */
   fail(request: number, code: string | undefined | null, name: string, message: string): void
+  /**
+   * The handler gave up on its request's cancel (it threw what its
+   * `ctx.signal` carried): the caller gets `ASK_CANCELLED` (the worker's
+   * cancel), as a Python handler's `CancelledError` and a Kotlin
+   * handler's `CancellationException` give.
+   */
+  giveUp(request: number): void
   requestInfo(request: number): RequestInfo
   /** Whether the request was cancelled (by its caller, a timeout, the pool). */
   isCancelled(request: number): boolean

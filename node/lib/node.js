@@ -149,7 +149,20 @@ function typed(value, type, name) {
   if (typeof value !== type) {
     throw new InvalidArgumentError(`invalid argument: ${name} must be a ${type}, got ${typeof value}`);
   }
-  return value;
+  return type === 'string' ? wellFormed(value, name) : value;
+}
+
+// A lone surrogate: in a /u pattern a well-formed pair is one code point.
+const LONE_SURROGATE = /\p{Cs}/u;
+
+// A name or id the addon takes as UTF-8. Its conversion would turn a lone
+// surrogate into U+FFFD, so two different names would mean one pool: refused,
+// as Python and Kotlin refuse it.
+function wellFormed(s, name) {
+  if (LONE_SURROGATE.test(s)) {
+    throw new InvalidArgumentError(`invalid argument: ${name} is not well-formed Unicode (a lone surrogate)`);
+  }
+  return s;
 }
 
 // Each option read once, checked, into a plain object the addon converts
@@ -216,6 +229,21 @@ function isSignal(signal) {
       typeof signal.addEventListener === 'function' &&
       typeof signal.removeEventListener === 'function')
   );
+}
+
+// Whether a handler that threw `thrown` gave up on its request's cancel:
+// its ctx.signal aborted, and it threw what the signal carried
+// (`signal.throwIfAborted()`) or an abortable API's AbortError. The caller
+// then gets ASK_CANCELLED (the worker's cancel), as in Python and Kotlin,
+// rather than HANDLER_FAILED.
+function gaveUp(signal, thrown) {
+  if (signal === undefined || !signal.aborted) return false;
+  if (thrown === signal.reason) return true;
+  try {
+    return thrown instanceof Error && thrown.name === 'AbortError';
+  } catch {
+    return false; // a revoked proxy: not even its prototype can be read
+  }
 }
 
 // A context used after its handler ended (answered, threw, or its promise
@@ -545,6 +573,7 @@ class Node {
     if (typeof name !== 'string') {
       throw new InvalidArgumentError('invalid argument: a pool name is a string');
     }
+    wellFormed(name, 'a pool name');
     const given = snapshot(options, POOL_OPTIONS);
     const id = call(() => this.#core.createPool(name, given));
     return new Pool(this, id, name);
@@ -592,10 +621,7 @@ class Node {
     let given;
     let task;
     try {
-      const name = typeof pool === 'string' ? pool : pool?.name;
-      if (typeof name !== 'string') {
-        throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
-      }
+      const name = this.#poolName(pool);
       given = typed(options?.id, 'string', 'id');
       const bytes = encodeArg(msg, "a durable ask's message");
       const slot = this.#table.put(msg);
@@ -704,7 +730,7 @@ class Node {
     if (typeof name !== 'string') {
       throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
     }
-    return name;
+    return wellFormed(name, 'a pool name');
   }
 
   // Taken right before the addon call that uses it: a scratch reference
@@ -1022,9 +1048,14 @@ class Node {
   }
 
   #fail(request, thrown) {
-    if (this.#end(request) === undefined || this.#closed) return;
-    const [code, name, message] = describeThrown(thrown);
-    this.#core.fail(request, code, name, message);
+    const r = this.#end(request);
+    if (r === undefined || this.#closed) return;
+    if (gaveUp(r.controller?.signal, thrown)) {
+      this.#core.giveUp(request);
+    } else {
+      const [code, name, message] = describeThrown(thrown);
+      this.#core.fail(request, code, name, message);
+    }
     this.#schedule();
   }
 

@@ -599,6 +599,30 @@ test('a progress fraction comes back as the number reported', async () => {
   await node.close();
 });
 
+test('a progress fraction out of range is clamped as in every binding; NaN is refused', async () => {
+  const node = new Node();
+  let nan;
+  node.pool('p').handle((m, ctx) => {
+    ctx.progress(-0.5);
+    ctx.progress(1.5, 'rounding past the end');
+    nan = (() => {
+      try {
+        ctx.progress(NaN);
+      } catch (e) {
+        return e;
+      }
+    })();
+    return m;
+  });
+  const handle = node.askHandle('p', 1);
+  const fractions = [];
+  for await (const s of handle.stages()) if (s.stage === 'PARTIAL') fractions.push(s.fraction);
+  assert.deepEqual(fractions, [0, 1]);
+  assert.equal(await handle, 1);
+  assert.equal(nan?.code, 'INVALID_ARGUMENT');
+  await node.close();
+});
+
 test('a revoked Proxy passes as a payload like any object', async () => {
   const node = new Node();
   let seen;

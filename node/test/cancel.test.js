@@ -307,6 +307,39 @@ test('pool.close() under a running handler: ctx.signal aborts, and its reply sti
   await node.close();
 });
 
+test('a handler giving up on its cancel (throwing what ctx.signal carries) answers ASK_CANCELLED, as in every binding', async () => {
+  const node = new Node();
+  // The pool closes under the handler, which then stops as `how` says.
+  const closedUnder = async (name, how) => {
+    let started;
+    const running = new Promise((r) => (started = r));
+    const pool = node.pool(name);
+    pool.handle(async (m, ctx) => {
+      started();
+      await new Promise((resolve) => ctx.signal.addEventListener('abort', resolve));
+      how(ctx);
+    });
+    const asked = node.ask(name, 1, { timeoutMs: 30000 });
+    await running;
+    pool.close();
+    return asked.catch((e) => e);
+  };
+  const throwIfAborted = await closedUnder('a', (ctx) => ctx.signal.throwIfAborted());
+  assert.ok(throwIfAborted instanceof AskCancelledError, `${throwIfAborted}`);
+  assert.equal(throwIfAborted.code, 'ASK_CANCELLED');
+  const abortError = await closedUnder('b', () => {
+    throw new DOMException('stopped', 'AbortError');
+  });
+  assert.equal(abortError.code, 'ASK_CANCELLED');
+  // Its own error after the cancel still fails the ask.
+  const own = await closedUnder('c', () => {
+    throw new TypeError('cleanup failed');
+  });
+  assert.equal(own.code, 'HANDLER_FAILED');
+  assert.equal(own.handlerName, 'TypeError');
+  await node.close();
+});
+
 test("a handler's cancel: signal aborted when first read, cancelled kept once seen", async () => {
   const node = new Node();
   let release;

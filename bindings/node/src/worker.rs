@@ -135,6 +135,18 @@ impl Core {
         Ok(())
     }
 
+    /// The handler gave up on its request's cancel (it threw what its
+    /// `ctx.signal` carried): the caller gets `ASK_CANCELLED` (the worker's
+    /// cancel), as a Python handler's `CancelledError` and a Kotlin
+    /// handler's `CancellationException` give.
+    #[napi(catch_unwind)]
+    pub fn give_up(&mut self, request: u32) -> Result<()> {
+        let h = self.finish(request)?;
+        h.responder.cancel();
+        self.pull(h.pool, h.worker);
+        Ok(())
+    }
+
     #[napi(catch_unwind)]
     pub fn request_info(&self, request: u32) -> Result<RequestInfo> {
         let h = self.handling(request)?;
@@ -156,7 +168,9 @@ impl Core {
     /// Reports progress to the caller (its `PARTIAL` stage).
     #[napi(catch_unwind)]
     pub fn progress(&self, request: u32, fraction: f64, note: String) -> Result<()> {
-        if !(0.0..=1.0).contains(&fraction) {
+        // Clamped, as Python and Kotlin do (a done/total a rounding past 1);
+        // NaN and the infinities say nothing and are refused, as there.
+        if !fraction.is_finite() {
             return Err(errors::invalid(format!(
                 "progress must be a fraction from 0 to 1, got {}",
                 js_number(fraction)
@@ -164,7 +178,7 @@ impl Core {
         }
         self.handling(request)?
             .context
-            .progress(fraction as f32, note);
+            .progress(fraction.clamp(0.0, 1.0) as f32, note);
         Ok(())
     }
 
