@@ -43,6 +43,20 @@ def _running_loop(what: str) -> asyncio.AbstractEventLoop:
 AskOptions = tuple[Optional[str], Optional[str], Optional[str], Optional[str], Optional[int]]
 
 
+def _valid_names(*pairs: tuple[str, Optional[str]]) -> None:
+    """Refuses a name or id with a surrogate (which UTF-8 cannot carry) as
+    ``InvalidArgumentError``, as every binding does, rather than the
+    extension's ``UnicodeEncodeError``."""
+    for what, text in pairs:
+        if text is not None and type(text) is str and not text.isascii():
+            if _dispatch._SURROGATES.search(text):
+                from ._errors import InvalidArgumentError
+
+                raise InvalidArgumentError(
+                    f"{what} is not valid Unicode (a lone surrogate): {_dispatch._valid_text(text)!r}"
+                )
+
+
 def _ask_args(
     preferred_worker: Optional[str],
     request_id: Optional[str],
@@ -60,6 +74,12 @@ def _ask_args(
         and fingerprint is None
     ):
         return None
+    _valid_names(
+        ("preferred_worker", preferred_worker),
+        ("request_id", request_id),
+        ("correlation_id", correlation_id),
+        ("causation_id", causation_id),
+    )
     if fingerprint is not None and (
         isinstance(fingerprint, bool)
         or not isinstance(fingerprint, int)
@@ -471,6 +491,7 @@ class Node:
         ``max_in_flight``: admitted, unfinished requests before
         ``BufferFullError``. ``reply_cache`` / ``reply_ttl``: bounds of the
         cache that answers duplicates (100,000 replies, 120 s)."""
+        _valid_names(("a pool name", name))
         return Pool(self, name, concurrency, max_in_flight, reply_cache, reply_ttl)
 
     def ask(
@@ -549,6 +570,7 @@ class Node:
         id (``handle.id``, also the request id) can be awaited with
         ``await_durable`` after this process restarts, without running the
         handler again. ``msg`` and the reply are pickled into the store."""
+        _valid_names(("a pool name", pool), ("request_id", request_id))
         loop, driver = self._here("Node.ask_durable")
         handle = DurableHandle(loop=loop)
         handle.id = self._native.ask_durable(
@@ -559,6 +581,7 @@ class Node:
     def await_durable(self, id: str) -> DurableHandle:
         """The outcome of durable ask ``id``: at once if its promise is
         settled, else the ask is made again under the same id."""
+        _valid_names(("id", id))
         loop, driver = self._here("Node.await_durable")
         handle = DurableHandle(loop=loop)
         handle.id = id
@@ -587,6 +610,12 @@ class Node:
         """A one-way message: the future gives its request id once the pool
         accepted it; nothing comes back after that."""
         _check_seconds_type("timeout", timeout)
+        _valid_names(
+            ("a pool name", pool),
+            ("request_id", request_id),
+            ("correlation_id", correlation_id),
+            ("causation_id", causation_id),
+        )
         loop, driver = self._here("Node.tell")
         target: asyncio.Future[str] = loop.create_future()
         self._native.tell(
@@ -613,6 +642,7 @@ class Node:
         outcome. Raises ``FailedPreconditionError`` at once if there is no
         dead letter with that id (``InvalidArgumentError`` if ``request_id``
         is not 32 hex digits)."""
+        _valid_names(("request_id", request_id))
         loop, driver = self._here("Node.replay_dead_letter")
         handle = AskHandle(loop=loop)
         handle._native = self._native.replay_dead_letter(driver, handle, request_id)

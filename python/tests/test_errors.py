@@ -8,7 +8,7 @@ import gc
 import os
 import pickle
 import threading
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import pytest
 
@@ -125,6 +125,45 @@ async def test_text_utf8_cannot_carry_is_cleaned_up_not_lost() -> None:
         events = [e async for e in handle_.stages()]
         assert await handle_ == "noted"
         assert [e.note for e in events if e.stage == "PARTIAL"] == ["half \ufffd way"]
+
+
+async def test_a_name_or_id_utf8_cannot_carry_is_an_invalid_argument() -> None:
+    # As in every binding; the extension's conversion raised UnicodeEncodeError.
+    async with Node() as node:
+        node.pool("p").handler(_echo)
+        bad = "p\ud800"
+        calls: list[Callable[[], Any]] = [
+            lambda: node.pool(bad),
+            lambda: node.ask(bad, 1),
+            lambda: node.ask("p", 1, correlation_id="\udfff"),
+            lambda: node.ask("p", 1, preferred_worker="w\ud800"),
+            lambda: node.tell(bad, 1),
+            lambda: node.replay_dead_letter("\ud800"),
+        ]
+        for call in calls:
+            with pytest.raises(askpool.InvalidArgumentError):
+                result = call()
+                if isinstance(result, Awaitable):
+                    await result
+        assert node.stats()["pending"] == 0
+        assert await node.ask("p", 2, timeout=5) == 2
+
+
+async def test_a_reraised_inner_error_reads_its_code_once() -> None:
+    # Its text already says "unavailable: ..."; the caller read it twice.
+    async with Node() as node:
+        pool = node.pool("outer")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            try:
+                return await node.ask("nowhere-yet" if msg else "outer", 1, timeout=5)
+            except askpool.NoRouteError:
+                raise askpool.UnavailableError("unavailable: inventory is down") from None
+
+        with pytest.raises(askpool.UnavailableError) as info:
+            await node.ask("outer", 1, timeout=5)
+        assert str(info.value) == "unavailable: inventory is down"
 
 
 def _loop_reports() -> list[dict[str, Any]]:

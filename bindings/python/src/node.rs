@@ -67,7 +67,17 @@ impl NativeNode {
                 return Ok(name.clone());
             }
         }
-        let name = PoolName::new(pool.to_cow()?);
+        // A surrogate, which UTF-8 cannot carry: refused as every binding
+        // refuses it, not as the conversion's UnicodeEncodeError.
+        let text = pool.to_cow().map_err(|_| {
+            errors::exception(
+                pool.py(),
+                &AskError::InvalidArgument {
+                    message: "a pool name is not valid Unicode (a lone surrogate)".into(),
+                },
+            )
+        })?;
+        let name = PoolName::new(text);
         *last = Some((pool.clone().unbind(), name.clone()));
         Ok(name)
     }

@@ -22,8 +22,12 @@ import kotlin.coroutines.EmptyCoroutineContext
 /**
  * A pool's handler: a suspend function of the message and its context.
  * Its return value is the reply (returned by reference); an exception
- * fails the ask ([AskException] subclasses keep their code, anything else
- * becomes [AskException.HandlerFailed] with the class name and message).
+ * fails the ask: an [AskException] whose code is just a message
+ * (`Unavailable`, `InvalidArgument`, `DecodeFailure`, ...) keeps its code;
+ * any other exception, one describing an ask (`AskTimeout`, `NoRoute`, ...)
+ * included, becomes [AskException.HandlerFailed] with the class name and
+ * message, the rule every binding shares. A `CancellationException` after
+ * the request's cancel is the worker's cancel (`AskCancelled(WORKER)`).
  */
 fun interface Handler {
     suspend fun handle(msg: Any?, ctx: RequestContext): Any?
@@ -78,8 +82,17 @@ class RequestContext internal constructor(private val request: Long) {
         signal.await()
     }
 
-    /** Reports progress to the caller (a `PARTIAL` stage). */
-    fun progress(fraction: Float, note: String = "") = requestProgress(request, fraction, validText(note))
+    /**
+     * Reports progress to the caller (a `PARTIAL` stage): [fraction] is
+     * clamped to 0..1, as in every binding.
+     * @throws AskException.InvalidArgument [fraction] is NaN or infinite.
+     */
+    fun progress(fraction: Float, note: String = "") {
+        if (!fraction.isFinite()) {
+            throw AskException.InvalidArgument("progress must be a fraction from 0 to 1, got $fraction")
+        }
+        requestProgress(request, fraction.coerceIn(0f, 1f), validText(note))
+    }
 
     /** Cancels the handler's coroutine, or has it cancel itself once it starts. */
     internal fun cancelJob() {

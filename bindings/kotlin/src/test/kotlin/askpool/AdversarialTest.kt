@@ -459,4 +459,24 @@ class AdversarialTest {
         assertEquals("\uFFFD\uFFFDc", validText("\uDE00\uD83Dc"), "a reversed pair is two unpaired halves")
     }
 
+    @Test
+    fun `a progress fraction out of range is clamped as in every binding, NaN is refused`() = runBlocking {
+        Node().use { node ->
+            var nan: Throwable? = null
+            node.pool("p") { m, ctx ->
+                ctx.progress(-0.5f)
+                ctx.progress(1.5f, "rounding past the end")
+                nan = runCatching { ctx.progress(Float.NaN) }.exceptionOrNull()
+                    ?.takeIf { runCatching { ctx.progress(Float.POSITIVE_INFINITY) }.exceptionOrNull() is AskException.InvalidArgument }
+                m
+            }
+            val handle = node.send("p", "x")
+            val fractions = withTimeout(5_000) { handle.stages.toList() }.filter { it.stage == "PARTIAL" }.map { it.progress }
+            assertEquals("x", handle.await())
+            assertEquals(listOf(0f, 1f), fractions)
+            assertTrue(nan is AskException.InvalidArgument, "$nan")
+            settled(node)
+        }
+        noHandles()
+    }
 }
