@@ -469,7 +469,7 @@ function promiseId(id) {
   if (typeof id !== 'string') {
     throw new InvalidArgumentError('invalid argument: a promise id is a string');
   }
-  return id;
+  return wellFormed(id, 'a promise id');
 }
 
 /** Durable promises: create, get, resolve, reject, cancel, prune, await. */
@@ -483,7 +483,12 @@ class DurablePromises {
     const timeoutMs = options?.timeoutMs ?? 3_600_000;
     return promiseOf(
       call(() =>
-        this.#core.promiseCreate(promiseId(id), timeoutMs, encodeArg(options?.param, 'a promise param'), options?.key),
+        this.#core.promiseCreate(
+          promiseId(id),
+          timeoutMs,
+          encodeArg(options?.param, 'a promise param'),
+          typed(options?.key, 'string', 'key'),
+        ),
       ),
     );
   }
@@ -501,7 +506,14 @@ class DurablePromises {
   }
   #complete(id, how, value, options) {
     return promiseOf(
-      call(() => this.#core.promiseComplete(promiseId(id), how, encodeArg(value, 'a promise value'), options?.key)),
+      call(() =>
+        this.#core.promiseComplete(
+          promiseId(id),
+          how,
+          encodeArg(value, 'a promise value'),
+          typed(options?.key, 'string', 'key'),
+        ),
+      ),
     );
   }
   /**
@@ -621,7 +633,7 @@ class Node {
     let given;
     let task;
     try {
-      const name = this.#poolName(pool);
+      const name = wellFormed(this.#poolName(pool), 'a pool name');
       given = typed(options?.id, 'string', 'id');
       const bytes = encodeArg(msg, "a durable ask's message");
       const slot = this.#table.put(msg);
@@ -730,7 +742,7 @@ class Node {
     if (typeof name !== 'string') {
       throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
     }
-    return wellFormed(name, 'a pool name');
+    return name;
   }
 
   // Taken right before the addon call that uses it: a scratch reference
@@ -739,6 +751,8 @@ class Node {
   #ref(name) {
     let r = this.#poolRefs.get(name);
     if (r === undefined) {
+      // Checked here, once per name the cache does not hold yet.
+      wellFormed(name, 'a pool name');
       r = this.#core.poolRef(name);
       // The addon gives at most 1,024 names a reference of their own; any
       // other name gets one that stands for it only until the next call

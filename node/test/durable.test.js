@@ -219,3 +219,21 @@ test('openPromises: a durable timeout under a millisecond is refused', () => {
     tmp.done();
   }
 });
+
+test('a promise id or key that is not well-formed Unicode (a lone surrogate) is INVALID_ARGUMENT', async () => {
+  // The addon's conversion made it U+FFFD: 'a\ud800' and 'a\udfff' were one promise.
+  const tmp = tempFile();
+  try {
+    const node = new Node().openPromises(tmp.file);
+    const p = node.promises;
+    const invalid = (e) => e instanceof InvalidArgumentError && e.code === 'INVALID_ARGUMENT';
+    assert.throws(() => p.create('a\ud800', { timeoutMs: 60000 }), invalid);
+    assert.throws(() => p.create('a', { timeoutMs: 60000, key: 'k\udfff' }), invalid);
+    assert.throws(() => p.get('a\udfff'), invalid);
+    await assert.rejects(node.awaitDurable('a\ud800'), invalid);
+    assert.throws(() => p.get('a'), /no promise/, 'nothing was created');
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});

@@ -48,7 +48,7 @@ def _valid_names(*pairs: tuple[str, Optional[str]]) -> None:
     ``InvalidArgumentError``, as every binding does, rather than the
     extension's ``UnicodeEncodeError``."""
     for what, text in pairs:
-        if text is not None and type(text) is str and not text.isascii():
+        if isinstance(text, str) and not text.isascii():
             if _dispatch._SURROGATES.search(text):
                 from ._errors import InvalidArgumentError
 

@@ -150,17 +150,23 @@ async def test_a_name_or_id_utf8_cannot_carry_is_an_invalid_argument() -> None:
 
 
 async def test_a_reraised_inner_error_reads_its_code_once() -> None:
-    # Its text already says "unavailable: ..."; the caller read it twice.
+    # An inner ask's error re-raised as is: its text already says
+    # "unavailable: ...", and the caller read the code twice.
     async with Node() as node:
-        pool = node.pool("outer")
+        inventory = node.pool("inventory")
+        outer = node.pool("outer")
 
-        @pool.handler
+        @inventory.handler
+        async def down(msg: Any, ctx: Context) -> Any:
+            raise askpool.UnavailableError("inventory is down")
+
+        @outer.handler
         async def handle(msg: Any, ctx: Context) -> Any:
-            try:
-                return await node.ask("nowhere-yet" if msg else "outer", 1, timeout=5)
-            except askpool.NoRouteError:
-                raise askpool.UnavailableError("unavailable: inventory is down") from None
+            return await node.ask("inventory", msg, timeout=5)
 
+        with pytest.raises(askpool.UnavailableError) as inner:
+            await node.ask("inventory", 1, timeout=5)
+        assert str(inner.value) == "unavailable: inventory is down"
         with pytest.raises(askpool.UnavailableError) as info:
             await node.ask("outer", 1, timeout=5)
         assert str(info.value) == "unavailable: inventory is down"

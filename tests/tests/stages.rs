@@ -206,6 +206,35 @@ async fn progress_carries_its_metadata() {
     );
 }
 
+/// A fraction out of 0..1 is clamped; a NaN one says nothing and is not
+/// reported (it reached the PARTIAL stage as NaN through Kotlin).
+#[tokio::test(start_paused = true)]
+async fn progress_is_clamped_and_a_nan_fraction_is_not_reported() {
+    let node = node();
+    node.pool("p")
+        .handler(|_m: u64, ctx| async move {
+            ctx.progress(f32::NAN, "nothing");
+            ctx.progress(-1.0, "before");
+            ctx.progress(2.0, "past");
+            Ok("ok".to_string())
+        })
+        .unwrap();
+    let h = node.ask("p", 1).send();
+    let s = h.stages();
+    h.await.unwrap();
+    let partial: Vec<_> = s
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .filter_map(|e| e.progress)
+        .map(|p| (p.fraction, p.note))
+        .collect();
+    assert_eq!(
+        partial,
+        vec![(0.0, "before".to_string()), (1.0, "past".to_string())]
+    );
+}
+
 /// A stage source outlives its handle, and a stream opened from it after the
 /// ask ended replays the whole record, progress included.
 #[tokio::test(start_paused = true)]

@@ -67,16 +67,20 @@ impl NativeNode {
                 return Ok(name.clone());
             }
         }
-        // A surrogate, which UTF-8 cannot carry: refused as every binding
-        // refuses it, not as the conversion's UnicodeEncodeError.
-        let text = pool.to_cow().map_err(|_| {
-            errors::exception(
+        let Ok(text) = pool.to_cow() else {
+            // A surrogate, which UTF-8 cannot carry: refused as every
+            // binding refuses it, not as the conversion's UnicodeEncodeError.
+            // The exception is made (Python code) with the lock released: a
+            // thread switch meanwhile to another ask would wait for it
+            // holding the GIL.
+            drop(last);
+            return Err(errors::exception(
                 pool.py(),
                 &AskError::InvalidArgument {
                     message: "a pool name is not valid Unicode (a lone surrogate)".into(),
                 },
-            )
-        })?;
+            ));
+        };
         let name = PoolName::new(text);
         *last = Some((pool.clone().unbind(), name.clone()));
         Ok(name)

@@ -465,10 +465,10 @@ fn decode_error(bytes: &[u8]) -> AskError {
     let code = ErrorCode::from_name(&s("code"));
     if code == Some(ErrorCode::HandlerFailed) {
         AskError::handler_failed(s("type"), s("message"))
-    } else if code.is_some_and(ErrorCode::kept_from_handler) {
-        // `DecodeFailure` is about the value itself: the same answer every
-        // time it is read.
-        AskError::from_handler(code, s("type"), s("message"))
+    } else if let Some(error) = code.and_then(|code| AskError::of_message(code, s("message"))) {
+        // Rebuilt as stored (`DecodeFailure` is about the value itself: the
+        // same answer every time it is read).
+        error
     } else {
         AskError::FailedPrecondition {
             message: format!("durable ask rejected with {}: {}", s("code"), s("message")),

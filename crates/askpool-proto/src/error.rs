@@ -292,26 +292,33 @@ impl AskError {
         message: impl Into<String>,
     ) -> Self {
         let message = message.into();
-        let kept = |message: String| match code.filter(|code| code.kept_from_handler()) {
-            Some(ErrorCode::Unavailable) => Some(AskError::Unavailable { reason: message }),
-            Some(ErrorCode::InvalidArgument) => Some(AskError::InvalidArgument { message }),
-            Some(ErrorCode::ValidationError) => Some(AskError::ValidationError { message }),
-            Some(ErrorCode::PermissionDenied) => Some(AskError::PermissionDenied { message }),
-            Some(ErrorCode::FailedPrecondition) => Some(AskError::FailedPrecondition { message }),
-            Some(ErrorCode::DecodeFailure) => Some(AskError::DecodeFailure { message }),
-            Some(ErrorCode::Internal) => Some(AskError::Internal { message }),
-            _ => None,
+        let Some(code) = code.filter(|code| code.kept_from_handler()) else {
+            return AskError::handler_failed(type_name, message);
         };
-        match kept(String::new()) {
-            Some(empty) => {
-                let prefix = empty.to_string();
-                let message = match message.strip_prefix(prefix.as_str()) {
-                    Some(bare) => bare.to_owned(),
-                    None => message,
-                };
-                kept(message).expect("a kept code, as above")
-            }
-            None => AskError::handler_failed(type_name, message),
+        let prefix = Self::of_message(code, String::new())
+            .expect("a kept code")
+            .to_string();
+        let message = match message.strip_prefix(prefix.as_str()) {
+            Some(bare) => bare.to_owned(),
+            None => message,
+        };
+        Self::of_message(code, message).expect("a kept code")
+    }
+
+    /// The error of a code whose error is just a message (one
+    /// [`kept_from_handler`](ErrorCode::kept_from_handler)) saying
+    /// `message`, as given; `None` for any other code.
+    pub fn of_message(code: ErrorCode, message: impl Into<String>) -> Option<Self> {
+        let message = message.into();
+        match code {
+            ErrorCode::Unavailable => Some(AskError::Unavailable { reason: message }),
+            ErrorCode::InvalidArgument => Some(AskError::InvalidArgument { message }),
+            ErrorCode::ValidationError => Some(AskError::ValidationError { message }),
+            ErrorCode::PermissionDenied => Some(AskError::PermissionDenied { message }),
+            ErrorCode::FailedPrecondition => Some(AskError::FailedPrecondition { message }),
+            ErrorCode::DecodeFailure => Some(AskError::DecodeFailure { message }),
+            ErrorCode::Internal => Some(AskError::Internal { message }),
+            _ => None,
         }
     }
 

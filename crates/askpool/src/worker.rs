@@ -95,7 +95,13 @@ impl RequestContext {
 
     /// Reports progress with metadata:
     /// `ctx.report(Progress::new(0.45, "2300/5000").with("shard", "7"))`.
+    /// The fraction is clamped to 0..1; a NaN one says nothing and is not
+    /// reported (the bindings refuse it with `InvalidArgument` first).
     pub fn report(&self, mut progress: Progress) {
+        if progress.fraction.is_nan() {
+            tracing::debug!(request_id = %self.request_id(), "progress with a NaN fraction not reported");
+            return;
+        }
         progress.fraction = progress.fraction.clamp(0.0, 1.0);
         self.pool.progress(&self.request, progress);
     }
