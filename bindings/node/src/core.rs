@@ -194,7 +194,7 @@ fn runtime() -> Result<Handle> {
 }
 
 /// One askpool node with objects passed by reference to the JS table.
-#[napi]
+#[napi(custom_finalize)]
 pub struct Core {
     /// The shared [`RUNTIME`], entered around every call into the core.
     pub(crate) rt: Handle,
@@ -224,6 +224,20 @@ pub struct Core {
     /// threads): the threadsafe function stays until they are drained, or
     /// their last wake-ups would be lost and their promises never settle.
     release_when_idle: bool,
+    /// Native bytes reported to V8 as held by this object (its pools' reply
+    /// caches, allocated up front): a node dropped without `close()` is
+    /// otherwise collected only once the JS heap grows, and thousands of
+    /// them, a megabyte each that V8 cannot see, came first.
+    pub(crate) external_bytes: i64,
+}
+
+impl ObjectFinalize for Core {
+    fn finalize(self, env: Env) -> Result<()> {
+        if self.external_bytes > 0 {
+            env.adjust_external_memory(-self.external_bytes)?;
+        }
+        Ok(())
+    }
 }
 
 /// The longest duration accepted, in ms: `Number.MAX_SAFE_INTEGER`.
@@ -402,6 +416,7 @@ impl Core {
             freed_scratch: Vec::new(),
             fast_id: None,
             release_when_idle: false,
+            external_bytes: 0,
         })
     }
 

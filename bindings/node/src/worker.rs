@@ -16,7 +16,12 @@ impl Core {
     /// Declares a pool hosted by this node; returns its id. Requests queue
     /// (up to `maxInFlight`) until `handle` starts its workers.
     #[napi(catch_unwind)]
-    pub fn create_pool(&mut self, name: String, options: Option<PoolOptions>) -> Result<u32> {
+    pub fn create_pool(
+        &mut self,
+        env: Env,
+        name: String,
+        options: Option<PoolOptions>,
+    ) -> Result<u32> {
         let mut config = PoolConfig::default();
         let mut dedup = DedupConfig::default();
         if let Some(o) = options {
@@ -44,6 +49,12 @@ impl Core {
                 .build()
                 .map_err(errors::throw)?
         };
+        // Told to V8 (given back when this object is finalized): see
+        // `Core::external_bytes`.
+        let bytes = i64::try_from(dedup.upfront_bytes()).unwrap_or(i64::MAX);
+        if env.adjust_external_memory(bytes).is_ok() {
+            self.external_bytes = self.external_bytes.saturating_add(bytes);
+        }
         Ok(self.pools.insert_with(|_| HostedPool {
             pool,
             concurrency,

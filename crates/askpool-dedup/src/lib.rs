@@ -248,6 +248,17 @@ pub struct DedupConfig {
     pub terminal_ttl: Duration,
 }
 
+impl DedupConfig {
+    /// The bytes a table of this config allocates when it is made (its
+    /// buckets, 1 MiB for the default `max_terminal`), before any entry;
+    /// each entry adds about [`entry_size`] more. For a host that accounts
+    /// for native memory (V8's external memory), which a table it cannot
+    /// see would otherwise outgrow before its collector runs.
+    pub fn upfront_bytes(&self) -> usize {
+        table::bucket_bytes(self.max_terminal)
+    }
+}
+
 impl Default for DedupConfig {
     fn default() -> Self {
         Self {

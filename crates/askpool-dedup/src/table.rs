@@ -827,6 +827,11 @@ fn bucket_count(max_terminal: usize) -> usize {
     max_terminal.clamp(32, 1 << 22).next_power_of_two() * 2
 }
 
+/// The bytes of a table's buckets, allocated when it is made.
+pub(crate) fn bucket_bytes(max_terminal: usize) -> usize {
+    bucket_count(max_terminal) * std::mem::size_of::<AtomicLink>()
+}
+
 impl<S: DedupState> DedupTable<S> {
     pub fn new(config: DedupConfig) -> Self {
         let n = bucket_count(config.max_terminal);

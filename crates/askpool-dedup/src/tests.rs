@@ -777,3 +777,15 @@ fn evictions_on_many_threads_are_all_counted() {
     assert_eq!((s.terminal, s.evicted_ttl), (0, 100));
     assert_eq!(s.evicted_capacity, threads * per_thread - 100);
 }
+
+#[test]
+fn a_tables_upfront_bytes_are_its_buckets() {
+    // 262,144 buckets of 4 bytes for the default 100,000 entries (the
+    // crate docs' figure), and two per allowed entry, rounded up, for others.
+    assert_eq!(DedupConfig::default().upfront_bytes(), 1 << 20);
+    let small = DedupConfig {
+        max_terminal: 1_000,
+        ..DedupConfig::default()
+    };
+    assert_eq!(small.upfront_bytes(), 2_048 * 4);
+}
