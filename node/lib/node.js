@@ -778,26 +778,21 @@ class Node {
       }
       if (signal?.aborted) throw aborted(signal);
       const name = this.#poolName(pool);
-      if (kind === 2) {
-        o = nativeAskOptions(options ?? NO_OPTIONS, msg);
-        if (signal?.aborted) throw aborted(signal);
-        const ref = this.#ref(name);
-        const slot = this.#table.put(msg);
-        task = call(() => this.#core.tell(ref, slot, o));
-      } else if (options === undefined && !isBytes(msg)) {
-        const ref = this.#ref(name);
-        const slot = this.#table.put(msg);
-        task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
-      } else {
+      // An ask with no options and no bytes takes the fast path, which
+      // reads none.
+      const fast = kind !== 2 && options === undefined && !isBytes(msg);
+      if (!fast) {
         o = nativeAskOptions(options ?? NO_OPTIONS, msg);
         // Again: reading the options ran the caller's code (a getter, a
         // Proxy trap), which may have aborted the signal. Its listener is
         // added after the ask is sent and would never fire.
         if (signal?.aborted) throw aborted(signal);
-        const ref = this.#ref(name);
-        const slot = this.#table.put(msg);
-        task = call(() => this.#core.askWith(ref, slot, o));
       }
+      const ref = this.#ref(name);
+      const slot = this.#table.put(msg);
+      if (kind === 2) task = call(() => this.#core.tell(ref, slot, o));
+      else if (fast) task = call(() => native.fastAsk(this.#fast, ref, slot, 0));
+      else task = call(() => this.#core.askWith(ref, slot, o));
     } catch (e) {
       this.#schedule();
       const result = Promise.reject(e);

@@ -62,12 +62,13 @@ impl Core {
     #[napi(catch_unwind)]
     pub fn open_promises(&mut self, path: String, timeout_ms: Option<f64>) -> Result<()> {
         let timeout = crate::core::opt_millis("timeoutMs", timeout_ms)?;
-        // Shorter, every durable ask would time out as it is stored.
-        if let Some(ms) = timeout_ms.filter(|&ms| ms < 1.0) {
-            return Err(errors::invalid(format!(
-                "timeoutMs must be at least 1 millisecond, got {}",
-                crate::core::js_number(ms)
-            )));
+        if let (Some(t), Some(ms)) = (timeout, timeout_ms) {
+            if t < DurablePromises::MIN_TIMEOUT {
+                return Err(errors::invalid(format!(
+                    "timeoutMs must be at least 1 millisecond, got {}",
+                    crate::core::js_number(ms)
+                )));
+            }
         }
         let store = SqliteStore::open(&path).map_err(promise_error)?;
         let mut promises = DurablePromises::new(store);

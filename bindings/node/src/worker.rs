@@ -179,8 +179,9 @@ impl Core {
     /// Reports progress to the caller (its `PARTIAL` stage).
     #[napi(catch_unwind)]
     pub fn progress(&self, request: u32, fraction: f64, note: String) -> Result<()> {
-        // Clamped, as Python and Kotlin do (a done/total a rounding past 1);
-        // NaN and the infinities say nothing and are refused, as there.
+        // NaN and the infinities say nothing and are refused, as in Python
+        // and Kotlin; the core clamps the rest to 0..1 (a done/total a
+        // rounding past 1).
         if !fraction.is_finite() {
             return Err(errors::invalid(format!(
                 "progress must be a fraction from 0 to 1, got {}",
@@ -189,7 +190,7 @@ impl Core {
         }
         self.handling(request)?
             .context
-            .progress(fraction.clamp(0.0, 1.0) as f32, note);
+            .progress(fraction as f32, note);
         Ok(())
     }
 

@@ -181,8 +181,7 @@ impl NativePromises {
         )?;
         let mut durable = DurablePromises::new(store);
         let timeout = to_py(duration("durable_timeout", durable_timeout))?;
-        // Shorter, every durable ask would time out as it is stored.
-        if timeout < Duration::from_millis(1) {
+        if timeout < DurablePromises::MIN_TIMEOUT {
             return to_py(Err(AskError::InvalidArgument {
                 message: format!(
                     "durable_timeout must be at least 0.001 seconds, not {durable_timeout}"

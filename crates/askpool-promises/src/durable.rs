@@ -156,17 +156,16 @@ where
         pool: &str,
         msg: M,
     ) -> Result<DurableHandle<R>, AskError> {
-        // Under a millisecond the promise would time out as it is created:
-        // the ask could never run, and every retry would find it so.
-        let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
-        if timeout == 0 {
+        if promises.timeout < DurablePromises::MIN_TIMEOUT {
             return Err(AskError::InvalidArgument {
                 message: format!(
-                    "a durable ask's timeout must be at least a millisecond, not {:?}",
+                    "a durable ask's timeout must be at least {:?}, not {:?}",
+                    DurablePromises::MIN_TIMEOUT,
                     promises.timeout
                 ),
             });
         }
+        let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
         let now = now_millis();
         let key = id.to_string();
         let param = msg

@@ -41,6 +41,10 @@ pub struct DurablePromises {
 }
 
 impl DurablePromises {
+    /// The shortest `timeout` a durable ask takes: shorter, its promise
+    /// would time out as it is stored, and the ask could never run.
+    pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
     pub fn new(store: impl Store + 'static) -> Self {
         Self::from_arc(Arc::new(store))
     }

@@ -117,13 +117,15 @@ sealed class AskException(message: String, val code: String, val errorClass: Err
     }
 }
 
+/** Why a string argument that is not valid Unicode is refused. */
+private const val NOT_UNICODE = "a string argument is not valid Unicode (an unpaired UTF-16 surrogate)"
+
 /**
  * What a string argument that is not valid Unicode (an unpaired UTF-16
  * surrogate, which UTF-8 cannot carry) is told: the generated code refuses
  * it on its way to the native side, before anything starts.
  */
-internal fun notUnicode(e: java.nio.charset.CharacterCodingException): String =
-    "a string argument is not valid Unicode (an unpaired UTF-16 surrogate): $e"
+internal fun notUnicode(e: java.nio.charset.CharacterCodingException): String = "$NOT_UNICODE: $e"
 
 /**
  * Refuses, as [notUnicode] does, a string argument that is not valid
@@ -132,34 +134,21 @@ internal fun notUnicode(e: java.nio.charset.CharacterCodingException): String =
  */
 internal fun checkUnicode(vararg strings: String?) {
     for (s in strings) {
-        if (s != null && validText(s) !== s) {
-            throw AskException.InvalidArgument(
-                "a string argument is not valid Unicode (an unpaired UTF-16 surrogate): ${validText(s)}",
-            )
-        }
+        val valid = s?.let(::validText)
+        if (valid !== s) throw AskException.InvalidArgument("$NOT_UNICODE: $valid")
     }
 }
 
 /**
- * [s] with every unpaired UTF-16 surrogate replaced by U+FFFD: text that
- * only describes (a handler's error message, a progress note) still
- * crosses to the native side, which takes valid Unicode only.
+ * [s] with every unpaired UTF-16 surrogate replaced by U+FFFD (the same
+ * object when it has none): text that only describes (a handler's error
+ * message, a progress note) still crosses to the native side, which takes
+ * valid Unicode only.
  */
 internal fun validText(s: String): String {
     if (s.none { it.isSurrogate() }) return s
-    var paired = true
-    var j = 0
-    while (j < s.length) {
-        val c = s[j]
-        if (c.isHighSurrogate() && j + 1 < s.length && s[j + 1].isLowSurrogate()) {
-            j += 2
-        } else {
-            if (c.isSurrogate()) paired = false
-            j++
-        }
-    }
-    if (paired) return s
     val out = StringBuilder(s.length)
+    var replaced = false
     var i = 0
     while (i < s.length) {
         val c = s[i]
@@ -168,10 +157,15 @@ internal fun validText(s: String): String {
             i += 2
             continue
         }
-        out.append(if (c.isSurrogate()) '\uFFFD' else c)
+        if (c.isSurrogate()) {
+            out.append('\uFFFD')
+            replaced = true
+        } else {
+            out.append(c)
+        }
         i++
     }
-    return out.toString()
+    return if (replaced) out.toString() else s
 }
 
 /** Who cancelled an ask. */
