@@ -255,3 +255,112 @@ async fn successes_before_the_first_failure_count() {
         BreakerState::Closed
     );
 }
+
+/// An ask that started before its pool had a breaker holds no permit. Its
+/// outcome, once the breaker has opened since, is from before: it must not
+/// count as the half-open probe no one sent (it closed the breaker).
+#[tokio::test(start_paused = true)]
+async fn an_ask_from_before_the_breaker_is_no_probe() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        retry: RetryPolicy::no_retry(),
+        breaker: Some(BreakerConfig {
+            min_requests: 100,
+            open_on: CodeSet::of(&[ErrorCode::Internal]),
+            ..breaker()
+        }),
+        ..NodeConfig::default()
+    });
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let opened = Arc::clone(&gate);
+    node.pool("p")
+        .concurrency(4)
+        .handler(move |msg: u64, _ctx| {
+            let gate = Arc::clone(&opened);
+            async move {
+                match msg {
+                    0 => {
+                        gate.notified().await;
+                        Ok("slow".to_string())
+                    }
+                    1 => Err(AskError::internal("db down")),
+                    _ => Ok("fine".to_string()),
+                }
+            }
+        })
+        .unwrap();
+    let slow = tokio::spawn(node.ask("p", 0).timeout(Duration::from_secs(60)).send());
+    tokio::task::yield_now().await;
+    assert!(node.stats().breaker("p").is_none(), "no outcome yet");
+    assert_eq!(
+        node.ask("p", 1).await.unwrap_err().code(),
+        ErrorCode::Internal
+    );
+    assert_eq!(node.stats().breaker("p").unwrap().state, BreakerState::Open);
+    tokio::time::advance(Duration::from_secs(6)).await;
+    gate.notify_one();
+    assert_eq!(slow.await.unwrap().unwrap(), "slow");
+    assert_ne!(
+        node.stats().breaker("p").unwrap().state,
+        BreakerState::Closed,
+        "closed by an ask sent before it opened"
+    );
+    // A real probe still closes it.
+    assert_eq!(node.ask("p", 2).await.unwrap(), "fine");
+    assert_eq!(
+        node.stats().breaker("p").unwrap().state,
+        BreakerState::Closed
+    );
+}
+
+/// A request the pool cancels at its processing timeout timed out in the
+/// pool: it counts toward the breaker as a timeout, so a pool whose
+/// handlers hang trips its callers' breakers. The caller's own cancels
+/// still count for nothing.
+#[tokio::test(start_paused = true)]
+async fn processing_timeouts_trip_the_breaker() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        retry: RetryPolicy::no_retry(),
+        breaker: Some(breaker()),
+        ..NodeConfig::default()
+    });
+    node.pool("p")
+        .config(askpool::PoolConfig {
+            concurrency: 8,
+            processing_timeout: Some(Duration::from_millis(100)),
+            ..askpool::PoolConfig::default()
+        })
+        .handler(|_msg: u64, _ctx| async {
+            std::future::pending::<()>().await;
+            Ok(String::new())
+        })
+        .unwrap();
+    // Cancelled by their caller: not counted.
+    for i in 0..8 {
+        let mut handle = node.ask("p", i).send();
+        tokio::task::yield_now().await;
+        handle.cancel();
+        assert_eq!(handle.await.unwrap_err().code(), ErrorCode::AskCancelled);
+    }
+    assert!(node.stats().breaker("p").is_none(), "nothing counted");
+    for i in 0..4 {
+        let e = node.ask("p", i).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AskError::AskCancelled {
+                    reason: askpool::CancelReason::ProcessingTimeout
+                }
+            ),
+            "{e:?}"
+        );
+    }
+    let stats = node.stats();
+    let breaker = stats.breaker("p").expect("timeouts counted");
+    assert_eq!(breaker.state, BreakerState::Open);
+    assert_eq!(breaker.trips, 1);
+    assert_eq!(
+        node.ask("p", 9).await.unwrap_err().code(),
+        ErrorCode::Unavailable,
+        "fails fast while open"
+    );
+}

@@ -62,6 +62,9 @@ async fn poison_outcomes_are_dead_lettered_and_permanent_ones_are_not() {
                 0 => Err(AskError::DecodeFailure {
                     message: "garbled".into(),
                 }),
+                // Retryable, but a reply: final, never re-sent, so no
+                // retries ran out.
+                2 => Err(AskError::unavailable("db down")),
                 _ => Err(AskError::handler_failed("ValueError", "no")),
             }
         })
@@ -77,6 +80,12 @@ async fn poison_outcomes_are_dead_lettered_and_permanent_ones_are_not() {
         node.ask("nowhere", 1).await.unwrap_err().code(),
         ErrorCode::NoRoute
     );
+    let replied = node.ask("p", 2).send();
+    let replied_id = replied.request_id();
+    assert_eq!(replied.await.unwrap_err().code(), ErrorCode::Unavailable);
+    // Its duplicate is answered from the reply cache: a reply too.
+    let again = node.ask("p", 2).request_id(replied_id).await;
+    assert_eq!(again.unwrap_err().code(), ErrorCode::Unavailable);
     let letters = node.dead_letters();
     assert_eq!(letters.len(), 1, "only the poison message: {letters:?}");
     assert_eq!(letters[0].request_id(), poison_id);
@@ -156,6 +165,47 @@ async fn a_dead_letter_replays_with_its_request_id() {
         node.replay_dead_letter(id).unwrap_err().code(),
         ErrorCode::FailedPrecondition
     );
+}
+
+/// A letter keeps its ask's payload fingerprint and its replay carries it:
+/// a pool that holds the id for another payload since refuses the replay
+/// as it refuses the ask itself, instead of answering it with the other
+/// payload's reply.
+#[tokio::test(start_paused = true)]
+async fn a_replay_carries_its_payload_fingerprint() {
+    use askpool::PayloadFingerprint;
+    let node: TestNode = Node::with_config(config(10));
+    let pool = Arc::new(node.pool("p").max_in_flight(1).build().unwrap());
+    let id = askpool::RequestId::from_parts(9, 9);
+    let fingerprint = |m: u64| PayloadFingerprint::from_u128(1000 + u128::from(m));
+    let stuck = node.ask("p", 0).send();
+    let refused = node.ask("p", 1).request_id(id).fingerprint(fingerprint(1));
+    assert_eq!(refused.await.unwrap_err().code(), ErrorCode::BufferFull);
+    let letter = node.dead_letter(id).expect("filed: BufferFull every time");
+    assert_eq!(letter.fingerprint, Some(fingerprint(1)));
+    let serve = |reply: &'static str| {
+        let pool = Arc::clone(&pool);
+        tokio::spawn(async move {
+            let r = pool.next_request().await.unwrap();
+            r.responder.reply(reply.into());
+        })
+    };
+    serve("zero");
+    assert_eq!(stuck.await.unwrap(), "zero");
+    // The id is reused for payload 2 meanwhile.
+    serve("two");
+    let two = node.ask("p", 2).request_id(id).fingerprint(fingerprint(2));
+    assert_eq!(two.await.unwrap(), "two");
+    let replay = node.replay_dead_letter(id).unwrap().await;
+    assert!(
+        matches!(replay, Err(AskError::PayloadMismatch)),
+        "payload 1's replay: {replay:?}"
+    );
+    // Refused for good: the letter is back, with its fingerprint.
+    let back = node
+        .dead_letter(id)
+        .expect("a failed replay keeps its letter");
+    assert_eq!(back.fingerprint, Some(fingerprint(1)));
 }
 
 /// The hook an ask is given hears the outcomes of its dead letter's

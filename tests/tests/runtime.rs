@@ -504,6 +504,41 @@ async fn tell_is_deduplicated() {
     assert_eq!(node.stats().pending, 0);
 }
 
+/// A tell whose id its caller cancelled (the key is Cancelled, or a
+/// tombstone of a cancel that came first) is refused as an ask is: it
+/// never runs, so it must not be acknowledged.
+#[tokio::test(start_paused = true)]
+async fn a_tell_of_a_cancelled_id_is_refused_not_acknowledged() {
+    let node: TestNode = Node::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    node.pool("p")
+        .handler(move |msg: u64, ctx| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                ctx.cancelled().await;
+                Ok(format!("{msg}"))
+            }
+        })
+        .unwrap();
+    let id = RequestId::from_parts(1, 42);
+    let handle = node.ask("p", 0).request_id(id).send();
+    tokio::task::yield_now().await;
+    drop(handle);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let told = node.tell("p", 2).request_id(id).await;
+    assert_eq!(
+        told,
+        Err(AskError::AskCancelled {
+            reason: CancelReason::Caller
+        })
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the tell never ran");
+    assert_eq!(node.stats().pending, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_refused_tell_is_an_error_not_a_silent_drop() {
     let tap = Tap::in_process();

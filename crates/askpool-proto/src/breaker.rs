@@ -34,6 +34,12 @@
 //! | `NO_ROUTE`, `INVALID_ARGUMENT`, `VALIDATION_ERROR`, `PAYLOAD_MISMATCH`, `PERMISSION_DENIED`, `OVERSIZE_PAYLOAD`, `FAILED_PRECONDITION` | not counted |
 //! | `ASK_CANCELLED`                                                                                   | not counted     |
 //!
+//! One cancel is not the caller's doing: a request the pool cancelled at its
+//! processing timeout timed out in the pool. [`breaker_code`] gives the code
+//! an outcome is reported under, `DEADLINE_EXCEEDED` for that cancel (the
+//! design's breaker "opens on failure / timeout rate"), the error's own code
+//! otherwise.
+//!
 //! A not-counted outcome is the caller's own doing (a bad request, a cancel)
 //! and says nothing about the pool's health: it is neither a success nor a
 //! failure, it does not enter the window's request count, and in HalfOpen it
@@ -64,7 +70,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{AskError, CodeSet, ErrorCode};
+use crate::error::{AskError, CancelReason, CodeSet, ErrorCode};
 use crate::frame::PoolName;
 use crate::time::Timestamp;
 
@@ -80,6 +86,19 @@ pub const fn counts_as_failure(code: ErrorCode) -> bool {
         | HandlerFailed => true,
         NoRoute | InvalidArgument | ValidationError | PayloadMismatch | PermissionDenied
         | OversizePayload | FailedPrecondition | AskCancelled => false,
+    }
+}
+
+/// The code `error` is reported to a breaker under: its own, except that a
+/// request cancelled at the pool's processing timeout counts as the timeout
+/// it is (`DEADLINE_EXCEEDED`). The caller's and the worker's cancels, and
+/// a shutdown's, stay `ASK_CANCELLED`, which does not count.
+pub fn breaker_code(error: &AskError) -> ErrorCode {
+    match error {
+        AskError::AskCancelled {
+            reason: CancelReason::ProcessingTimeout,
+        } => ErrorCode::DeadlineExceeded,
+        other => other.code(),
     }
 }
 

@@ -1022,3 +1022,36 @@ proptest! {
         }
     }
 }
+
+/// The code an outcome is reported under: a processing-timeout cancel is a
+/// timeout of the pool and counts; every other cancel stays ASK_CANCELLED
+/// and does not; any other error keeps its own code.
+#[test]
+fn a_processing_timeout_cancel_is_reported_as_a_timeout() {
+    use askpool_proto::breaker::breaker_code;
+    use askpool_proto::{AskError, CancelReason};
+    let cancelled = |reason| AskError::AskCancelled { reason };
+    assert_eq!(
+        breaker_code(&cancelled(CancelReason::ProcessingTimeout)),
+        ErrorCode::DeadlineExceeded
+    );
+    assert!(counts_as_failure(breaker_code(&cancelled(
+        CancelReason::ProcessingTimeout
+    ))));
+    for reason in [
+        CancelReason::Caller,
+        CancelReason::CallerTimeout,
+        CancelReason::Worker,
+        CancelReason::Shutdown,
+    ] {
+        assert_eq!(breaker_code(&cancelled(reason)), ErrorCode::AskCancelled);
+        assert!(!counts_as_failure(breaker_code(&cancelled(reason))));
+    }
+    for error in [
+        AskError::internal("x"),
+        AskError::unavailable("y"),
+        AskError::PayloadMismatch,
+    ] {
+        assert_eq!(breaker_code(&error), error.code());
+    }
+}

@@ -219,6 +219,9 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     replay_hook: Option<ReplayHook<R>>,
     /// Whether the ask's end was reported to the breaker.
     settled: bool,
+    /// Whether its outcome is the pool's reply (live or replayed): final,
+    /// never re-sent, so an error in it exhausted no retries.
+    replied: bool,
     span: tracing::Span,
     finished: bool,
 }
@@ -275,6 +278,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             refile: b.refile,
             replay_hook: b.replay_hook,
             settled: false,
+            replied: false,
             span,
             finished: false,
             node,
@@ -315,7 +319,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         // `NoRoute`, permanent): its payload is nowhere else.
         let closed = self.node.is_closed();
         let reason = (!closed)
-            .then(|| dlq::reason_for(error, self.machine.policy()))
+            .then(|| dlq::reason_for(error, self.machine.policy(), self.replied))
             .flatten();
         if let Some(reason) = reason.or(self.refile) {
             self.file_dead_letter(error, reason, now);
@@ -348,6 +352,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             ids: self.meta.ids,
             pool: self.meta.pool.clone(),
             payload,
+            fingerprint: self.meta.fingerprint,
             error: error.clone(),
             attempts: self.machine.attempts_sent(),
             reason,
@@ -663,6 +668,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             match event {
                 Some(SlotEvent::Reply(outcome)) => {
                     if this.machine.on_reply().resolution == Some(Resolution::Replied) {
+                        this.replied = true;
                         let now = clock.get(&this.node, floor);
                         return this.finish(outcome.map(Some), now);
                     }

@@ -6,7 +6,7 @@
 //! reported on the permit: success, a failure (the breaker decides which
 //! codes count), or a release when the caller cancelled.
 
-use askpool_proto::breaker::counts_as_failure;
+use askpool_proto::breaker::{breaker_code, counts_as_failure};
 use askpool_proto::{
     AskError, BreakerConfig, BreakerPermit, BreakerState, CircuitBreaker, PoolName, Timestamp,
 };
@@ -95,7 +95,7 @@ impl Breakers {
                     let counts = match verdict {
                         Verdict::Success => true,
                         Verdict::Failure(error) => {
-                            let code = error.code();
+                            let code = breaker_code(error);
                             counts_as_failure(code) || config.open_on.contains(code)
                         }
                         Verdict::Release => false,
@@ -122,9 +122,15 @@ impl Breakers {
                     );
                 }
                 let breaker = by_pool.get_mut(pool).expect("present or just inserted");
+                // Open or probing: an outcome from before does not count. It
+                // must not take a probe slot either (`try_acquire` would
+                // move an Open breaker whose time is up to HalfOpen and
+                // count this old outcome as its probe).
+                if breaker.state(now) != BreakerState::Closed {
+                    return;
+                }
                 match breaker.try_acquire(now) {
                     Ok(permit) => permit,
-                    // Open or probing: an outcome from before does not count.
                     Err(_) => return,
                 }
             }
@@ -134,7 +140,7 @@ impl Breakers {
         };
         let step = match verdict {
             Verdict::Success => breaker.on_success(permit, now),
-            Verdict::Failure(error) => breaker.on_failure(permit, error.code(), now),
+            Verdict::Failure(error) => breaker.on_failure(permit, breaker_code(error), now),
             Verdict::Release => breaker.release(permit),
         };
         if let Some(transition) = step.transition {

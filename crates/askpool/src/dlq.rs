@@ -2,7 +2,9 @@
 //!
 //! An ask lands here when it ends with an error its retry policy calls
 //! retryable (its retries ran out: `BufferFull` every time, `Unavailable`,
-//! `AskTimeout`, ...) or with a Poison error (`DecodeFailure`). It keeps the
+//! `AskTimeout`, ...) or with a Poison error (`DecodeFailure`). A handler's
+//! reply is final and never re-sent, so a retryable error that comes as the
+//! reply exhausted no retries and is not filed (a Poison one is). It keeps the
 //! payload, so it can be inspected and replayed with the same request id
 //! (a pool that did finish it answers from its reply cache; nothing runs
 //! twice). The queue is bounded: when full, the oldest letter is dropped and
@@ -10,7 +12,9 @@
 
 use std::collections::VecDeque;
 
-use askpool_proto::{AskError, AskIds, ErrorClass, PoolName, RequestId, RetryPolicy, Timestamp};
+use askpool_proto::{
+    AskError, AskIds, ErrorClass, PayloadFingerprint, PoolName, RequestId, RetryPolicy, Timestamp,
+};
 
 use crate::ask::ReplayHook;
 
@@ -40,6 +44,10 @@ pub struct DeadLetter<M> {
     pub ids: AskIds,
     pub pool: PoolName,
     pub payload: M,
+    /// The payload's fingerprint, if the ask had one: its replay carries it,
+    /// so a pool that holds the id for another payload refuses the replay
+    /// (`PayloadMismatch`) instead of answering it with the other's reply.
+    pub fingerprint: Option<PayloadFingerprint>,
     pub error: AskError,
     pub attempts: u32,
     pub reason: DeadLetterReason,
@@ -53,11 +61,16 @@ impl<M> DeadLetter<M> {
     }
 }
 
-/// Whether an ask that failed with `error` under `policy` is dead-lettered.
-pub(crate) fn reason_for(error: &AskError, policy: &RetryPolicy) -> Option<DeadLetterReason> {
+/// Whether an ask that failed with `error` under `policy` is dead-lettered;
+/// `replied`: the error is the pool's reply, not a refusal or a timeout.
+pub(crate) fn reason_for(
+    error: &AskError,
+    policy: &RetryPolicy,
+    replied: bool,
+) -> Option<DeadLetterReason> {
     if error.class() == ErrorClass::Poison {
         Some(DeadLetterReason::Poison)
-    } else if policy.is_retryable(error) {
+    } else if policy.is_retryable(error) && !replied {
         Some(DeadLetterReason::RetriesExhausted)
     } else {
         None

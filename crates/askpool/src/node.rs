@@ -342,6 +342,9 @@ where
         if let Some(causation) = letter.ids.causation_id {
             ask = ask.causation_id(causation);
         }
+        if let Some(fingerprint) = letter.fingerprint {
+            ask = ask.fingerprint(fingerprint);
+        }
         Ok(ask.send())
     }
 

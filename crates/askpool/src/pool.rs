@@ -496,11 +496,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             InboundAction::SendCancelled(reason) => ToCaller::Cancelled { ids, reason },
             _ => unreachable!("the inbound table answers a request with none of the other actions"),
         };
-        // A duplicate tell was accepted before: acknowledge it again.
-        self.send(if expects_reply {
-            answer
-        } else {
-            ToCaller::Ack { ids }
+        // A duplicate tell was accepted before: acknowledge it again. A
+        // cancelled key is refused to a tell as to an ask: the table's
+        // answer, or the tell would be acknowledged and never run.
+        self.send(match answer {
+            ToCaller::Cancelled { .. } => answer,
+            _ if expects_reply => answer,
+            _ => ToCaller::Ack { ids },
         });
     }
 
