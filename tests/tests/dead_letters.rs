@@ -400,3 +400,48 @@ async fn a_pool_policy_overrides_the_node_and_an_ask_overrides_both() {
     node.ask("once", 1).retry(fast_retry(5)).await.unwrap_err();
     assert_eq!(count(&tap), 5);
 }
+
+/// A timed-out ask's cancel reaches its pool, which keeps the id cancelled
+/// (the table's Cancelled row) for the reply cache's TTL: a replay before
+/// then is answered `AskCancelled` and keeps its letter; once the entry has
+/// expired, the replay runs the request again under its own id.
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_asks_letter_replays_once_its_cancel_expired() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        seed: Some(3),
+        ..NodeConfig::default()
+    });
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    node.pool("p")
+        .handler(move |msg: u64, _ctx| {
+            let run = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if run == 0 {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Ok(format!("done {msg}"))
+            }
+        })
+        .unwrap();
+    let ask = node.ask("p", 7).timeout(Duration::from_secs(1)).send();
+    let id = ask.request_id();
+    assert_eq!(ask.await.unwrap_err().code(), ErrorCode::AskTimeout);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let early = node.replay_dead_letter(id).unwrap().await;
+    assert_eq!(
+        early,
+        Err(AskError::AskCancelled {
+            reason: askpool::CancelReason::CallerTimeout
+        })
+    );
+    assert!(node.dead_letter(id).is_some(), "the letter went back");
+    let ttl = askpool::DedupConfig::default().terminal_ttl;
+    tokio::time::sleep(ttl).await;
+    assert_eq!(
+        node.replay_dead_letter(id).unwrap().await.unwrap(),
+        "done 7"
+    );
+    assert!(node.dead_letter(id).is_none());
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

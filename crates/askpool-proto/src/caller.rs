@@ -6,9 +6,12 @@
 //! | Acked           | —              | ignore         | -> Done(reply)*     | -> Done(fail)  | — (no resend)        | -> Done(timeout)+cancel | -> Done(cancel)+cancel| ignore               |
 //! | Done            | —              | ignore         | ignore (duplicate)  | ignore         | —                    | —                       | ignore                | ignore               |
 //!
-//! \* A reply carrying a retryable error (the policy's `retryable` codes, by
-//! default the Transient class, e.g. `BufferFull` at admission) is retried
-//! like a failed send while attempts and time remain.
+//! \* The pool's reply is final, whatever error it carries: the handler ran
+//! (or its cached outcome was replayed), so nothing is re-sent. A refusal
+//! (`AskRefused`: the pool turned the attempt away before running it, e.g.
+//! `BufferFull` at admission) carrying a retryable error (the policy's
+//! `retryable` codes, by default the Transient class) is retried like a
+//! failed send while attempts and time remain ([`CallerAsk::on_refused`]).
 //!
 //! With [`StageTimeouts`], a missed delivery (no Ack) or read (no READ)
 //! deadline fails the ask with `DeadlineExceeded` plus a cancel, like the
