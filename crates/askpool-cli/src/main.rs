@@ -175,6 +175,14 @@ fn ms_range(s: &str) -> Result<Range<u64>, String> {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` or a pager that quits ends the process
+    // quietly, as any Unix tool does, instead of a panic on the next print
+    // (Rust ignores SIGPIPE, so every print would fail with EPIPE).
+    #[cfg(unix)]
+    // SAFETY: restoring a signal's default action, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Simulate(args) => simulate(args),

@@ -83,7 +83,17 @@ pub fn run(command: PromisesCommand) -> ExitCode {
             q.state = a.state;
             q.after = a.after;
             let out = open(&a.common).and_then(|s| s.search(&q, now_millis()));
-            (a.common, out.map(Shown::Many))
+            let limit = a.limit;
+            (
+                a.common,
+                out.map(|ps| {
+                    // A full page may not be all: say where the next starts.
+                    let more_after = (ps.len() >= limit)
+                        .then(|| ps.last().map(|p| p.id.clone()))
+                        .flatten();
+                    Shown::Many(ps, more_after)
+                }),
+            )
         }
         PromisesCommand::Get(a) => {
             let out = open(&a.common).and_then(|s| s.get(&a.id, now_millis()));
@@ -94,6 +104,25 @@ pub fn run(command: PromisesCommand) -> ExitCode {
         PromisesCommand::Cancel(a) => complete(a, Completion::Cancel),
     };
     match outcome {
+        // Nothing was written and the promise is not in the state asked
+        // for (it timed out first, or this key settled it another way):
+        // a script must not read that as done.
+        Ok(Shown::Completed(p, completion, _)) if p.state != completion.state() => {
+            let message = format!(
+                "promise {} is already {}: not {}",
+                printable(&p.id),
+                p.state,
+                completion.state()
+            );
+            if common.json {
+                println!(
+                    "{}",
+                    json!({ "error": { "code": "AlreadySettled", "message": message } })
+                );
+            }
+            eprintln!("askpool promises: {message}");
+            ExitCode::FAILURE
+        }
         Ok(shown) => {
             if common.json {
                 println!("{}", shown.json());
@@ -119,7 +148,10 @@ fn complete(a: CompleteArgs, completion: Completion) -> (Common, Result<Shown, P
     let mut req = CompleteRequest::new(a.id, completion).value(a.value.into_bytes());
     req.key = a.key;
     let out = open(&a.common).and_then(|s| s.complete(&req, now_millis()));
-    (a.common, out.map(|c| Shown::One(c.promise)))
+    (
+        a.common,
+        out.map(|c| Shown::Completed(c.promise, completion, c.replayed)),
+    )
 }
 
 /// Opens an existing store of this build's schema: inspection never
@@ -131,21 +163,33 @@ fn open(common: &Common) -> Result<SqliteStore, PromiseError> {
 
 enum Shown {
     One(Promise),
-    Many(Vec<Promise>),
+    /// A page of a list, and the id to list after for the next page if the
+    /// page is full.
+    Many(Vec<Promise>, Option<String>),
+    /// What a completion left, and whether it was replayed: settled before
+    /// (by a completion with the same idempotency key, or timed out), so
+    /// nothing was written and the promise is shown as stored, which may
+    /// differ from this command's value.
+    Completed(Promise, Completion, bool),
 }
 
 impl Shown {
     fn json(&self) -> Value {
         match self {
             Shown::One(p) => promise_json(p),
-            Shown::Many(ps) => Value::Array(ps.iter().map(promise_json).collect()),
+            Shown::Many(ps, _) => Value::Array(ps.iter().map(promise_json).collect()),
+            Shown::Completed(p, _, replayed) => {
+                let mut json = promise_json(p);
+                json["replayed"] = Value::Bool(*replayed);
+                json
+            }
         }
     }
 
     fn table(&self) -> String {
         let rows: &[Promise] = match self {
-            Shown::One(p) => std::slice::from_ref(p),
-            Shown::Many(ps) => ps,
+            Shown::One(p) | Shown::Completed(p, _, _) => std::slice::from_ref(p),
+            Shown::Many(ps, _) => ps,
         };
         let header = [
             "ID", "STATE", "CREATED", "SETTLED", "TIMEOUT", "PARAM", "VALUE",
@@ -153,7 +197,7 @@ impl Shown {
         let mut cells: Vec<[String; 7]> = vec![header.map(String::from)];
         for p in rows {
             cells.push([
-                p.id.clone(),
+                printable(&p.id),
                 p.state.to_string(),
                 utc(p.created_at),
                 p.settled_at.map(utc).unwrap_or_else(|| "-".into()),
@@ -188,8 +232,32 @@ impl Shown {
             rows.len(),
             if rows.len() == 1 { "" } else { "s" }
         ));
+        match self {
+            Shown::Many(_, Some(last)) => out.push_str(&format!(
+                "(a full page: the next one starts with --after {})\n",
+                printable(last)
+            )),
+            Shown::Completed(_, _, true) => out.push_str(
+                "(replayed: a completion with this key settled it before; nothing was written)\n",
+            ),
+            _ => {}
+        }
         out
     }
+}
+
+/// `s` with its control characters escaped (`\n`, `\u{1b}`): an id may hold
+/// any but NUL, and one must not split a row or drive the terminal.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A payload as text if it is printable UTF-8, else as `0x` hex.

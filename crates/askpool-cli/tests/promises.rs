@@ -150,3 +150,128 @@ fn bad_input_fails_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(2), "clap rejects the state");
     assert!(text(&out.stderr).contains("unknown promise state"));
 }
+
+/// A completion that wrote nothing says so: a replay of the same key shows
+/// `replayed`, and one whose promise is in another state than asked for
+/// (timed out first, or settled another way under this key) fails.
+#[test]
+fn a_completion_that_changed_nothing_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seeded(dir.path());
+    let resolve = |value: &str| {
+        askpool(&[
+            "promises", "resolve", "order-1", "--db", &db, "--value", value, "--key", "k", "--json",
+        ])
+    };
+    let first: Value = serde_json::from_slice(&resolve("one").stdout).unwrap();
+    assert_eq!(first["replayed"], false);
+    let again = resolve("two");
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let again: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(
+        (again["replayed"].as_bool(), again["value"].as_str()),
+        (Some(true), Some("one"))
+    );
+    let table = askpool(&["promises", "resolve", "order-1", "--db", &db, "--key", "k"]);
+    assert!(
+        text(&table.stdout).contains("replayed"),
+        "{}",
+        text(&table.stdout)
+    );
+    let other = askpool(&["promises", "reject", "order-1", "--db", &db, "--key", "k"]);
+    assert_eq!(other.status.code(), Some(1));
+    assert!(
+        text(&other.stderr).contains("order-1 is already resolved: not rejected"),
+        "{}",
+        text(&other.stderr)
+    );
+    // Timed out before the completion came.
+    let store = SqliteStore::open(Path::new(&db)).unwrap();
+    let now = now_millis();
+    store
+        .create(&CreateRequest::new("late", now + 1), now)
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let out = askpool(&["promises", "resolve", "late", "--db", &db, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already timedout"),
+        "{err}"
+    );
+}
+
+/// Ids are shown with their control characters escaped, a full page says
+/// where the next starts, a path starting with `file:` is that file (not a
+/// URI), and output cut short by the reader ends quietly.
+#[test]
+fn listing_is_safe_to_read_and_to_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seeded(dir.path());
+    let store = SqliteStore::open(Path::new(&db)).unwrap();
+    let now = now_millis();
+    store
+        .create(&CreateRequest::new("x\ny\u{1b}[2J", now + 3_600_000), now)
+        .unwrap();
+    let out = askpool(&["promises", "list", "--db", &db]);
+    let table = text(&out.stdout);
+    assert!(table.contains("x\\ny\\u{1b}[2J"), "{table}");
+    assert_eq!(table.lines().count(), 1 + 4 + 1, "{table}");
+    let out = askpool(&["promises", "list", "--db", &db, "--limit", "2"]);
+    assert!(
+        text(&out.stdout).contains("the next one starts with --after order-1"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // `file:u.db` in the working folder, beside a `u.db` that is another store.
+    SqliteStore::open(dir.path().join("u.db")).unwrap();
+    std::fs::copy(&db, dir.path().join("file:u.db")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_askpool"))
+        .args(["promises", "get", "order-1", "--db", "file:u.db"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Enough output to fill the pipe; the reader stops after a few bytes.
+    let big = dir.path().join("big.db");
+    let store = SqliteStore::open(&big).unwrap();
+    for i in 0..400 {
+        let param = vec![b'a'; 400];
+        store
+            .create(
+                &CreateRequest::new(format!("p{i:04}"), now + 3_600_000).param(param),
+                now,
+            )
+            .unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_askpool"))
+        .args([
+            "promises",
+            "list",
+            "--db",
+            big.to_str().unwrap(),
+            "--limit",
+            "1000",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut head = [0u8; 16];
+    std::io::Read::read_exact(&mut stdout, &mut head).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_ne!(out.status.code(), Some(101));
+}

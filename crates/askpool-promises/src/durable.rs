@@ -423,10 +423,24 @@ fn outcome_of<R: Durable>(p: &Promise) -> Result<R, AskError> {
         }
         State::Rejected => Err(decode_error(value)),
         State::Canceled => Err(AskError::FailedPrecondition {
-            message: format!("durable ask {} was canceled", p.id),
+            message: format!(
+                "durable ask {} was canceled{}",
+                p.id,
+                settled_by_hand(value)
+            ),
         }),
         State::TimedOut => Err(AskError::DeadlineExceeded),
         State::Pending => Err(AskError::internal("outcome of a pending promise")),
+    }
+}
+
+/// The value a promise was settled with by hand, for an error's message:
+/// `": TEXT"` for printable UTF-8, its size for other bytes, nothing if empty.
+fn settled_by_hand(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        _ if value.is_empty() => String::new(),
+        Ok(text) if !text.chars().any(char::is_control) => format!(": {text}"),
+        _ => format!(" (a value of {} bytes)", value.len()),
     }
 }
 
@@ -452,9 +466,16 @@ fn encode_error(e: &AskError) -> Vec<u8> {
 /// handler may raise (`ValidationError`, `PermissionDenied`, ...: the same
 /// exception class in every binding as when first raised), or a value that
 /// cannot be stored or read, comes back as it was; any other code as
-/// `FailedPrecondition` naming it.
+/// `FailedPrecondition` naming it. A value that is no stored error (a
+/// promise rejected by hand: `askpool promises reject ID --value TEXT`, a
+/// store's `reject`) is `FailedPrecondition` carrying its text.
 fn decode_error(bytes: &[u8]) -> AskError {
     let v: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_default();
+    if !v.get("code").is_some_and(serde_json::Value::is_string) {
+        return AskError::FailedPrecondition {
+            message: format!("durable ask rejected{}", settled_by_hand(bytes)),
+        };
+    }
     let s = |k: &str| {
         v.get(k)
             .and_then(|x| x.as_str())

@@ -578,6 +578,59 @@ async fn a_promise_settled_elsewhere_first_is_the_asks_outcome() {
     assert_eq!(first, later, "the ask and a later await read one outcome");
 }
 
+/// A promise rejected or canceled by hand (`askpool promises reject ID
+/// --value TEXT`) holds the text, not a stored error: the ask's caller
+/// reads the text in its `FailedPrecondition` (it read an empty code and
+/// message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_by_hand_reaches_the_caller_with_its_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let node = N::new();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Arc::clone(&gate);
+    node.pool("gated")
+        .handler(move |m: String, _ctx| {
+            let gate = Arc::clone(&held);
+            async move {
+                let _pass = gate.acquire().await;
+                Ok(m)
+            }
+        })
+        .unwrap();
+    let store = promises(&path);
+    let by_hand = promises(&path);
+    // Settled by hand while the handler runs; the handler then finishes.
+    let settle = |how: &str, value: &[u8]| {
+        let ask = node.ask_durable(&store, "gated", "hi".into()).unwrap();
+        let id = ask.id().to_owned();
+        match how {
+            "reject" => by_hand.reject(&id, value.to_vec(), None).unwrap(),
+            _ => by_hand.cancel(&id, value.to_vec(), None).unwrap(),
+        };
+        gate.add_permits(1);
+        (ask, id)
+    };
+    let message = |outcome: Result<String, AskError>| match outcome {
+        Err(AskError::FailedPrecondition { message }) => message,
+        other => panic!("{other:?}"),
+    };
+    let (ask, _) = settle("reject", b"out of stock");
+    assert_eq!(message(ask.await), "durable ask rejected: out of stock");
+    let (ask, _) = settle("reject", &[0xff, 0, 1]);
+    assert_eq!(
+        message(ask.await),
+        "durable ask rejected (a value of 3 bytes)"
+    );
+    let (ask, _) = settle("reject", b"");
+    assert_eq!(message(ask.await), "durable ask rejected");
+    let (ask, id) = settle("cancel", b"customer left");
+    assert_eq!(
+        message(ask.await),
+        format!("durable ask {id} was canceled: customer left")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweeper_with_a_zero_period_sweeps_instead_of_panicking() {
     use askpool_promises::{CreateRequest, MemoryStore};

@@ -82,6 +82,18 @@ pub struct SqliteStore {
     inner: Mutex<Inner>,
 }
 
+/// `path` as SQLite must be given it to open that very file. The bundled
+/// SQLite reads a name starting with `file:` as a URI whatever the open
+/// flags say (it is built with `SQLITE_USE_URI`): `file:u.db` would open
+/// `u.db`. A relative path is made to start with `./`, which no URI does.
+fn literal(path: &Path) -> PathBuf {
+    if path.is_relative() && path.as_os_str().as_encoded_bytes().starts_with(b"file:") {
+        Path::new(".").join(path)
+    } else {
+        path.to_owned()
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the store in the file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -114,7 +126,7 @@ impl SqliteStore {
                 )));
             }
         }
-        let mut conn = Connection::open(&path).map_err(|e| map_err(&path, e))?;
+        let mut conn = Connection::open(literal(&path)).map_err(|e| map_err(&path, e))?;
         conn.busy_timeout(options.busy_timeout)
             .map_err(|e| map_err(&path, e))?;
         schema::prepare(&mut conn, &path, options.busy_timeout)?;
@@ -131,6 +143,12 @@ impl SqliteStore {
 
     pub fn open_existing_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
         let path = path.as_ref().to_owned();
+        if path.is_dir() {
+            return Err(PromiseError::invalid(format!(
+                "{} is a directory, not a store file",
+                path.display()
+            )));
+        }
         if !path.is_file() {
             return Err(PromiseError::invalid(format!(
                 "no database file at {}",
@@ -138,7 +156,7 @@ impl SqliteStore {
             )));
         }
         let conn = Connection::open_with_flags(
-            &path,
+            literal(&path),
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| map_err(&path, e))?;
