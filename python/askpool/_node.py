@@ -137,8 +137,8 @@ class _LoopCloser:
         self._driver = driver
         # Kept for `shutdown_asyncgens()`, which finds it by a weak reference.
         self._end = end
-        #: The pools whose workers run on the loop.
-        self.pools: list[_native.NativePool] = []
+        #: The open pools whose workers run on the loop (a closed pool leaves).
+        self.pools: set[_native.NativePool] = set()
 
     def __del__(self) -> None:
         try:
@@ -339,6 +339,8 @@ class Pool:
         self.reply_cache = reply_cache
         self.reply_ttl = reply_ttl
         self._native: Optional[_native.NativePool] = None
+        #: The task that closes the pool when its loop shuts down, and the loop.
+        self._keeper: Optional[tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]] = None
 
     def handler(self, fn: H) -> H:
         """Registers ``async def fn(msg, ctx)`` (or an object with an
@@ -371,12 +373,14 @@ class Pool:
         # for workers that will never run again and timing out.
         closer = _closers[loop]()
         if closer is not None:
-            closer.pools.append(self._native)
+            closer.pools.add(self._native)
         keeper = loop.create_task(_close_with_loop(self._native), name=f"askpool pool {self.name!r}")
         # A loop closed without cancelling its tasks (run_forever, then
         # close) drops this one pending, which closes the pool all the same
         # (its `finally`): nothing to warn about.
         setattr(keeper, "_log_destroy_pending", False)
+        self._keeper = (loop, keeper)
+        self._node._pools.add(self)
         return fn
 
     def close(self) -> None:
@@ -384,6 +388,28 @@ class Pool:
         cancelled."""
         if self._native is not None:
             self._native.close()
+            self._release()
+
+    def _release(self) -> None:
+        """Lets go of the closed pool: its loop's keeper task and closer
+        held it (and through it its node and reply cache, about 1 MiB) for
+        as long as the loop lived, however many pools were closed on it."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is None or self._native is None:
+            return
+        self._node._pools.discard(self)
+        loop, task = keeper
+        closer = _closers.get(loop)
+        alive = closer() if closer is not None else None
+        if alive is not None:
+            alive.pools.discard(self._native)
+        if asyncio._get_running_loop() is loop:
+            task.cancel()
+        elif not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass  # closed meanwhile: the task went with it
 
     def stats(self) -> PoolStats:
         """A snapshot of the pool's counters (requests in flight and queued,
@@ -428,6 +454,8 @@ class Node:
             default_timeout, dlq_capacity, track_stages, circuit_breaker, max_payload_bytes
         )
         self.promises = promises
+        #: Its open pools that have a handler (closed with the node).
+        self._pools: set[Pool] = set()
         # The loop of the last call and its driver, as one tuple: read (and
         # replaced) in one step, so a thread switch can never pair one
         # thread's loop with another loop's driver.
@@ -452,6 +480,8 @@ class Node:
         and tells fail at once with ``UnavailableError``. Idempotent; leaving
         ``async with`` calls it."""
         self._native.shutdown()
+        for pool in list(self._pools):
+            pool._release()
 
     @property
     def closed(self) -> bool:
