@@ -388,6 +388,14 @@ impl NativeNode {
 static NODES: LazyLock<ArcSwap<FxHashMap<i64, Arc<NativeNode>>>> = LazyLock::new(ArcSwap::default);
 static NEXT_NODE: AtomicI64 = AtomicI64::new(1);
 
+/// Native nodes not shut down yet, in the process: for leak tests and
+/// diagnostics (a node dropped without `close` is shut down by the
+/// collector, through the Kotlin node's cleaner).
+#[uniffi::export]
+pub fn live_native_nodes() -> u64 {
+    NODES.load().len() as u64
+}
+
 /// The runtime's default of [`NodeOptions::max_payload_bytes`] (16 MiB), so
 /// that the Kotlin default is the runtime's.
 #[uniffi::export]

@@ -3,6 +3,7 @@ package askpool
 import askpool.ffi.Stage
 import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
+import kotlinx.coroutines.channels.BufferOverflow
 import kotlinx.coroutines.channels.Channel
 import kotlinx.coroutines.flow.Flow
 import kotlinx.coroutines.flow.emitAll
@@ -21,6 +22,9 @@ data class StageEvent(
     val note: String?,
 )
 
+/** Stage events an ask keeps for a collector that is not reading, as the core does. */
+internal const val MAX_UNREAD_STAGE_EVENTS = 64
+
 /** An ask in flight, from [Node.send]. */
 class AskHandle internal constructor(private val node: Node) : Completion {
     internal var token = 0L
@@ -30,7 +34,12 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         internal set
 
     private val result = CompletableDeferred<Any?>()
-    private val stageEvents = Channel<StageEvent>(Channel.UNLIMITED)
+    // Bounded as the core bounds a stream nobody reads (64 events, the
+    // oldest dropped first): the events are pushed here as they happen, so
+    // an unbounded channel grew with every progress report of a long
+    // handler whose caller never collects `stages`. The terminal event,
+    // the newest, is always kept.
+    private val stageEvents = Channel<StageEvent>(MAX_UNREAD_STAGE_EVENTS, BufferOverflow.DROP_OLDEST)
 
     private val stagesTaken = AtomicBoolean()
 

@@ -42,6 +42,15 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     )
     private val id = native.id()
 
+    /**
+     * Shuts the native node down once this node is unreachable and was not
+     * [close]d: the native side keeps every open node in a table (its hot
+     * path looks nodes up by id), so a node dropped without `close` was
+     * never freed. A node with a pool stays reachable through the pool's
+     * handler, which the native side holds, so only idle nodes are cleaned.
+     */
+    private val cleanup = CLEANER.register(this, NativeShutdown(native))
+
     init {
         Hot.start()
     }
@@ -299,7 +308,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     }
 
     private fun shutDown() {
-        native.shutdown()
+        cleanup.clean() // native.shutdown(), once
         pools.values.forEach {
             Pool.forget(it)
             it.cancelAll()
@@ -313,8 +322,17 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         HandleTable.drainQuietly()
     }
 
+    /** Holds the native node, never the [Node]: a cleaning action must not reach its object. */
+    private class NativeShutdown(private val native: NativeNode) : Runnable {
+        override fun run() {
+            runCatching { native.shutdown() }
+        }
+    }
+
     internal companion object {
         const val DRAIN_BATCH = 256L
+
+        private val CLEANER: java.lang.ref.Cleaner = java.lang.ref.Cleaner.create()
 
         fun payloadOf(msg: Any?): Payload =
             if (msg is ByteArray) Payload.Bytes(msg) else Payload.Host(HandleTable.put(msg))

@@ -271,6 +271,44 @@ class AdversarialTest {
     }
 
     @Test
+    fun `nodes dropped without close are shut down once collected`() {
+        val before = askpool.ffi.liveNativeNodes()
+        repeat(2_000) { Node() }
+        val until = System.nanoTime() + 20_000_000_000L
+        while (askpool.ffi.liveNativeNodes() > before && System.nanoTime() < until) {
+            System.gc()
+            Thread.sleep(20)
+        }
+        assertTrue(askpool.ffi.liveNativeNodes() <= before, "live: ${askpool.ffi.liveNativeNodes()}, before: $before")
+        // A closed node leaves at once, and its cleaner has nothing left to do.
+        val closed = Node()
+        assertEquals(before + 1uL, askpool.ffi.liveNativeNodes())
+        closed.close()
+        assertEquals(before, askpool.ffi.liveNativeNodes())
+    }
+
+    @Test
+    fun `stages nobody collects keep the newest 64 events, the terminal one last`() = runBlocking {
+        Node().use { node ->
+            node.pool("chatty") { m, ctx ->
+                repeat(20_000) { i -> ctx.progress(i / 20_000f, "step $i") }
+                m
+            }
+            val handle = node.send("chatty", "x")
+            assertEquals("x", handle.await())
+            // The events reach the handle on the runtime's threads: let the
+            // last ones arrive before reading what was kept.
+            delay(500)
+            val events = withTimeout(5_000) { handle.stages.toList() }
+            assertTrue(events.size <= MAX_UNREAD_STAGE_EVENTS, "kept ${events.size} events")
+            assertEquals("FULFILLED", events.last().stage)
+            assertTrue(events.dropLast(1).all { it.stage == "PARTIAL" }, "the newest kept: $events")
+            settled(node)
+        }
+        noHandles()
+    }
+
+    @Test
     fun `tell with bad args, replay of missing letters`() = runBlocking {
         Node(NodeOptions(maxPayloadBytes = 4)).use { node ->
             node.pool("echo") { m, _ -> m }
