@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use askpool::{AskError, ErrorClass, ErrorCode, Node, RequestId};
 
 use crate::error::PromiseError;
-use crate::facade::DurablePromises;
+use crate::facade::{Claim, DurablePromises};
 use crate::model::{Completion, CreateRequest, Millis, Promise, State};
 use crate::rules::MAX_VALUE_BYTES;
 use crate::store::Store;
@@ -249,26 +249,62 @@ where
         Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
     };
     let size = promise.param.len();
-    let run = ask_and_record(node.clone(), promises.clone(), id, pool, msg, size);
-    // The ask runs to its end on the runtime whether or not the handle is
-    // still awaited: a caller that stops waiting (a timeout around the
-    // handle, a cancelled task) must not cancel the ask, or the pool would
+    let ask = DurableAskOf {
+        node: node.clone(),
+        promises: promises.clone(),
+        id,
+        pool,
+        msg,
+        size,
+    };
+    // The first await of an id (a new durable ask, a restarted caller's)
+    // runs on the runtime whether or not its handle is still awaited: a
+    // caller that stops waiting (a timeout around the handle, a cancelled
+    // task), or never awaits, must not cancel the ask, or the pool would
     // drop the reply for a cancelled request and the promise would stay
     // pending, answered `AskCancelled` and later asked (and run) again.
-    let inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>> =
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let task = runtime.spawn(run);
-                Box::pin(async move {
-                    task.await.unwrap_or_else(|e| {
-                        Err(AskError::internal(format!("durable ask task failed: {e}")))
-                    })
-                })
-            }
-            // Outside a runtime the handle drives the ask, as any ask.
-            Err(_) => Box::pin(run),
-        };
+    // An await of an id already being asked through these promises only
+    // waits, in its handle: a caller retrying `await_durable` with short
+    // timeouts left a task per call behind, polling the store until the
+    // promise settled (an hour by default). If it gets to ask after all
+    // (the other ask ended without an outcome), the ask itself is
+    // detached as the first one is.
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    let inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>> = match runtime {
+        Some(runtime) if !promises.is_claimed(&key) => {
+            let task = runtime.spawn(ask_and_record(ask, Detached::Already));
+            Box::pin(async move { joined(task.await) })
+        }
+        Some(_) => Box::pin(ask_and_record(ask, Detached::OnAsk)),
+        // Outside a runtime the handle drives the ask, as any ask.
+        None => Box::pin(ask_and_record(ask, Detached::Never)),
+    };
     DurableHandle { id: key, inner }
+}
+
+/// Everything a durable ask needs to ask (again).
+struct DurableAskOf<M, R> {
+    node: Node<M, R>,
+    promises: DurablePromises,
+    id: RequestId,
+    pool: String,
+    msg: M,
+    size: usize,
+}
+
+/// Where [`ask_and_record`] runs its ask.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Detached {
+    /// It runs in a task of its own already.
+    Already,
+    /// In its caller's handle: the ask goes to a task of its own.
+    OnAsk,
+    /// No runtime: the handle drives everything.
+    Never,
+}
+
+fn joined<R>(joined: Result<Result<R, AskError>, tokio::task::JoinError>) -> Result<R, AskError> {
+    joined.unwrap_or_else(|e| Err(AskError::internal(format!("durable ask task failed: {e}"))))
 }
 
 /// Asks `msg` under the durable ask's id and records the outcome. One ask
@@ -278,60 +314,89 @@ where
 /// and asks itself only if that ended without one (a transient failure).
 /// A second ask of the id would be refused as already pending, and that
 /// refusal is no outcome to record.
-async fn ask_and_record<M, R>(
-    node: Node<M, R>,
-    promises: DurablePromises,
-    id: RequestId,
-    pool: String,
-    msg: M,
-    size: usize,
-) -> Result<R, AskError>
+async fn ask_and_record<M, R>(ask: DurableAskOf<M, R>, detached: Detached) -> Result<R, AskError>
 where
     M: Durable + Clone + Send + 'static,
     R: Durable + Clone + Send + 'static,
 {
-    let key = id.to_string();
+    let key = ask.id.to_string();
     loop {
         // Held until the outcome is recorded: a waiter that sees it
         // released finds the promise settled (or asks, after a failure
         // that left it pending).
-        if let Some(_claim) = promises.claim(&key) {
-            if !node.is_pending(id) {
-                let p = promises.store().get(&key, now_millis())?;
+        if let Some(claim) = ask.promises.claim(&key) {
+            if !ask.node.is_pending(ask.id) {
+                let p = ask.promises.store().get(&key, now_millis())?;
                 if p.state.is_settled() {
                     return outcome_of(&p);
                 }
-                // The ask may take as long as its promise stays pending
-                // (see `DurablePromises::ask_timeout`): a handler slower
-                // than the node's default timeout would otherwise be
-                // cancelled and asked again, its work lost.
-                let pending_for = Duration::from_millis(p.timeout_at.saturating_sub(now_millis()));
-                let wait = promises
-                    .ask_timeout
-                    .map_or(pending_for, |bound| bound.min(pending_for))
-                    .max(Duration::from_millis(1));
-                let outcome = node
-                    .ask(pool.clone(), msg.clone())
-                    .request_id(id)
-                    .timeout(wait)
-                    .payload_size(size)
-                    .on_replay_outcome(recorder(&promises, &key))
-                    .await;
-                // Refused as pending after all (an ask of the id not made
-                // through these promises started meanwhile): wait for it.
-                if !(matches!(outcome, Err(AskError::InvalidArgument { .. }))
-                    && node.is_pending(id))
-                {
-                    return record(&promises, &key, outcome);
+                let once = ask_once(ask.share(), key.clone(), p.timeout_at, claim);
+                let asked = match detached {
+                    Detached::OnAsk => joined(tokio::spawn(once).await),
+                    Detached::Already | Detached::Never => once.await,
+                };
+                // `None`: refused as pending after all (an ask of the id not
+                // made through these promises started meanwhile): wait for it.
+                if let Some(outcome) = asked.transpose() {
+                    return outcome;
                 }
             }
         }
-        promises.next_completion_or_poll().await;
-        let p = promises.store().get(&key, now_millis())?;
+        ask.promises.next_completion_or_poll().await;
+        let p = ask.promises.store().get(&key, now_millis())?;
         if p.state.is_settled() {
             return outcome_of(&p);
         }
     }
+}
+
+impl<M: Clone, R> DurableAskOf<M, R> {
+    fn share(&self) -> Self {
+        Self {
+            node: self.node.clone(),
+            promises: self.promises.clone(),
+            id: self.id,
+            pool: self.pool.clone(),
+            msg: self.msg.clone(),
+            size: self.size,
+        }
+    }
+}
+
+/// One ask of the id, recorded, while `_claim` is held; `Ok(None)` if the
+/// node refused it as already pending (nothing to record).
+async fn ask_once<M, R>(
+    ask: DurableAskOf<M, R>,
+    key: String,
+    timeout_at: u64,
+    _claim: Claim,
+) -> Result<Option<R>, AskError>
+where
+    M: Durable + Clone + Send + 'static,
+    R: Durable + Clone + Send + 'static,
+{
+    // The ask may take as long as its promise stays pending (see
+    // `DurablePromises::ask_timeout`): a handler slower than the node's
+    // default timeout would otherwise be cancelled and asked again, its
+    // work lost.
+    let pending_for = Duration::from_millis(timeout_at.saturating_sub(now_millis()));
+    let wait = ask
+        .promises
+        .ask_timeout
+        .map_or(pending_for, |bound| bound.min(pending_for))
+        .max(Duration::from_millis(1));
+    let outcome = ask
+        .node
+        .ask(ask.pool.clone(), ask.msg)
+        .request_id(ask.id)
+        .timeout(wait)
+        .payload_size(ask.size)
+        .on_replay_outcome(recorder(&ask.promises, &key))
+        .await;
+    if matches!(outcome, Err(AskError::InvalidArgument { .. })) && ask.node.is_pending(ask.id) {
+        return Ok(None);
+    }
+    record(&ask.promises, &key, outcome).map(Some)
 }
 
 /// What a replay of the ask's dead letter got (whoever replays it: the

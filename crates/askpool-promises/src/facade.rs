@@ -148,6 +148,11 @@ impl DurablePromises {
         let _ = tokio::time::timeout(poll, self.settled.notified()).await;
     }
 
+    /// Whether someone holds the right to ask durable ask `id`.
+    pub(crate) fn is_claimed(&self, id: &str) -> bool {
+        self.asking.lock().contains(id)
+    }
+
     /// The right to ask durable ask `id` while the guard lives; `None` if
     /// someone holds it.
     pub(crate) fn claim(&self, id: &str) -> Option<Claim> {

@@ -588,12 +588,15 @@ async fn a_rejection_by_hand_reaches_the_caller_with_its_text() {
     let path = dir.path().join("p.db");
     let node = N::new();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let held = Arc::clone(&gate);
+    let started = Arc::new(tokio::sync::Semaphore::new(0));
+    let (held, starts) = (Arc::clone(&gate), Arc::clone(&started));
     node.pool("gated")
         .handler(move |m: String, _ctx| {
-            let gate = Arc::clone(&held);
+            let (gate, starts) = (Arc::clone(&held), Arc::clone(&starts));
             async move {
-                let _pass = gate.acquire().await;
+                starts.add_permits(1);
+                // One permit per run: not given back for the next ask.
+                gate.acquire().await.unwrap().forget();
                 Ok(m)
             }
         })
@@ -601,9 +604,10 @@ async fn a_rejection_by_hand_reaches_the_caller_with_its_text() {
     let store = promises(&path);
     let by_hand = promises(&path);
     // Settled by hand while the handler runs; the handler then finishes.
-    let settle = |how: &str, value: &[u8]| {
+    let settle = async |how: &str, value: &[u8]| {
         let ask = node.ask_durable(&store, "gated", "hi".into()).unwrap();
         let id = ask.id().to_owned();
+        started.acquire().await.unwrap().forget();
         match how {
             "reject" => by_hand.reject(&id, value.to_vec(), None).unwrap(),
             _ => by_hand.cancel(&id, value.to_vec(), None).unwrap(),
@@ -615,20 +619,61 @@ async fn a_rejection_by_hand_reaches_the_caller_with_its_text() {
         Err(AskError::FailedPrecondition { message }) => message,
         other => panic!("{other:?}"),
     };
-    let (ask, _) = settle("reject", b"out of stock");
+    let (ask, _) = settle("reject", b"out of stock").await;
     assert_eq!(message(ask.await), "durable ask rejected: out of stock");
-    let (ask, _) = settle("reject", &[0xff, 0, 1]);
+    let (ask, _) = settle("reject", &[0xff, 0, 1]).await;
     assert_eq!(
         message(ask.await),
         "durable ask rejected (a value of 3 bytes)"
     );
-    let (ask, _) = settle("reject", b"");
+    let (ask, _) = settle("reject", b"").await;
     assert_eq!(message(ask.await), "durable ask rejected");
-    let (ask, id) = settle("cancel", b"customer left");
+    let (ask, id) = settle("cancel", b"customer left").await;
     assert_eq!(
         message(ask.await),
         format!("durable ask {id} was canceled: customer left")
     );
+}
+
+/// A caller that awaits a durable ask already in flight with a short
+/// timeout, again and again, leaves nothing behind: each such await only
+/// waits, in its handle (each left a task polling the store until the
+/// promise settled). The first ask still runs when its handle is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_awaits_of_a_pending_durable_ask_leave_no_tasks() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let node = N::new();
+    let held = Arc::clone(&gate);
+    node.pool("slow")
+        .handler(move |msg: String, _ctx| {
+            let gate = Arc::clone(&held);
+            async move {
+                let _pass = gate.acquire().await;
+                Ok(msg.to_uppercase())
+            }
+        })
+        .unwrap();
+    let promises = DurablePromises::in_memory();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let first = node.ask_durable(&promises, "slow", "hi".into()).unwrap();
+    let id = first.id().to_owned();
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let tasks = metrics.num_alive_tasks();
+    for _ in 0..1_000 {
+        let again = node.await_durable(&promises, &id).unwrap();
+        let _ = tokio::time::timeout(Duration::from_millis(1), again).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        metrics.num_alive_tasks() <= tasks,
+        "{} tasks, {tasks} before",
+        metrics.num_alive_tasks()
+    );
+    // The dropped first ask was made, and its outcome recorded.
+    gate.add_permits(1);
+    let outcome = node.await_durable(&promises, &id).unwrap().await;
+    assert_eq!(outcome, Ok("HI".to_string()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
