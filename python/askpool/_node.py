@@ -142,7 +142,8 @@ class _LoopCloser:
 
     def __del__(self) -> None:
         try:
-            for pool in self.pools:
+            # A copy: another thread's Pool.close() may leave the set now.
+            for pool in list(self.pools):
                 pool.close()
             loop = self._loop()
             if loop is not None and loop.is_closed():
@@ -295,7 +296,7 @@ class DurableHandle(asyncio.Future[Any]):
     id: str
 
 
-async def _close_with_loop(pool: _native.NativePool) -> None:
+async def _close_with_loop(pool: Pool, native: _native.NativePool) -> None:
     """Waits for its loop's shutdown, then closes the pool."""
     loop = asyncio.get_running_loop()
     try:
@@ -303,7 +304,8 @@ async def _close_with_loop(pool: _native.NativePool) -> None:
         # stays reachable (and uncollected) for as long as the loop lives.
         await asyncio.sleep(_FOREVER)
     finally:
-        pool.close()
+        native.close()
+        pool._forget()
         if loop.is_closed():
             # Closed without cancelling its tasks: handlers left running
             # on it would hold their requests for good.
@@ -374,7 +376,9 @@ class Pool:
         closer = _closers[loop]()
         if closer is not None:
             closer.pools.add(self._native)
-        keeper = loop.create_task(_close_with_loop(self._native), name=f"askpool pool {self.name!r}")
+        keeper = loop.create_task(
+            _close_with_loop(self, self._native), name=f"askpool pool {self.name!r}"
+        )
         # A loop closed without cancelling its tasks (run_forever, then
         # close) drops this one pending, which closes the pool all the same
         # (its `finally`): nothing to warn about.
@@ -390,19 +394,27 @@ class Pool:
             self._native.close()
             self._release()
 
+    def _forget(self) -> Optional[tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]]:
+        """Drops what held the closed pool (its node's and its loop's
+        records); returns its keeper if it still had one."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is None or self._native is None:
+            return None
+        self._node._pools.discard(self)
+        closer = _closers.get(keeper[0])
+        alive = closer() if closer is not None else None
+        if alive is not None:
+            alive.pools.discard(self._native)
+        return keeper
+
     def _release(self) -> None:
         """Lets go of the closed pool: its loop's keeper task and closer
         held it (and through it its node and reply cache, about 1 MiB) for
         as long as the loop lived, however many pools were closed on it."""
-        keeper, self._keeper = self._keeper, None
-        if keeper is None or self._native is None:
+        keeper = self._forget()
+        if keeper is None:
             return
-        self._node._pools.discard(self)
         loop, task = keeper
-        closer = _closers.get(loop)
-        alive = closer() if closer is not None else None
-        if alive is not None:
-            alive.pools.discard(self._native)
         if asyncio._get_running_loop() is loop:
             task.cancel()
         elif not loop.is_closed():

@@ -233,10 +233,13 @@ impl Shown {
             if rows.len() == 1 { "" } else { "s" }
         ));
         match self {
-            Shown::Many(_, Some(last)) => out.push_str(&format!(
-                "(a full page: the next one starts with --after {})\n",
-                printable(last)
+            // An escaped id is not the id `--after` must be given.
+            Shown::Many(_, Some(last)) if printable(last) == *last => out.push_str(&format!(
+                "(a full page: the next one starts with --after {last})\n"
             )),
+            Shown::Many(_, Some(_)) => out.push_str(
+                "(a full page: the next one starts with --after the last id, as --json shows it)\n",
+            ),
             Shown::Completed(_, _, true) => out.push_str(
                 "(replayed: a completion with this key settled it before; nothing was written)\n",
             ),
@@ -246,12 +249,13 @@ impl Shown {
     }
 }
 
-/// `s` with its control characters escaped (`\n`, `\u{1b}`): an id may hold
-/// any but NUL, and one must not split a row or drive the terminal.
+/// `s` with its control characters and backslashes escaped (`\n`,
+/// `\u{1b}`, `\\`): an id may hold any but NUL, and one must not split a
+/// row or drive the terminal, nor read as another id.
 fn printable(s: &str) -> String {
     s.chars()
         .map(|c| {
-            if c.is_control() {
+            if c.is_control() || c == '\\' {
                 c.escape_default().to_string()
             } else {
                 c.to_string()

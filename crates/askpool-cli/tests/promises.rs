@@ -220,6 +220,13 @@ fn listing_is_safe_to_read_and_to_pipe() {
     let table = text(&out.stdout);
     assert!(table.contains("x\\ny\\u{1b}[2J"), "{table}");
     assert_eq!(table.lines().count(), 1 + 4 + 1, "{table}");
+    // A page ending on an id that needed escaping names no --after.
+    let out = askpool(&["promises", "list", "--db", &db, "--limit", "4"]);
+    assert!(
+        text(&out.stdout).contains("--after the last id, as --json shows it"),
+        "{}",
+        text(&out.stdout)
+    );
     let out = askpool(&["promises", "list", "--db", &db, "--limit", "2"]);
     assert!(
         text(&out.stdout).contains("the next one starts with --after order-1"),
