@@ -1,6 +1,8 @@
 //! The Node package (`node/`): `cargo xtask node` installs its dev tools
 //! (`npm ci`) and builds the addon with @napi-rs/cli; `cargo xtask test`
-//! then runs its node:test suite. Both skip with a note where Node is absent.
+//! then runs its node:test suite. Both fail where Node is absent, as the
+//! Python and Kotlin tasks do where their tools are: a suite skipped with a
+//! note would let `cargo xtask test` report all green without it.
 
 use std::path::PathBuf;
 
@@ -33,13 +35,16 @@ fn has_program(program: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// Whether node and npm are installed; says so when they are not.
-pub fn available() -> bool {
-    let ok = has_program("node") && has_program(npm());
-    if !ok {
-        eprintln!("\nxtask: skipping the Node package: node/npm not found");
+/// Fails unless node and npm are installed.
+fn require_node() -> Result<(), String> {
+    for program in ["node", npm()] {
+        if !has_program(program) {
+            return Err(format!(
+                "cannot start `{program} --version`: the Node package needs Node 20 and npm"
+            ));
+        }
     }
-    ok
+    Ok(())
 }
 
 /// `npm ci` when `node_modules` is missing or older than the lock file.
@@ -53,28 +58,46 @@ fn install() -> Result<(), String> {
     in_node(npm(), &["ci", "--no-audit", "--no-fund"])
 }
 
-/// Installs the tools and builds the addon (release), then checks that the
-/// committed `native.d.ts` matches what the build generated.
+/// `cargo xtask node`: installs the tools and builds the addon (release),
+/// regenerating `native.d.ts`; fails if that changed it, so that the new
+/// file gets committed.
 pub fn build() -> Result<(), String> {
+    build_checking(Drift::Keep)
+}
+
+/// What to do with a regenerated `native.d.ts` that differs from the
+/// committed one.
+#[derive(PartialEq)]
+enum Drift {
+    /// Keep it (to commit it) and fail.
+    Keep,
+    /// Put the committed one back and fail: the check fails again on the
+    /// next run, instead of passing because the first run rewrote the file.
+    Restore,
+}
+
+fn build_checking(drift: Drift) -> Result<(), String> {
+    require_node()?;
     install()?;
     let dts = dir().join("native.d.ts");
     let before = std::fs::read_to_string(&dts).unwrap_or_default();
     in_node(npm(), &["run", "build"])?;
     let after = std::fs::read_to_string(&dts).map_err(|e| format!("native.d.ts: {e}"))?;
-    if before != after {
+    if before == after {
+        return Ok(());
+    }
+    if drift == Drift::Restore {
+        std::fs::write(&dts, &before).map_err(|e| format!("native.d.ts: {e}"))?;
         return Err(
-            "node/native.d.ts drifted from the addon: the build regenerated it; commit it".into(),
+            "node/native.d.ts drifted from the addon: run `cargo xtask node` and commit it".into(),
         );
     }
-    Ok(())
+    Err("node/native.d.ts drifted from the addon: the build regenerated it; commit it".into())
 }
 
 /// Builds the addon and runs the node:test suite (the leak test included).
 pub fn test() -> Result<(), String> {
-    if !available() {
-        return Ok(());
-    }
-    build()?;
+    build_checking(Drift::Restore)?;
     let mut files: Vec<String> = std::fs::read_dir(dir().join("test"))
         .map_err(|e| format!("node/test: {e}"))?
         .filter_map(|e| e.ok())

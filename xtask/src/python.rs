@@ -10,7 +10,11 @@ use std::time::SystemTime;
 
 use crate::{exec, root};
 
+/// The tools' scripts in the venv, and the versions installed: pinned, so
+/// that a fresh machine runs the checks this tree passes (a new mypy adds
+/// checks; maturin is held where `python/pyproject.toml` holds it).
 const TOOLS: &[&str] = &["maturin", "pytest", "mypy"];
+const PINNED: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "mypy==2.4.1"];
 
 fn venv() -> PathBuf {
     root().join(".venv")
@@ -27,6 +31,18 @@ fn wheels() -> PathBuf {
 /// `.venv` with maturin, pytest and mypy, made or completed as needed.
 fn ensure_venv() -> Result<(), String> {
     let python = venv_bin("python");
+    // A venv whose pip is missing (its creation was interrupted) would fail
+    // every run until deleted by hand: made again instead.
+    let has_pip = || {
+        std::process::Command::new(&python)
+            .args(["-m", "pip", "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if python.exists() && !has_pip() {
+        eprintln!("xtask: .venv has no working pip; making it again");
+        std::fs::remove_dir_all(venv()).map_err(|e| format!(".venv: {e}"))?;
+    }
     if !python.exists() {
         let system = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
         exec(
@@ -46,7 +62,7 @@ fn ensure_venv() -> Result<(), String> {
         "--quiet",
         "--disable-pip-version-check",
     ];
-    args.extend(TOOLS);
+    args.extend(PINNED);
     exec(&python, &args, &root(), &[])
 }
 
