@@ -445,3 +445,38 @@ async fn a_timed_out_asks_letter_replays_once_its_cancel_expired() {
     assert!(node.dead_letter(id).is_none());
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// An ask that timed out at its caller, whose cancel was lost, and that the
+/// pool then cancelled at its processing timeout: the pool did no work, so
+/// its cancel is no late outcome and the dead letter stays, to be replayed.
+#[tokio::test(start_paused = true)]
+async fn a_pools_processing_timeout_after_the_callers_keeps_the_dead_letter() {
+    let tap = Tap::in_process();
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Cancel => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node = Node::with_transport(transport, config(10));
+    node.pool("p")
+        .config(askpool::PoolConfig {
+            processing_timeout: Some(Duration::from_secs(2)),
+            ..askpool::PoolConfig::default()
+        })
+        .handler(|_msg: u64, _ctx| async {
+            std::future::pending::<()>().await;
+            Ok(String::new())
+        })
+        .unwrap();
+    let ask = node.ask("p", 7).timeout(Duration::from_secs(1)).send();
+    let id = ask.request_id();
+    assert_eq!(ask.await.unwrap_err().code(), ErrorCode::AskTimeout);
+    assert!(node.dead_letter(id).is_some());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !tap.delivered(FrameKind::Cancelled).is_empty(),
+        "the pool's processing-timeout cancel reached the caller"
+    );
+    assert_eq!(node.stats().late_outcomes, 0);
+    assert!(node.dead_letter(id).is_some(), "the letter stays");
+}

@@ -177,7 +177,18 @@ async fn unread_stage_events_are_bounded() {
     h.await.unwrap();
     let events = s.collect::<Vec<_>>().await;
     assert_eq!(events.len(), 64, "the oldest unread events were dropped");
-    assert_eq!(events.last().unwrap().stage, AckStage::Fulfilled);
+    use AckStage::*;
+    assert_eq!(
+        stages_of(&events[..3]),
+        vec![Sent, Received, Read],
+        "the lifecycle stages stay; the oldest progress reports went"
+    );
+    assert_eq!(events.last().unwrap().stage, Fulfilled);
+    let last_partial = &events[events.len() - 2];
+    assert_eq!(
+        last_partial.progress.as_ref().unwrap().fraction,
+        499.0 / 500.0
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -259,4 +270,64 @@ async fn a_stage_source_opened_after_the_ask_replays_its_record() {
     );
     assert_eq!(events[3].progress.as_ref().unwrap().note, "half");
     assert_eq!(events[4].since_sent, Duration::from_millis(20));
+}
+
+/// The pool's processing timeout is a timeout (seed 002: TIMED_OUT is
+/// "processing exceeded configured deadline"), though the ask fails
+/// `AskCancelled`; and a request the pool had accepted ends FAILED when its
+/// node shuts down under it, queued or running, as when its pool closes:
+/// REJECTED is a refusal before any processing.
+#[tokio::test(start_paused = true)]
+async fn processing_timeouts_end_timed_out_and_accepted_asks_cut_short_failed() {
+    use AckStage::*;
+    let node = node();
+    node.pool("hung")
+        .config(askpool::PoolConfig {
+            concurrency: 1,
+            processing_timeout: Some(Duration::from_millis(100)),
+            ..askpool::PoolConfig::default()
+        })
+        .handler(|_msg: u64, _ctx| async {
+            std::future::pending::<()>().await;
+            Ok(String::new())
+        })
+        .unwrap();
+    let handle = node.ask("hung", 1).timeout(Duration::from_secs(10)).send();
+    let watcher = tokio::spawn(handle.stages().collect::<Vec<_>>());
+    assert_eq!(
+        handle.await,
+        Err(AskError::AskCancelled {
+            reason: askpool::CancelReason::ProcessingTimeout
+        })
+    );
+    assert_eq!(
+        stages_of(&watcher.await.unwrap()),
+        vec![Sent, Received, Read, TimedOut]
+    );
+
+    let closing = self::node();
+    closing
+        .pool("p")
+        .concurrency(1)
+        .handler(|_msg: u64, _ctx| async {
+            std::future::pending::<()>().await;
+            Ok(String::new())
+        })
+        .unwrap();
+    let running = closing.ask("p", 1).send();
+    let queued = closing.ask("p", 2).send();
+    let watchers = [running.stages(), queued.stages()].map(|s| tokio::spawn(s.collect::<Vec<_>>()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    closing.shutdown();
+    assert_eq!(running.await.unwrap_err().code(), ErrorCode::Unavailable);
+    assert_eq!(queued.await.unwrap_err().code(), ErrorCode::Unavailable);
+    let [running, queued] = watchers;
+    assert_eq!(
+        stages_of(&running.await.unwrap()),
+        vec![Sent, Received, Read, Failed]
+    );
+    assert_eq!(
+        stages_of(&queued.await.unwrap()),
+        vec![Sent, Received, Failed]
+    );
 }

@@ -82,6 +82,10 @@
 //! | `ASK_TIMEOUT`, `DEADLINE_EXCEEDED`                                                                                                                               | `TIMED_OUT` |
 //! | `HANDLER_FAILED`, `INTERNAL`, `ASK_CANCELLED`                                                                                                                    | `FAILED`    |
 //!
+//! One error maps by more than its code: `ASK_CANCELLED` because the pool's
+//! processing timeout expired is `TIMED_OUT` (seed 002: "processing exceeded
+//! configured deadline"); every other cancel is `FAILED`.
+//!
 //! `REJECTED` means the request was refused before any processing (policy,
 //! validation, routing, admission); `FAILED` means processing started and did
 //! not succeed (or was cancelled).
@@ -98,7 +102,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{AskError, ErrorCode, Outcome};
+use crate::error::{AskError, CancelReason, ErrorCode, Outcome};
 use crate::time::Timestamp;
 
 /// How many `PARTIAL` events [`AckTracker::history`] keeps (the most recent).
@@ -186,7 +190,14 @@ impl AckStage {
 
     /// The terminal stage of an error outcome (table in the module doc).
     pub fn terminal_for_error(error: &AskError) -> AckStage {
-        Self::terminal_for_code(error.code())
+        match error {
+            // The pool gave up at its processing deadline: seed 002's
+            // TIMED_OUT ("processing exceeded configured deadline").
+            AskError::AskCancelled {
+                reason: CancelReason::ProcessingTimeout,
+            } => AckStage::TimedOut,
+            error => Self::terminal_for_code(error.code()),
+        }
     }
 
     /// The terminal stage of an outcome: `Ok` is `FULFILLED`, an error maps by

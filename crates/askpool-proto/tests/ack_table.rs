@@ -115,6 +115,13 @@ fn every_error_code_maps_to_its_terminal() {
             },
             Failed,
         ),
+        // The pool's processing deadline: a timeout, whatever the code says.
+        (
+            AskError::AskCancelled {
+                reason: CancelReason::ProcessingTimeout,
+            },
+            TimedOut,
+        ),
     ];
     for (error, stage) in samples {
         assert_eq!(AckStage::terminal_for_error(&error), stage, "{error}");

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use askpool_proto::{
     AckStage, AskError, AskIds, BreakerPermit, CallerAsk, CallerSend, CallerStep, CausationId,
-    CorrelationId, Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution,
-    RetryPolicy, StageTimeouts, Timestamp, ToWorker, WorkerId,
+    CorrelationId, Envelope, ErrorCode, PayloadFingerprint, PoolName, RequestId, RequestMeta,
+    Resolution, RetryPolicy, StageTimeouts, Timestamp, ToWorker, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -327,9 +327,13 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         if closed {
             return;
         }
-        // Every failure recorded as TIMED_OUT (the ask's timeout, a stage
-        // deadline) can still be answered by the pool: keep it to reconcile.
-        if AckStage::terminal_for_error(error) == AckStage::TimedOut {
+        // The caller's own timeouts (the ask's, a stage deadline) can still
+        // be answered by the pool: keep them to reconcile. (A pool's
+        // processing timeout is TIMED_OUT too, but the pool is done with it.)
+        if matches!(
+            error.code(),
+            ErrorCode::AskTimeout | ErrorCode::DeadlineExceeded
+        ) {
             self.node.caller.record_timeout(
                 self.meta.ids,
                 self.meta.pool.clone(),

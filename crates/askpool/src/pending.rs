@@ -79,7 +79,8 @@ struct StageLog {
     waker: Option<Waker>,
 }
 
-/// Stage events kept for a stream that is not reading; the oldest go first.
+/// Stage events kept for a stream that is not reading; the oldest progress
+/// reports go first.
 const MAX_UNREAD_STAGE_EVENTS: usize = 64;
 
 /// Wakes `waker`, if any: called once the slot's lock is released, since a
@@ -134,7 +135,17 @@ impl StageLog {
             };
             if let Some(unread) = unread {
                 if unread.len() == MAX_UNREAD_STAGE_EVENTS {
-                    unread.pop_front();
+                    // The oldest progress report goes; the lifecycle
+                    // stages (SENT, RECEIVED, READ) stay, as in the
+                    // tracker's own history.
+                    match unread.iter().position(|e| e.stage == AckStage::Partial) {
+                        Some(oldest) => {
+                            unread.remove(oldest);
+                        }
+                        None => {
+                            unread.pop_front();
+                        }
+                    }
                 }
                 unread.push_back(event.clone());
             }
@@ -253,10 +264,18 @@ impl<R> AskSlot<R> {
     /// Records the ask's terminal stage (once it is resolved).
     pub(crate) fn record_terminal(&self, stage: AckStage, now: Timestamp) {
         let mut inner = self.inner.lock();
-        let waker = inner
-            .stages
-            .as_mut()
-            .and_then(|log| log.advance(stage, None, now));
+        let waker = inner.stages.as_mut().and_then(|log| {
+            // REJECTED is a refusal before any processing; a request the
+            // pool had accepted (the node shut down under it: `Unavailable`)
+            // failed, as a pool closing under it does.
+            let accepted = log.tracker.stage() != AckStage::Sent;
+            let stage = if stage == AckStage::Rejected && accepted {
+                AckStage::Failed
+            } else {
+                stage
+            };
+            log.advance(stage, None, now)
+        });
         drop(inner);
         wake(waker);
     }
@@ -726,13 +745,15 @@ impl<M, R> CallerSide<M, R> {
 
     fn reconcile(&self, frame: ToCaller<R>) {
         if let ToCaller::Cancelled {
-            reason: CancelReason::Caller | CancelReason::CallerTimeout,
+            reason:
+                CancelReason::Caller | CancelReason::CallerTimeout | CancelReason::ProcessingTimeout,
             ..
         } = frame
         {
             // The pool's answer to this caller's own cancel, come after the
-            // ask ended: the work was cancelled, not done; nothing is late
-            // and the dead letter stays.
+            // ask ended, or its own processing timeout (a timeout too, which
+            // no outcome reconciles to): the work was cancelled, not done;
+            // nothing is late and the dead letter stays, to be replayed.
             self.ignored();
             return;
         }

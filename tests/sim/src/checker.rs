@@ -161,6 +161,7 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
                 code: ErrorCode::HandlerFailed,
                 exec,
                 message,
+                ..
             } => {
                 if exec.is_none() {
                     v(
@@ -235,13 +236,14 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
     }
 
     // Late outcomes: each answers one timed-out ask, and is a real outcome:
-    // the pool's answer to the caller's own cancel is not one.
+    // the pool's answer to the caller's own cancel, or its processing timeout,
+    // is not one.
     let mut late_per_key: FxHashMap<Key, u32> = FxHashMap::default();
     for late in &log.late {
         *late_per_key.entry(late.key).or_default() += 1;
         if !late.is_genuine() {
             v(
-                "the answer to a caller's own cancel is not a late outcome",
+                "a cancel that did no work is not a late outcome",
                 format!(
                     "late outcome for {:?}: Cancelled({:?})",
                     late.key,
@@ -424,7 +426,7 @@ fn check_stages(
     let terminal = stages.iter().copied().find(|s| s.is_terminal());
     let expected = match end {
         AskEnd::Reply(_) => Some(AckStage::Fulfilled),
-        AskEnd::Error { code, .. } => Some(AckStage::terminal_for_code(*code)),
+        AskEnd::Error { terminal, .. } => Some(*terminal),
         AskEnd::LocalCancel => None,
     };
     if expected.is_some() && terminal != expected {

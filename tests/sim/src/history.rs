@@ -21,6 +21,8 @@ pub enum AskEnd {
     Reply(Answer),
     Error {
         code: ErrorCode,
+        /// The terminal stage the error maps to.
+        terminal: AckStage,
         /// The execution a handler error came from.
         exec: Option<u64>,
         message: String,
@@ -88,7 +90,11 @@ impl LateRecord {
     pub fn is_genuine(&self) -> bool {
         !matches!(
             self.cancelled,
-            Some(CancelReason::Caller | CancelReason::CallerTimeout)
+            Some(
+                CancelReason::Caller
+                    | CancelReason::CallerTimeout
+                    | CancelReason::ProcessingTimeout
+            )
         )
     }
 }

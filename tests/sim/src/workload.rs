@@ -346,6 +346,7 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
                 Some(Ok(answer)) => AskEnd::Reply(answer),
                 Some(Err(e)) => AskEnd::Error {
                     code: e.code(),
+                    terminal: askpool::AckStage::terminal_for_error(&e),
                     exec: exec_of_error(&e),
                     message: e.to_string(),
                 },

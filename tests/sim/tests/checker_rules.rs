@@ -106,6 +106,7 @@ fn an_ask_that_outlives_its_deadline() {
     let no = h.issue(key(1), 5, T, ms(0));
     let end = AskEnd::Error {
         code: ErrorCode::AskTimeout,
+        terminal: AckStage::terminal_for_code(ErrorCode::AskTimeout),
         exec: None,
         message: String::new(),
     };
@@ -148,6 +149,7 @@ fn a_wrong_value_or_another_payloads_reply() {
 fn refusals_need_a_cause() {
     let mismatch = AskEnd::Error {
         code: ErrorCode::PayloadMismatch,
+        terminal: AckStage::terminal_for_code(ErrorCode::PayloadMismatch),
         exec: None,
         message: String::new(),
     };
@@ -166,6 +168,7 @@ fn refusals_need_a_cause() {
     let no = h.issue(key(1), 5, T, ms(0));
     let pending = AskEnd::Error {
         code: ErrorCode::InvalidArgument,
+        terminal: AckStage::terminal_for_code(ErrorCode::InvalidArgument),
         exec: None,
         message: "already pending".into(),
     };
@@ -218,6 +221,7 @@ fn a_late_outcome_without_a_timed_out_ask() {
     let exec = h.exec(key(1), 0, 5, false);
     let timeout = AskEnd::Error {
         code: ErrorCode::AskTimeout,
+        terminal: AckStage::terminal_for_code(ErrorCode::AskTimeout),
         exec: None,
         message: String::new(),
     };
@@ -232,6 +236,7 @@ fn timed_out(h: &History, k: Key, at: u64) -> usize {
     let no = h.issue(k, 5, T, ms(at));
     let timeout = AskEnd::Error {
         code: ErrorCode::AskTimeout,
+        terminal: AckStage::terminal_for_code(ErrorCode::AskTimeout),
         exec: None,
         message: String::new(),
     };
@@ -240,20 +245,26 @@ fn timed_out(h: &History, k: Key, at: u64) -> usize {
 }
 
 #[test]
-fn the_answer_to_a_callers_cancel_is_not_a_late_outcome() {
-    for reason in [CancelReason::CallerTimeout, CancelReason::Caller] {
+fn a_cancel_that_did_no_work_is_not_a_late_outcome() {
+    // The answer to the caller's own cancel, and the pool's processing
+    // timeout (a timeout, which no outcome reconciles to).
+    for reason in [
+        CancelReason::CallerTimeout,
+        CancelReason::Caller,
+        CancelReason::ProcessingTimeout,
+    ] {
         let h = History::new();
         timed_out(&h, key(1), 0);
         h.late(key(1), None, Some(reason));
         assert_eq!(
             broken(&h),
-            vec!["the answer to a caller's own cancel is not a late outcome"]
+            vec!["a cancel that did no work is not a late outcome"]
         );
     }
-    // The pool's own cancel (its processing deadline) is one.
+    // The worker's own cancel (its handler gave up) is one.
     let h = History::new();
     timed_out(&h, key(1), 0);
-    h.late(key(1), None, Some(CancelReason::ProcessingTimeout));
+    h.late(key(1), None, Some(CancelReason::Worker));
     assert_eq!(broken(&h), Vec::<&str>::new());
 }
 

@@ -3,10 +3,8 @@ package askpool
 import askpool.ffi.Stage
 import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
-import kotlinx.coroutines.channels.BufferOverflow
 import kotlinx.coroutines.channels.Channel
 import kotlinx.coroutines.flow.Flow
-import kotlinx.coroutines.flow.emitAll
 import kotlinx.coroutines.flow.flow
 import java.util.concurrent.atomic.AtomicBoolean
 import kotlin.time.Duration
@@ -34,12 +32,15 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         internal set
 
     private val result = CompletableDeferred<Any?>()
-    // Bounded as the core bounds a stream nobody reads (64 events, the
-    // oldest dropped first): the events are pushed here as they happen, so
-    // an unbounded channel grew with every progress report of a long
-    // handler whose caller never collects `stages`. The terminal event,
-    // the newest, is always kept.
-    private val stageEvents = Channel<StageEvent>(MAX_UNREAD_STAGE_EVENTS, BufferOverflow.DROP_OLDEST)
+    // Bounded as the core bounds a stream nobody reads: the events are
+    // pushed here as they happen, so an unbounded buffer grew with every
+    // progress report of a long handler whose caller never collects
+    // `stages`. Past 64 the oldest PARTIAL goes: SENT, RECEIVED, READ and
+    // the terminal stay. Guarded by its own lock; `stageSignal` wakes the
+    // collector.
+    private val unread = ArrayDeque<StageEvent>()
+    private var stagesEnded = false
+    private val stageSignal = Channel<Unit>(Channel.CONFLATED)
 
     private val stagesTaken = AtomicBoolean()
 
@@ -52,7 +53,16 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         if (!stagesTaken.compareAndSet(false, true)) {
             throw AskException.InvalidArgument("the stages of an ask can be collected once")
         }
-        emitAll(stageEvents)
+        while (true) {
+            val (batch, ended) = synchronized(unread) {
+                val batch = unread.toList()
+                unread.clear()
+                batch to stagesEnded
+            }
+            for (event in batch) emit(event)
+            if (ended) break
+            stageSignal.receive()
+        }
     }
 
     /** The reply. Cancelling the awaiting coroutine cancels the ask. */
@@ -80,18 +90,25 @@ class AskHandle internal constructor(private val node: Node) : Completion {
     }
 
     override fun stage(stage: Stage) {
-        stageEvents.trySend(
-            StageEvent(
-                stage.stage,
-                stage.sincePreviousMicros.toLong().microseconds,
-                stage.sinceSentMicros.toLong().microseconds,
-                stage.progress,
-                stage.note,
-            ),
+        val event = StageEvent(
+            stage.stage,
+            stage.sincePreviousMicros.toLong().microseconds,
+            stage.sinceSentMicros.toLong().microseconds,
+            stage.progress,
+            stage.note,
         )
+        synchronized(unread) {
+            if (unread.size >= MAX_UNREAD_STAGE_EVENTS) {
+                val oldest = unread.indexOfFirst { it.stage == "PARTIAL" }
+                if (oldest >= 0) unread.removeAt(oldest) else unread.removeFirst()
+            }
+            unread.addLast(event)
+        }
+        stageSignal.trySend(Unit)
     }
 
     override fun stagesEnd() {
-        stageEvents.close()
+        synchronized(unread) { stagesEnded = true }
+        stageSignal.trySend(Unit)
     }
 }

@@ -265,7 +265,7 @@ class AdversarialTest {
         delay(50)
         node.close()
         val s = withTimeout(5_000) { h.stages.toList() }
-        assertEquals("REJECTED", s.last().stage, "stages of an ask failed by close: $s")
+        assertEquals("FAILED", s.last().stage, "an accepted ask cut short by close fails: $s")
         settled(node)
         noHandles()
     }
@@ -288,7 +288,7 @@ class AdversarialTest {
     }
 
     @Test
-    fun `stages nobody collects keep the newest 64 events, the terminal one last`() = runBlocking {
+    fun `stages nobody collects keep 64 events, the lifecycle and the newest progress`() = runBlocking {
         Node().use { node ->
             node.pool("chatty") { m, ctx ->
                 repeat(20_000) { i -> ctx.progress(i / 20_000f, "step $i") }
@@ -301,8 +301,11 @@ class AdversarialTest {
             delay(500)
             val events = withTimeout(5_000) { handle.stages.toList() }
             assertTrue(events.size <= MAX_UNREAD_STAGE_EVENTS, "kept ${events.size} events")
+            assertEquals(listOf("SENT", "RECEIVED", "READ"), events.take(3).map { it.stage }, "the lifecycle stays")
             assertEquals("FULFILLED", events.last().stage)
-            assertTrue(events.dropLast(1).all { it.stage == "PARTIAL" }, "the newest kept: $events")
+            val partials = events.drop(3).dropLast(1)
+            assertTrue(partials.all { it.stage == "PARTIAL" }, "$events")
+            assertEquals("step 19999", partials.last().note, "the newest progress kept")
             settled(node)
         }
         noHandles()
