@@ -480,3 +480,37 @@ async fn a_pools_processing_timeout_after_the_callers_keeps_the_dead_letter() {
     assert_eq!(node.stats().late_outcomes, 0);
     assert!(node.dead_letter(id).is_some(), "the letter stays");
 }
+
+/// The same with the pool closing instead: it cancels the queued request,
+/// whose handler never ran, so that cancel is no late outcome either.
+#[tokio::test(start_paused = true)]
+async fn a_pool_closing_after_the_callers_timeout_keeps_the_dead_letter() {
+    let tap = Tap::in_process();
+    tap.set_rule(|f| match f.kind {
+        FrameKind::Cancel => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
+    let node = Node::with_transport(transport, config(10));
+    let pool = node
+        .pool("p")
+        .concurrency(1)
+        .handler(|_msg: u64, _ctx| async {
+            std::future::pending::<()>().await;
+            Ok(String::new())
+        })
+        .unwrap();
+    let _running = node.ask("p", 1).timeout(Duration::from_secs(60)).send();
+    let queued = node.ask("p", 2).timeout(Duration::from_secs(1)).send();
+    let id = queued.request_id();
+    assert_eq!(queued.await.unwrap_err().code(), ErrorCode::AskTimeout);
+    assert!(node.dead_letter(id).is_some());
+    pool.close();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !tap.delivered(FrameKind::Cancelled).is_empty(),
+        "the pool's closing cancel reached the caller"
+    );
+    assert_eq!(node.stats().late_outcomes, 0);
+    assert!(node.dead_letter(id).is_some(), "the letter stays");
+}

@@ -84,14 +84,17 @@ fn metrics_after_a_scripted_run() {
             &[("stage", stage), ("code", code)],
         )
     };
-    // Six asks were admitted; each was acked and read once.
-    assert_eq!(acks("RECEIVED", "OK"), 6);
-    assert_eq!(acks("READ", "OK"), 6);
+    // Seven asks were admitted; each was acked and read once.
+    assert_eq!(acks("RECEIVED", "OK"), 7);
+    assert_eq!(acks("READ", "OK"), 7);
     // Four live replies and one replay.
     assert_eq!(acks("FULFILLED", "OK"), 5);
     assert_eq!(acks("FAILED", "HANDLER_FAILED"), 1);
     // The timed-out ask's cancel was answered AskCancelled.
     assert_eq!(acks("FAILED", "ASK_CANCELLED"), 1);
+    // The pool's own processing timeout is TIMED_OUT, as the caller's
+    // stage says.
+    assert_eq!(acks("TIMED_OUT", "ASK_CANCELLED"), 1);
     assert_eq!(counter(&s, "askpool_retries_total", &[]), 1);
     assert_eq!(
         counter(&s, "askpool_timeouts_total", &[("code", "ASK_TIMEOUT")]),
@@ -119,8 +122,8 @@ fn metrics_after_a_scripted_run() {
         1
     );
     let stage = "askpool_ack_stage_duration_seconds";
-    assert_eq!(histogram_count(&s, stage, &[("stage", "READ")]), 6);
-    assert_eq!(histogram_count(&s, stage, &[("stage", "TIMED_OUT")]), 1);
+    assert_eq!(histogram_count(&s, stage, &[("stage", "READ")]), 7);
+    assert_eq!(histogram_count(&s, stage, &[("stage", "TIMED_OUT")]), 2);
 }
 
 fn labelled_gauge(s: &HashMap<Key, DebugValue>, name: &str, pairs: &[(&str, &str)]) -> f64 {
@@ -239,5 +242,20 @@ async fn scripted_run() {
     tap.set_rule(|_| Fate::Deliver);
     // A duplicate of the first ask, answered from the cache.
     node.ask("p", 1).request_id(first).await.unwrap();
+    // A pool that gives up at its processing deadline: a timeout.
+    node.pool("hung")
+        .config(askpool::PoolConfig {
+            processing_timeout: Some(Duration::from_millis(100)),
+            ..askpool::PoolConfig::default()
+        })
+        .handler(|_msg: u64, _ctx| async {
+            std::future::pending::<()>().await;
+            Ok(String::new())
+        })
+        .unwrap();
+    assert_eq!(
+        node.ask("hung", 7).await.unwrap_err().code(),
+        askpool::ErrorCode::AskCancelled
+    );
     tokio::time::sleep(Duration::from_secs(20)).await;
 }

@@ -305,6 +305,27 @@ async fn processing_timeouts_end_timed_out_and_accepted_asks_cut_short_failed() 
         vec![Sent, Received, Read, TimedOut]
     );
 
+    // A handler's refusal is still REJECTED, after READ.
+    let picky = self::node();
+    picky
+        .pool("p")
+        .handler(|_msg: u64, _ctx| async {
+            Err(AskError::ValidationError {
+                message: "no".into(),
+            })
+        })
+        .unwrap();
+    let refused = picky.ask("p", 1).send();
+    let watcher = tokio::spawn(refused.stages().collect::<Vec<_>>());
+    assert_eq!(
+        refused.await.unwrap_err().code(),
+        ErrorCode::ValidationError
+    );
+    assert_eq!(
+        stages_of(&watcher.await.unwrap()),
+        vec![Sent, Received, Read, Rejected]
+    );
+
     let closing = self::node();
     closing
         .pool("p")

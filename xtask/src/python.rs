@@ -14,7 +14,14 @@ use crate::{exec, root};
 /// that a fresh machine runs the checks this tree passes (a new mypy adds
 /// checks; maturin is held where `python/pyproject.toml` holds it).
 const TOOLS: &[&str] = &["maturin", "pytest", "mypy"];
-const PINNED: &[&str] = &["maturin==1.16.0", "pytest==9.2.0", "mypy==2.4.1"];
+const PINNED: &[&str] = &[
+    "maturin==1.16.0",
+    // pytest 9 and mypy 2 need Python 3.10; the package supports 3.9.
+    "pytest==9.2.0; python_version >= '3.10'",
+    "pytest>=8.3,<9; python_version < '3.10'",
+    "mypy==2.4.1; python_version >= '3.10'",
+    "mypy>=1.14,<2; python_version < '3.10'",
+];
 
 fn venv() -> PathBuf {
     root().join(".venv")

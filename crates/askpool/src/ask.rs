@@ -222,6 +222,8 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     /// Whether its outcome is the pool's reply (live or replayed): final,
     /// never re-sent, so an error in it exhausted no retries.
     replied: bool,
+    /// Whether its node cut it short (shut down under it).
+    cut_short: bool,
     span: tracing::Span,
     finished: bool,
 }
@@ -279,6 +281,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             replay_hook: b.replay_hook,
             settled: false,
             replied: false,
+            cut_short: false,
             span,
             finished: false,
             node,
@@ -310,8 +313,12 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         telemetry::end_to_end(Some(error), now.saturating_since(self.machine.started()));
         tracing::debug!(parent: &self.span, %error, "ask failed");
         self.settle_breaker(Verdict::Failure(error), now);
-        self.slot
-            .record_terminal(AckStage::terminal_for_error(error), now);
+        if self.cut_short {
+            self.slot.record_cut_short(now);
+        } else {
+            self.slot
+                .record_terminal(AckStage::terminal_for_error(error), now);
+        }
         // The dead letter first: a late outcome reconciled below (or on
         // another thread as soon as the timeout is on record) takes it.
         // Asks failed by the shutdown are no dead letters, but a replay's
@@ -697,6 +704,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 }
                 Some(SlotEvent::Aborted(error)) => {
                     this.machine.abort(error.clone());
+                    this.cut_short = true;
                     let now = clock.get(&this.node, floor);
                     return this.finish(Err(error), now);
                 }

@@ -264,15 +264,25 @@ impl<R> AskSlot<R> {
     /// Records the ask's terminal stage (once it is resolved).
     pub(crate) fn record_terminal(&self, stage: AckStage, now: Timestamp) {
         let mut inner = self.inner.lock();
+        let waker = inner
+            .stages
+            .as_mut()
+            .and_then(|log| log.advance(stage, None, now));
+        drop(inner);
+        wake(waker);
+    }
+
+    /// Records the end of an ask its node cut short (it shut down): a
+    /// request the pool had accepted failed, as when its pool closes under
+    /// it; one it never acknowledged was refused (REJECTED is a refusal
+    /// before any processing).
+    pub(crate) fn record_cut_short(&self, now: Timestamp) {
+        let mut inner = self.inner.lock();
         let waker = inner.stages.as_mut().and_then(|log| {
-            // REJECTED is a refusal before any processing; a request the
-            // pool had accepted (the node shut down under it: `Unavailable`)
-            // failed, as a pool closing under it does.
-            let accepted = log.tracker.stage() != AckStage::Sent;
-            let stage = if stage == AckStage::Rejected && accepted {
-                AckStage::Failed
+            let stage = if log.tracker.stage() == AckStage::Sent {
+                AckStage::Rejected
             } else {
-                stage
+                AckStage::Failed
             };
             log.advance(stage, None, now)
         });
@@ -746,14 +756,18 @@ impl<M, R> CallerSide<M, R> {
     fn reconcile(&self, frame: ToCaller<R>) {
         if let ToCaller::Cancelled {
             reason:
-                CancelReason::Caller | CancelReason::CallerTimeout | CancelReason::ProcessingTimeout,
+                CancelReason::Caller
+                | CancelReason::CallerTimeout
+                | CancelReason::ProcessingTimeout
+                | CancelReason::Shutdown,
             ..
         } = frame
         {
             // The pool's answer to this caller's own cancel, come after the
-            // ask ended, or its own processing timeout (a timeout too, which
-            // no outcome reconciles to): the work was cancelled, not done;
-            // nothing is late and the dead letter stays, to be replayed.
+            // ask ended, its processing timeout (a timeout too, which no
+            // outcome reconciles to), or its closing: the work was
+            // cancelled, not done; nothing is late and the dead letter
+            // stays, to be replayed.
             self.ignored();
             return;
         }

@@ -410,7 +410,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             ToCaller::Refused { error, .. } => {
                 (AckStage::terminal_for_error(error), Some(error.code()))
             }
-            ToCaller::Cancelled { .. } => (AckStage::Failed, Some(ErrorCode::AskCancelled)),
+            ToCaller::Cancelled { reason, .. } => (
+                AckStage::terminal_for_error(&AskError::AskCancelled { reason: *reason }),
+                Some(ErrorCode::AskCancelled),
+            ),
         };
         telemetry::ack_sent(stage, code);
     }

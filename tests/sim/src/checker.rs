@@ -236,8 +236,8 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
     }
 
     // Late outcomes: each answers one timed-out ask, and is a real outcome:
-    // the pool's answer to the caller's own cancel, or its processing timeout,
-    // is not one.
+    // the pool's answer to the caller's own cancel, its processing timeout
+    // or its closing is not one.
     let mut late_per_key: FxHashMap<Key, u32> = FxHashMap::default();
     for late in &log.late {
         *late_per_key.entry(late.key).or_default() += 1;

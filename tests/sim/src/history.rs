@@ -85,8 +85,9 @@ pub struct LateRecord {
 }
 
 impl LateRecord {
-    /// Whether it is the outcome of the work (a reply, or the pool's own
-    /// cancel), not the pool's answer to the caller's cancel.
+    /// Whether it is the outcome of the work (a reply, or the worker's own
+    /// cancel), not a cancel that did no work: the pool's answer to the
+    /// caller's cancel, its processing timeout or its closing.
     pub fn is_genuine(&self) -> bool {
         !matches!(
             self.cancelled,
@@ -94,6 +95,7 @@ impl LateRecord {
                 CancelReason::Caller
                     | CancelReason::CallerTimeout
                     | CancelReason::ProcessingTimeout
+                    | CancelReason::Shutdown
             )
         )
     }

@@ -252,6 +252,7 @@ fn a_cancel_that_did_no_work_is_not_a_late_outcome() {
         CancelReason::CallerTimeout,
         CancelReason::Caller,
         CancelReason::ProcessingTimeout,
+        CancelReason::Shutdown,
     ] {
         let h = History::new();
         timed_out(&h, key(1), 0);
