@@ -446,27 +446,29 @@ async fn a_timed_out_asks_letter_replays_once_its_cancel_expired() {
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
-/// An ask that timed out at its caller, whose cancel was lost, and that the
-/// pool then cancelled at its processing timeout: the pool did no work, so
-/// its cancel is no late outcome and the dead letter stays, to be replayed.
-#[tokio::test(start_paused = true)]
-async fn a_pools_processing_timeout_after_the_callers_keeps_the_dead_letter() {
+/// A node whose cancel frames are lost on the way to its pools.
+fn losing_cancels() -> (Arc<Tap<u64, String>>, TestNode) {
     let tap = Tap::in_process();
     tap.set_rule(|f| match f.kind {
         FrameKind::Cancel => Fate::Drop,
         _ => Fate::Deliver,
     });
     let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
-    let node = Node::with_transport(transport, config(10));
+    (tap, Node::with_transport(transport, config(10)))
+}
+
+/// An ask that timed out at its caller, whose cancel was lost, and that the
+/// pool then cancelled at its processing timeout: the pool did no work, so
+/// its cancel is no late outcome and the dead letter stays, to be replayed.
+#[tokio::test(start_paused = true)]
+async fn a_pools_processing_timeout_after_the_callers_keeps_the_dead_letter() {
+    let (tap, node) = losing_cancels();
     node.pool("p")
         .config(askpool::PoolConfig {
             processing_timeout: Some(Duration::from_secs(2)),
             ..askpool::PoolConfig::default()
         })
-        .handler(|_msg: u64, _ctx| async {
-            std::future::pending::<()>().await;
-            Ok(String::new())
-        })
+        .handler(|_msg: u64, _ctx| std::future::pending())
         .unwrap();
     let ask = node.ask("p", 7).timeout(Duration::from_secs(1)).send();
     let id = ask.request_id();
@@ -485,20 +487,11 @@ async fn a_pools_processing_timeout_after_the_callers_keeps_the_dead_letter() {
 /// whose handler never ran, so that cancel is no late outcome either.
 #[tokio::test(start_paused = true)]
 async fn a_pool_closing_after_the_callers_timeout_keeps_the_dead_letter() {
-    let tap = Tap::in_process();
-    tap.set_rule(|f| match f.kind {
-        FrameKind::Cancel => Fate::Drop,
-        _ => Fate::Deliver,
-    });
-    let transport: Arc<dyn WorkerTransport<u64, String>> = tap.clone();
-    let node = Node::with_transport(transport, config(10));
+    let (tap, node) = losing_cancels();
     let pool = node
         .pool("p")
         .concurrency(1)
-        .handler(|_msg: u64, _ctx| async {
-            std::future::pending::<()>().await;
-            Ok(String::new())
-        })
+        .handler(|_msg: u64, _ctx| std::future::pending())
         .unwrap();
     let _running = node.ask("p", 1).timeout(Duration::from_secs(60)).send();
     let queued = node.ask("p", 2).timeout(Duration::from_secs(1)).send();

@@ -287,10 +287,7 @@ async fn processing_timeouts_end_timed_out_and_accepted_asks_cut_short_failed() 
             processing_timeout: Some(Duration::from_millis(100)),
             ..askpool::PoolConfig::default()
         })
-        .handler(|_msg: u64, _ctx| async {
-            std::future::pending::<()>().await;
-            Ok(String::new())
-        })
+        .handler(|_msg: u64, _ctx| std::future::pending())
         .unwrap();
     let handle = node.ask("hung", 1).timeout(Duration::from_secs(10)).send();
     let watcher = tokio::spawn(handle.stages().collect::<Vec<_>>());
@@ -330,10 +327,7 @@ async fn processing_timeouts_end_timed_out_and_accepted_asks_cut_short_failed() 
     closing
         .pool("p")
         .concurrency(1)
-        .handler(|_msg: u64, _ctx| async {
-            std::future::pending::<()>().await;
-            Ok(String::new())
-        })
+        .handler(|_msg: u64, _ctx| std::future::pending())
         .unwrap();
     let running = closing.ask("p", 1).send();
     let queued = closing.ask("p", 2).send();

@@ -131,6 +131,14 @@ fn run(program: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<(), String
 
 /// Runs `program` in `dir` with `envs` added, echoing the command and its
 /// status and time; an error unless it exits successfully.
+/// Whether `program args` starts and exits with success (output discarded).
+pub(crate) fn succeeds(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> bool {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 pub(crate) fn exec(
     program: &Path,
     args: &[&str],

@@ -28,17 +28,10 @@ fn run_in(program: &str, args: &[&str], cwd: &std::path::Path) -> Result<(), Str
     crate::exec(std::path::Path::new(program), args, cwd, &[])
 }
 
-fn has_program(program: &str) -> bool {
-    std::process::Command::new(program)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// Fails unless node and npm are installed.
 fn require_node() -> Result<(), String> {
     for program in ["node", npm()] {
-        if !has_program(program) {
+        if !crate::succeeds(program, &["--version"]) {
             return Err(format!(
                 "cannot start `{program} --version`: the Node package needs Node 20 and npm"
             ));

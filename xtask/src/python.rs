@@ -40,13 +40,7 @@ fn ensure_venv() -> Result<(), String> {
     let python = venv_bin("python");
     // A venv whose pip is missing (its creation was interrupted) would fail
     // every run until deleted by hand: made again instead.
-    let has_pip = || {
-        std::process::Command::new(&python)
-            .args(["-m", "pip", "--version"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if python.exists() && !has_pip() {
+    if python.exists() && !crate::succeeds(&python, &["-m", "pip", "--version"]) {
         eprintln!("xtask: .venv has no working pip; making it again");
         std::fs::remove_dir_all(venv()).map_err(|e| format!(".venv: {e}"))?;
     }

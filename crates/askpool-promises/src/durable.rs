@@ -272,17 +272,18 @@ where
     let runtime = tokio::runtime::Handle::try_current().ok();
     let inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>> = match runtime {
         Some(runtime) if !promises.is_claimed(&key) => {
-            let task = runtime.spawn(ask_and_record(ask, Detached::Already));
+            let task = runtime.spawn(ask_and_record(ask, false));
             Box::pin(async move { joined(task.await) })
         }
-        Some(_) => Box::pin(ask_and_record(ask, Detached::OnAsk)),
+        Some(_) => Box::pin(ask_and_record(ask, true)),
         // Outside a runtime the handle drives the ask, as any ask.
-        None => Box::pin(ask_and_record(ask, Detached::Never)),
+        None => Box::pin(ask_and_record(ask, false)),
     };
     DurableHandle { id: key, inner }
 }
 
 /// Everything a durable ask needs to ask (again).
+#[derive(Clone)]
 struct DurableAskOf<M, R> {
     node: Node<M, R>,
     promises: DurablePromises,
@@ -290,17 +291,6 @@ struct DurableAskOf<M, R> {
     pool: String,
     msg: M,
     size: usize,
-}
-
-/// Where [`ask_and_record`] runs its ask.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Detached {
-    /// It runs in a task of its own already.
-    Already,
-    /// In its caller's handle: the ask goes to a task of its own.
-    OnAsk,
-    /// No runtime: the handle drives everything.
-    Never,
 }
 
 fn joined<R>(joined: Result<Result<R, AskError>, tokio::task::JoinError>) -> Result<R, AskError> {
@@ -313,8 +303,10 @@ fn joined<R>(joined: Result<Result<R, AskError>, tokio::task::JoinError>) -> Res
 /// node has it in flight, this one waits for that ask's outcome instead,
 /// and asks itself only if that ended without one (a transient failure).
 /// A second ask of the id would be refused as already pending, and that
-/// refusal is no outcome to record.
-async fn ask_and_record<M, R>(ask: DurableAskOf<M, R>, detached: Detached) -> Result<R, AskError>
+/// refusal is no outcome to record. `detach_ask`: it runs in a handle that
+/// may be dropped, so the ask itself goes to a task of its own (not when it
+/// runs in a task already, or with no runtime, where the handle drives all).
+async fn ask_and_record<M, R>(ask: DurableAskOf<M, R>, detach_ask: bool) -> Result<R, AskError>
 where
     M: Durable + Clone + Send + 'static,
     R: Durable + Clone + Send + 'static,
@@ -330,10 +322,11 @@ where
                 if p.state.is_settled() {
                     return outcome_of(&p);
                 }
-                let once = ask_once(ask.share(), key.clone(), p.timeout_at, claim);
-                let asked = match detached {
-                    Detached::OnAsk => joined(tokio::spawn(once).await),
-                    Detached::Already | Detached::Never => once.await,
+                let once = ask_once(ask.clone(), key.clone(), p.timeout_at, claim);
+                let asked = if detach_ask {
+                    joined(tokio::spawn(once).await)
+                } else {
+                    once.await
                 };
                 // `None`: refused as pending after all (an ask of the id not
                 // made through these promises started meanwhile): wait for it.
@@ -346,19 +339,6 @@ where
         let p = ask.promises.store().get(&key, now_millis())?;
         if p.state.is_settled() {
             return outcome_of(&p);
-        }
-    }
-}
-
-impl<M: Clone, R> DurableAskOf<M, R> {
-    fn share(&self) -> Self {
-        Self {
-            node: self.node.clone(),
-            promises: self.promises.clone(),
-            id: self.id,
-            pool: self.pool.clone(),
-            msg: self.msg.clone(),
-            size: self.size,
         }
     }
 }

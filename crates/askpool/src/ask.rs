@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use askpool_proto::{
     AckStage, AskError, AskIds, BreakerPermit, CallerAsk, CallerSend, CallerStep, CausationId,
-    CorrelationId, Envelope, ErrorCode, PayloadFingerprint, PoolName, RequestId, RequestMeta,
-    Resolution, RetryPolicy, StageTimeouts, Timestamp, ToWorker, WorkerId,
+    CorrelationId, Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution,
+    RetryPolicy, StageTimeouts, Timestamp, ToWorker, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -337,10 +337,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         // The caller's own timeouts (the ask's, a stage deadline) can still
         // be answered by the pool: keep them to reconcile. (A pool's
         // processing timeout is TIMED_OUT too, but the pool is done with it.)
-        if matches!(
-            error.code(),
-            ErrorCode::AskTimeout | ErrorCode::DeadlineExceeded
-        ) {
+        if AckStage::terminal_for_code(error.code()) == AckStage::TimedOut {
             self.node.caller.record_timeout(
                 self.meta.ids,
                 self.meta.pool.clone(),

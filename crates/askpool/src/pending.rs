@@ -138,14 +138,8 @@ impl StageLog {
                     // The oldest progress report goes; the lifecycle
                     // stages (SENT, RECEIVED, READ) stay, as in the
                     // tracker's own history.
-                    match unread.iter().position(|e| e.stage == AckStage::Partial) {
-                        Some(oldest) => {
-                            unread.remove(oldest);
-                        }
-                        None => {
-                            unread.pop_front();
-                        }
-                    }
+                    let partial = unread.iter().position(|e| e.stage == AckStage::Partial);
+                    unread.remove(partial.unwrap_or(0));
                 }
                 unread.push_back(event.clone());
             }
@@ -263,11 +257,16 @@ impl<R> AskSlot<R> {
 
     /// Records the ask's terminal stage (once it is resolved).
     pub(crate) fn record_terminal(&self, stage: AckStage, now: Timestamp) {
+        self.record_terminal_after(|_| stage, now);
+    }
+
+    /// Records the terminal `pick` chooses from the stage the ask reached.
+    fn record_terminal_after(&self, pick: impl FnOnce(AckStage) -> AckStage, now: Timestamp) {
         let mut inner = self.inner.lock();
-        let waker = inner
-            .stages
-            .as_mut()
-            .and_then(|log| log.advance(stage, None, now));
+        let waker = inner.stages.as_mut().and_then(|log| {
+            let stage = pick(log.tracker.stage());
+            log.advance(stage, None, now)
+        });
         drop(inner);
         wake(waker);
     }
@@ -277,17 +276,13 @@ impl<R> AskSlot<R> {
     /// it; one it never acknowledged was refused (REJECTED is a refusal
     /// before any processing).
     pub(crate) fn record_cut_short(&self, now: Timestamp) {
-        let mut inner = self.inner.lock();
-        let waker = inner.stages.as_mut().and_then(|log| {
-            let stage = if log.tracker.stage() == AckStage::Sent {
-                AckStage::Rejected
-            } else {
-                AckStage::Failed
-            };
-            log.advance(stage, None, now)
-        });
-        drop(inner);
-        wake(waker);
+        self.record_terminal_after(
+            |reached| match reached {
+                AckStage::Sent => AckStage::Rejected,
+                _ => AckStage::Failed,
+            },
+            now,
+        );
     }
 
     /// Reconciles a late outcome into the ACK record; `None` if the ask is

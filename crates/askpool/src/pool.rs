@@ -502,11 +502,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         // A duplicate tell was accepted before: acknowledge it again. A
         // cancelled key is refused to a tell as to an ask: the table's
         // answer, or the tell would be acknowledged and never run.
-        self.send(match answer {
-            ToCaller::Cancelled { .. } => answer,
-            _ if expects_reply => answer,
-            _ => ToCaller::Ack { ids },
-        });
+        self.send(
+            if expects_reply || matches!(answer, ToCaller::Cancelled { .. }) {
+                answer
+            } else {
+                ToCaller::Ack { ids }
+            },
+        );
     }
 
     /// Hands an admitted request to its preferred worker if that worker is

@@ -94,6 +94,17 @@ fn literal(path: &Path) -> PathBuf {
     }
 }
 
+/// A directory named as a store is a bad path, not a storage failure.
+fn refuse_directory(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Err(PromiseError::invalid(format!(
+            "a SQLite store needs a file path, and {} is a directory",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the store in the file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -112,12 +123,7 @@ impl SqliteStore {
         }
         // SQLite reports both as "unable to open database file", which
         // would reach the caller as a storage failure: they are a bad path.
-        if path.is_dir() {
-            return Err(PromiseError::invalid(format!(
-                "a SQLite store needs a file path, and {} is a directory",
-                path.display()
-            )));
-        }
+        refuse_directory(&path)?;
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             if !parent.is_dir() {
                 return Err(PromiseError::invalid(format!(
@@ -143,12 +149,7 @@ impl SqliteStore {
 
     pub fn open_existing_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self> {
         let path = path.as_ref().to_owned();
-        if path.is_dir() {
-            return Err(PromiseError::invalid(format!(
-                "{} is a directory, not a store file",
-                path.display()
-            )));
-        }
+        refuse_directory(&path)?;
         if !path.is_file() {
             return Err(PromiseError::invalid(format!(
                 "no database file at {}",
