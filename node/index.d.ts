@@ -202,18 +202,25 @@ export class Pool<Msg = any, Reply = any> {
    * UnavailableError once its node is.
    */
   handle(handler: Handler<Msg, Reply>): this;
+  /** This pool's counters; FailedPreconditionError once it or its node is closed. */
+  stats(): PoolStats;
   /** New asks get NO_ROUTE; queued requests are cancelled. Again: nothing. */
   close(): void;
 }
 
 export class AskHandle<Reply = any> implements PromiseLike<Reply> {
   private constructor();
+  /** The ask's request id ('' for an ask refused before it had one). */
   readonly requestId: string;
+  /** Its correlation id (the request id unless one was given). */
+  readonly correlationId: string;
   readonly result: Promise<Reply>;
   then<A = Reply, B = never>(
     onFulfilled?: ((value: Reply) => A | PromiseLike<A>) | null,
     onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
   ): Promise<A | B>;
+  catch<B = never>(onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null): Promise<Reply | B>;
+  finally(onFinally?: (() => void) | null): Promise<Reply>;
   /**
    * Rejects the ask with AskCancelledError and cancels it at the pool. A
    * cancelled handle nobody awaits is no unhandled rejection.
@@ -243,9 +250,16 @@ export interface PoolStats {
   queued: number;
   admitted: number;
   handlerRuns: number;
+  /** Duplicates of a running request, answered with an Ack. */
+  duplicateAcks: number;
+  /** Duplicates of a finished request, answered from the reply cache. */
   replays: number;
+  /** Replies dropped because their request was cancelled first. */
+  suppressedReplies: number;
   rejectedFull: number;
   cancels: number;
+  /** Running requests cancelled at their processing timeout. */
+  expired: number;
   dedupInProgress: number;
   dedupTerminal: number;
 }
@@ -254,8 +268,12 @@ export interface NodeStats {
   pending: number;
   armedTimers: number;
   retries: number;
+  /** Outcomes that arrived after their ask timed out, reconciled once. */
+  lateOutcomes: number;
   timedOutRecords: number;
   dlqDepth: number;
+  /** Dead letters dropped because the queue was full. */
+  dlqDropped: number;
   tasks: number;
   requests: number;
   streams: number;
@@ -297,11 +315,24 @@ export class DurablePromises {
    * keeps every promise until pruned: call this on a schedule.
    */
   prune(options: { olderThanMs: number }): number;
-  /** Resolves once the promise has settled, whichever way. */
-  await<P = unknown, V = unknown>(id: string, options?: { pollMs?: number }): Promise<DurablePromise<P, V>>;
+  /**
+   * Resolves once the promise has settled, whichever way, looking at the
+   * store every `pollMs` (default 10). `timeoutMs`: AskTimeoutError after
+   * that long; `signal`: AskCancelledError once aborted. A duration that is
+   * not a finite number above 0 is InvalidArgumentError.
+   */
+  await<P = unknown, V = unknown>(
+    id: string,
+    options?: { pollMs?: number; timeoutMs?: number; signal?: AbortSignal },
+  ): Promise<DurablePromise<P, V>>;
 }
 
-/** A durable ask in flight: its promise id (the request id) and its outcome. */
+/**
+ * A durable ask in flight: its promise id (the request id) and its outcome.
+ * The outcome is kept in the promise (`awaitDurable(id)` reads it, after a
+ * restart too), so a durable ask left unawaited is no unhandled rejection
+ * when it fails or its node closes; awaiting it still rejects.
+ */
 export class DurableAsk<Reply = any> implements PromiseLike<Reply> {
   private constructor();
   readonly id: string;
@@ -310,6 +341,8 @@ export class DurableAsk<Reply = any> implements PromiseLike<Reply> {
     onFulfilled?: ((value: Reply) => A | PromiseLike<A>) | null,
     onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null,
   ): Promise<A | B>;
+  catch<B = never>(onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null): Promise<Reply | B>;
+  finally(onFinally?: (() => void) | null): Promise<Reply>;
 }
 
 export type PoolRef = string | Pool;
@@ -317,6 +350,8 @@ export type PoolRef = string | Pool;
 export class Node {
   constructor(options?: NodeOptions);
   readonly closed: boolean;
+  /** This node's caller id: requests are deduplicated per caller id and request id. */
+  readonly callerId: string;
   pool<Msg = any, Reply = any>(name: string, options?: PoolOptions): Pool<Msg, Reply>;
   ask<Reply = any>(pool: PoolRef, msg: unknown, options?: AskOptions): Promise<Reply>;
   askHandle<Reply = any>(pool: PoolRef, msg: unknown, options?: AskOptions): AskHandle<Reply>;
@@ -324,11 +359,13 @@ export class Node {
   tell(pool: PoolRef, msg: unknown, options?: TellOptions): Promise<string>;
   deadLetters<Msg = unknown>(): DeadLetter<Msg>[];
   /**
-   * Asks a dead letter again with its ids. A replay that fails puts the
-   * letter back (its pool is gone: NO_ROUTE). Replaying a durable ask's
-   * letter records its outcome in the ask's promise.
+   * Asks a dead letter again with its ids; a handle as `askHandle` gives
+   * (awaited, it resolves like `ask`; FailedPreconditionError if there is
+   * no such letter). A replay that fails puts the letter back (its pool is
+   * gone: NO_ROUTE). Replaying a durable ask's letter records its outcome
+   * in the ask's promise.
    */
-  replayDeadLetter<Reply = any>(requestId: string): Promise<Reply>;
+  replayDeadLetter<Reply = any>(requestId: string): AskHandle<Reply>;
   purgeDeadLetters(): number;
   evictExpired(): void;
   /**

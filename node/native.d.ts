@@ -13,6 +13,8 @@ export declare class Core {
   tell(pool: number, msg: number, options?: AskOptions | undefined | null): number
   /** The request id of a running ask or tell. */
   requestId(task: number): string
+  /** The correlation id of a running ask or tell. */
+  correlationId(task: number): string
   /**
    * Cancels a running ask (a protocol cancel goes to the pool); it ends
    * with `ASK_CANCELLED` at the next drain. Nothing if it already ended.
@@ -64,6 +66,11 @@ export declare class Core {
   bytes(index: number): Buffer
   /** The stage of a `STAGE` event of the last drain. */
   stage(index: number): StageInfo
+  /**
+   * This node's caller id (requests are deduplicated per caller id and
+   * request id).
+   */
+  callerId(): string
   stats(): StatsInfo
   /** Drops reply-cache entries whose TTL passed, in every pool. */
   evictExpired(): void
@@ -241,9 +248,16 @@ export interface PoolStatsInfo {
   queued: number
   admitted: number
   handlerRuns: number
+  /** Duplicates of a running request, answered with an Ack. */
+  duplicateAcks: number
+  /** Duplicates of a finished request, answered from the reply cache. */
   replays: number
+  /** Replies dropped because their request was cancelled first. */
+  suppressedReplies: number
   rejectedFull: number
   cancels: number
+  /** Running requests cancelled at their processing timeout. */
+  expired: number
   dedupInProgress: number
   dedupTerminal: number
 }
@@ -286,8 +300,12 @@ export interface StatsInfo {
   pending: number
   armedTimers: number
   retries: number
+  /** Outcomes that arrived after their ask timed out, reconciled once. */
+  lateOutcomes: number
   timedOutRecords: number
   dlqDepth: number
+  /** Dead letters dropped because the queue was full. */
+  dlqDropped: number
   /** Futures the binding is driving (asks, idle workers, stage reads). */
   tasks: number
   /** Requests handed to JS handlers and not yet answered. */

@@ -10,6 +10,7 @@ const {
   fromNative,
   describeThrown,
   AskCancelledError,
+  AskTimeoutError,
   FailedPreconditionError,
   InvalidArgumentError,
   UnavailableError,
@@ -89,6 +90,41 @@ function snapshot(options, keys) {
   return out;
 }
 
+// An ask's or tell's options: an object, or absent (null too, as for a
+// pool's); a number or a string is a mistake, not "no options".
+function askOptions(options) {
+  if (options !== undefined && options !== null && typeof options !== 'object') {
+    throw new InvalidArgumentError(`invalid argument: options are an object, not ${typeof options}`);
+  }
+  return options ?? NO_OPTIONS;
+}
+
+// A JS-side duration in milliseconds: absent, or a finite number above 0.
+function positiveMillis(value, what) {
+  if (value === undefined) return undefined;
+  if (typeof value !== 'number' || !(value > 0) || !Number.isFinite(value)) {
+    throw new InvalidArgumentError(
+      `invalid argument: ${what} must be a finite number of milliseconds above 0, got ${String(value)}`,
+    );
+  }
+  return value;
+}
+
+// Waits `ms`, or until `signal` aborts (then rejects with AskCancelledError).
+function pause(ms, signal) {
+  return new Promise((resolve, reject) => {
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(waitAborted(signal));
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
 function call(fn) {
   try {
     return fn();
@@ -115,6 +151,10 @@ function aborted(signal) {
   return new AskCancelledError('ask cancelled: the signal was aborted before the ask was sent', {
     cause: signal.reason,
   });
+}
+
+function waitAborted(signal) {
+  return new AskCancelledError('ask cancelled: the wait was aborted', { cause: signal.reason });
 }
 
 // What the addon hashes into a payload fingerprint: a string or bytes.
@@ -384,6 +424,17 @@ class Pool {
     this.#node._handle(this.#id, handler);
     return this;
   }
+  /**
+   * This pool's counters (its entry of `node.stats().pools`).
+   * FailedPreconditionError once the pool or its node is closed.
+   */
+  stats() {
+    const stats = this.#closed ? undefined : this.#node.stats().pools.find((p) => p.name === this.name);
+    if (stats === undefined) {
+      throw new FailedPreconditionError(`failed precondition: pool ${JSON.stringify(this.name)} is closed`);
+    }
+    return stats;
+  }
   /** Stops the pool: new asks get NO_ROUTE, queued requests are cancelled. Closing it again does nothing. */
   close() {
     if (this.#closed) return;
@@ -399,15 +450,22 @@ class AskHandle {
   #stream;
   #iterating = false;
   /** @internal */
-  constructor(node, task, requestId, stream, result) {
+  constructor(node, task, ids, stream, result) {
     this.#node = node;
     this.#task = task;
     this.#stream = stream;
-    this.requestId = requestId;
+    this.requestId = typeof ids.requestId === 'string' ? ids.requestId : '';
+    this.correlationId = typeof ids.correlationId === 'string' ? ids.correlationId : '';
     this.result = result;
   }
   then(onFulfilled, onRejected) {
     return this.result.then(onFulfilled, onRejected);
+  }
+  catch(onRejected) {
+    return this.result.catch(onRejected);
+  }
+  finally(onFinally) {
+    return this.result.finally(onFinally);
   }
   /** Cancels the ask: it rejects with AskCancelledError and the pool is told. */
   cancel() {
@@ -448,6 +506,12 @@ class DurableAsk {
   }
   then(onFulfilled, onRejected) {
     return this.result.then(onFulfilled, onRejected);
+  }
+  catch(onRejected) {
+    return this.result.catch(onRejected);
+  }
+  finally(onFinally) {
+    return this.result.finally(onFinally);
   }
 }
 
@@ -523,13 +587,29 @@ class DurablePromises {
   prune(options) {
     return call(() => this.#core.promisePrune(options?.olderThanMs));
   }
-  /** Waits until the promise settles (polling the store); resolves to it. */
+  /**
+   * Waits until the promise settles (looking at the store every `pollMs`);
+   * resolves to it. `timeoutMs`: AskTimeoutError after that long; `signal`:
+   * AskCancelledError (its reason as the cause) once aborted.
+   */
   async await(id, options = {}) {
-    const every = options?.pollMs ?? 10;
+    const o = snapshot(options, ['pollMs', 'timeoutMs', 'signal']);
+    const every = positiveMillis(o.pollMs, 'pollMs') ?? 10;
+    const limit = positiveMillis(o.timeoutMs, 'timeoutMs');
+    const signal = o.signal;
+    if (signal !== undefined && !isSignal(signal)) {
+      throw new InvalidArgumentError('invalid argument: signal must be an AbortSignal');
+    }
+    const until = limit === undefined ? Infinity : Date.now() + limit;
     for (;;) {
+      if (signal?.aborted) throw waitAborted(signal);
       const p = this.get(id);
       if (p.state !== 'PENDING') return p;
-      await new Promise((r) => setTimeout(r, every));
+      const left = until - Date.now();
+      if (left <= 0) {
+        throw new AskTimeoutError(`ask timeout: promise ${JSON.stringify(id)} still pending after ${limit} ms`);
+      }
+      await pause(Math.min(every, left), signal);
     }
   }
 }
@@ -602,12 +682,23 @@ class Node {
   /** Like `ask`, returning an AskHandle (`requestId`, `cancel()`, `stages()`, `result`). */
   askHandle(pool, msg, options = {}) {
     const started = this.#start(pool, msg, options ?? NO_OPTIONS, 1);
+    return this.#handleOf(started);
+  }
+
+  // The AskHandle of a started ask ({ task, result }), or of one refused
+  // before it started (task -1: the ids it was given, no stages).
+  #handleOf(started) {
     if (started.task < 0) {
-      return new AskHandle(this, -1, started.requestId ?? '', -1, started.result);
+      const requestId = started.requestId ?? '';
+      const correlationId = started.correlationId ?? requestId;
+      return new AskHandle(this, -1, { requestId, correlationId }, -1, started.result);
     }
-    const requestId = this.#core.requestId(started.task);
+    const ids = {
+      requestId: this.#core.requestId(started.task),
+      correlationId: this.#core.correlationId(started.task),
+    };
     const stream = this.#core.openStages(started.task);
-    const handle = new AskHandle(this, started.task, requestId, stream, started.result);
+    const handle = new AskHandle(this, started.task, ids, stream, started.result);
     unreadStreams.register(handle, { stream, core: this.#core }, handle);
     return handle;
   }
@@ -644,7 +735,13 @@ class Node {
       return new DurableAsk(given ?? '', result);
     }
     const id = this.#core.requestId(task);
-    return new DurableAsk(id, this.#await(task, undefined, false));
+    const result = this.#await(task, undefined, false);
+    // Its outcome is kept in its promise (`awaitDurable(id)` reads it, after
+    // a restart too), and a close ends it on purpose: left unawaited, it is
+    // no unhandled rejection (which would end the process). `result` still
+    // rejects for whoever awaits it.
+    result.catch(() => {});
+    return new DurableAsk(id, result);
   }
 
   /** The outcome of the durable ask `id` (stored, or asked again if pending). */
@@ -678,15 +775,21 @@ class Node {
     }));
   }
 
-  /** Asks a dead letter again, with its request id; resolves like `ask`. */
+  /**
+   * Asks a dead letter again, with its request id; an AskHandle, as
+   * `askHandle` gives (awaited, it resolves like `ask`).
+   */
   replayDeadLetter(requestId) {
     let task;
     try {
-      task = call(() => this.#core.replayDeadLetter(String(requestId)));
+      if (typeof requestId !== 'string') {
+        throw new InvalidArgumentError('invalid argument: a request id is a string');
+      }
+      task = call(() => this.#core.replayDeadLetter(requestId));
     } catch (e) {
-      return Promise.reject(e);
+      return this.#handleOf({ task: -1, result: Promise.reject(e), requestId });
     }
-    return this.#await(task, undefined, false);
+    return this.#handleOf({ task, result: this.#await(task, undefined, false) });
   }
 
   /** Empties the dead-letter queue; returns how many letters it held. */
@@ -712,6 +815,11 @@ class Node {
 
   get closed() {
     return this.#closed;
+  }
+
+  /** This node's caller id: requests are deduplicated per caller id and request id. */
+  get callerId() {
+    return this.#core.callerId();
   }
 
   /** Shuts down: pending asks reject with UnavailableError, pools close. */
@@ -772,22 +880,21 @@ class Node {
     let o;
     let task;
     try {
+      askOptions(options);
       signal = options?.signal ?? undefined;
       if (signal !== undefined && !isSignal(signal)) {
         throw new InvalidArgumentError('invalid argument: signal must be an AbortSignal');
       }
-      if (signal?.aborted) throw aborted(signal);
       const name = this.#poolName(pool);
       // An ask with no options and no bytes takes the fast path, which
       // reads none.
       const fast = kind !== 2 && options === undefined && !isBytes(msg);
-      if (!fast) {
-        o = nativeAskOptions(options ?? NO_OPTIONS, msg);
-        // Again: reading the options ran the caller's code (a getter, a
-        // Proxy trap), which may have aborted the signal. Its listener is
-        // added after the ask is sent and would never fire.
-        if (signal?.aborted) throw aborted(signal);
-      }
+      if (!fast) o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+      // After the options are read: an ask refused for its signal still
+      // has the request id it was given, and reading them ran the caller's
+      // code (a getter, a Proxy trap), which may have aborted the signal
+      // (its listener is added after the ask is sent and would never fire).
+      if (signal?.aborted) throw aborted(signal);
       const ref = this.#ref(name);
       const slot = this.#table.put(msg);
       if (kind === 2) task = call(() => this.#core.tell(ref, slot, o));
@@ -796,7 +903,9 @@ class Node {
     } catch (e) {
       this.#schedule();
       const result = Promise.reject(e);
-      return options === undefined ? result : { task: -1, result, requestId: o?.requestId };
+      return options === undefined
+        ? result
+        : { task: -1, result, requestId: o?.requestId, correlationId: o?.correlationId };
     }
     const result = this.#await(task, signal, kind === 2);
     return options === undefined ? result : { task, result };
@@ -980,7 +1089,10 @@ class Node {
     this.#requests[request] = { ctx, controller: null, durable };
     let reply;
     try {
-      reply = this.#handlers[pool](msg, ctx);
+      // Called as a plain function (`this` undefined), not as a method of
+      // the handler table: an unbound method must not reach the table.
+      const handler = this.#handlers[pool];
+      reply = handler(msg, ctx);
       // A `then` that throws (or a getter of it, or a revoked proxy) fails
       // the request like a throw; if it answered first, that answer stands.
       if (reply !== null && typeof reply === 'object' && typeof reply.then === 'function') {

@@ -650,3 +650,67 @@ test('an ask refused before sending has no stages (read once)', async () => {
   assert.throws(() => handle.stages(), { code: 'INVALID_ARGUMENT' });
   await node.close();
 });
+
+test('a handler is called as a plain function: an unbound method fails its own asks only', async () => {
+  const node = new Node();
+  node.pool('echo').handle((m) => m);
+  let seen = 'unset';
+  node.pool('this').handle(function () {
+    seen = this;
+    return 'ok';
+  });
+  assert.equal(await node.ask('this', 1), 'ok');
+  assert.equal(seen, undefined, 'no receiver: not the node\'s handler table');
+  class Cache {
+    constructor() {
+      this.length = 0;
+    }
+    handle() {
+      this.length = 0;
+      return 'cached';
+    }
+  }
+  const cache = new Cache();
+  node.pool('cache').handle(cache.handle);
+  await assert.rejects(node.ask('cache', 1), (e) => e.code === 'HANDLER_FAILED' && /TypeError/.test(e.message));
+  assert.equal(await node.ask('echo', 'hi'), 'hi', 'the other pools keep their handlers');
+  await node.close();
+});
+
+test('ids and counters a Python user has: callerId, correlationId, Pool.stats(), late outcomes, DLQ drops', async () => {
+  const node = new Node({ dlqCapacity: 1, breaker: false });
+  assert.match(node.callerId, /^[0-9a-f]{16}$/);
+  const other = new Node();
+  assert.notEqual(other.callerId, node.callerId, 'one per node');
+  await other.close();
+  const pool = node.pool('p');
+  pool.handle((m) => m);
+  const given = 'a'.repeat(32);
+  const h = node.askHandle('p', 1, { correlationId: given });
+  assert.equal(h.correlationId, given);
+  await h;
+  const own = node.askHandle('p', 2);
+  assert.equal(own.correlationId, own.requestId, 'by default the request id');
+  await own;
+  const stats = pool.stats();
+  assert.equal(stats.name, 'p');
+  assert.equal(stats.handlerRuns, 2);
+  for (const key of ['duplicateAcks', 'suppressedReplies', 'expired', 'replays']) {
+    assert.equal(typeof stats[key], 'number', key);
+  }
+  // Three letters for a queue of one: two dropped, counted.
+  const full = node.pool('full', { maxInFlight: 1 });
+  full.handle(() => new Promise(() => {}));
+  node.askHandle('full', 0).result.catch(() => {});
+  await new Promise((r) => setTimeout(r, 10));
+  for (let i = 1; i <= 3; i++) {
+    await assert.rejects(node.ask('full', i, { maxAttempts: 1 }), { code: 'BUFFER_FULL' });
+  }
+  const s = node.stats();
+  assert.equal(s.dlqDepth, 1);
+  assert.equal(s.dlqDropped, 2);
+  assert.equal(s.lateOutcomes, 0);
+  pool.close();
+  assert.throws(() => pool.stats(), { code: 'FAILED_PRECONDITION' });
+  await node.close();
+});

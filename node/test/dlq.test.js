@@ -117,3 +117,40 @@ test('replaying the dead letter of a durable ask settles its promise', async () 
     fs.rmSync(dir, { recursive: true });
   }
 });
+
+test('replayDeadLetter gives an AskHandle: ids, stages, cancel; a missing letter rejects through it', async () => {
+  const node = new Node({ breaker: false });
+  let release;
+  node.pool('narrow', { maxInFlight: 1 }).handle((m) => (m.block ? new Promise((r) => (release = r)) : m.n));
+  const blocker = node.ask('narrow', { block: true });
+  const correlationId = 'c'.repeat(32);
+  await assert.rejects(node.ask('narrow', { n: 5 }, { maxAttempts: 1, correlationId }), refusedToTheEnd);
+  const [letter] = node.deadLetters();
+  await new Promise((r) => setImmediate(r));
+  release('free');
+  await blocker;
+  const replay = node.replayDeadLetter(letter.requestId);
+  assert.equal(replay.requestId, letter.requestId);
+  assert.equal(replay.correlationId, correlationId);
+  const stages = [];
+  for await (const s of replay.stages()) stages.push(s.stage);
+  assert.deepEqual(stages, ['SENT', 'RECEIVED', 'READ', 'FULFILLED']);
+  assert.equal(await replay, 5);
+
+  const missing = node.replayDeadLetter('0123456789abcdef0123456789abcdef');
+  assert.equal(missing.requestId, '0123456789abcdef0123456789abcdef');
+  assert.equal(await missing.catch((e) => e.code), 'FAILED_PRECONDITION');
+  await assert.rejects(node.replayDeadLetter(42), { code: 'INVALID_ARGUMENT' });
+
+  // A replay cancelled by its caller: ASK_CANCELLED, and the letter does not come back.
+  const blocker2 = node.ask('narrow', { block: true });
+  await assert.rejects(node.ask('narrow', { n: 6 }, { maxAttempts: 1 }), refusedToTheEnd);
+  const [second] = node.deadLetters();
+  const cancelled = node.replayDeadLetter(second.requestId);
+  cancelled.cancel();
+  assert.equal(await cancelled.catch((e) => e.code), 'ASK_CANCELLED');
+  await new Promise((r) => setImmediate(r));
+  release('x');
+  await blocker2;
+  await node.close();
+});

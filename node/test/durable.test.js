@@ -237,3 +237,51 @@ test('a promise id or key that is not well-formed Unicode (a lone surrogate) is 
     tmp.done();
   }
 });
+
+test('a durable ask left unawaited is no unhandled rejection when its node closes', () => {
+  const tmp = tempFile();
+  try {
+    // In a child: an unhandled rejection ends a process with code 1.
+    const script = `
+      const { Node } = require(${JSON.stringify(path.join(__dirname, '..'))});
+      (async () => {
+        const node = new Node().openPromises(${JSON.stringify(tmp.file)});
+        node.pool('orders').handle(() => new Promise(() => {}));
+        const { id } = node.askDurable('orders', { order: 7 });
+        await new Promise((r) => setTimeout(r, 20));
+        await node.close();
+        await new Promise((r) => setTimeout(r, 50));
+        console.log('closed cleanly ' + id);
+      })();`;
+    const out = execFileSync(process.execPath, ['-e', script], { encoding: 'utf8' });
+    assert.match(out, /^closed cleanly [0-9a-f]{32}$/m);
+  } finally {
+    tmp.done();
+  }
+});
+
+test('promises.await: pollMs and timeoutMs are checked; timeoutMs and a signal end the wait', async () => {
+  const tmp = tempFile();
+  try {
+    const node = new Node().openPromises(tmp.file);
+    const p = node.promises;
+    p.create('slow', { timeoutMs: 60_000 });
+    for (const bad of [-5, 0, Number.NaN, Infinity, 'soon', null]) {
+      await assert.rejects(p.await('slow', { pollMs: bad }), { code: 'INVALID_ARGUMENT' }, `pollMs ${bad}`);
+      await assert.rejects(p.await('slow', { timeoutMs: bad }), { code: 'INVALID_ARGUMENT' }, `timeoutMs ${bad}`);
+    }
+    await assert.rejects(p.await('slow', { signal: 'stop' }), { code: 'INVALID_ARGUMENT' });
+    const started = Date.now();
+    await assert.rejects(p.await('slow', { timeoutMs: 50, pollMs: 5 }), { code: 'ASK_TIMEOUT' });
+    assert.ok(Date.now() - started < 5_000);
+    const ac = new AbortController();
+    const waiting = p.await('slow', { signal: ac.signal, pollMs: 1_000 });
+    setTimeout(() => ac.abort('enough'), 20);
+    await assert.rejects(waiting, (e) => e.code === 'ASK_CANCELLED' && e.cause === 'enough');
+    p.resolve('slow', 1);
+    assert.equal((await p.await('slow', { timeoutMs: 50 })).state, 'RESOLVED');
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});

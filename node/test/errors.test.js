@@ -544,3 +544,55 @@ test('a name or id that is not well-formed Unicode (a lone surrogate) is INVALID
   assert.equal(await node.ask('p\ud83d\ude00', 2), 2);
   await node.close();
 });
+
+test('FAILED_PRECONDITION: a second handler for a pool, as in Python and Kotlin', async () => {
+  const node = new Node();
+  const pool = node.pool('p');
+  pool.handle((m) => m);
+  assert.throws(() => pool.handle((m) => m), {
+    code: 'FAILED_PRECONDITION',
+    message: 'failed precondition: pool p already has a handler',
+  });
+  assert.equal(await node.ask('p', 1), 1, 'the first handler stays');
+  await node.close();
+});
+
+test('processingTimeoutMs: 0 is refused in the JS option name, saying what is accepted', async () => {
+  const message =
+    'invalid argument: processingTimeoutMs must be a number of milliseconds above 0 and at most 2^53 - 1, got 0';
+  assert.throws(() => new Node({ processingTimeoutMs: 0 }), { code: 'INVALID_ARGUMENT', message });
+  const node = new Node();
+  assert.throws(() => node.pool('p', { processingTimeoutMs: 0 }), { code: 'INVALID_ARGUMENT', message });
+  await node.close();
+});
+
+test('an ask refused for its aborted signal keeps the ids it was given', async () => {
+  const node = new Node();
+  node.pool('p').handle((m) => m);
+  const ac = new AbortController();
+  ac.abort('why');
+  const requestId = 'b'.repeat(32);
+  const h = node.askHandle('p', 1, { signal: ac.signal, requestId });
+  assert.equal(h.requestId, requestId);
+  assert.equal(h.correlationId, requestId);
+  await assert.rejects(h, (e) => e.code === 'ASK_CANCELLED' && e.cause === 'why');
+  // A handle is a thenable with catch and finally, as a Promise is.
+  let finished = false;
+  const caught = await node
+    .askHandle('p', 1, { signal: ac.signal })
+    .finally(() => (finished = true))
+    .catch((e) => e.code);
+  assert.equal(caught, 'ASK_CANCELLED');
+  assert.ok(finished);
+  await node.close();
+});
+
+test('ask, askHandle and tell options that are not an object are INVALID_ARGUMENT', async () => {
+  const node = new Node();
+  node.pool('p').handle((m) => m);
+  await assert.rejects(node.ask('p', 1, 42), { code: 'INVALID_ARGUMENT' });
+  await assert.rejects(node.askHandle('p', 1, 'fast'), { code: 'INVALID_ARGUMENT' });
+  await assert.rejects(node.tell('p', 1, 7), { code: 'INVALID_ARGUMENT' });
+  assert.equal(node.stats().objects, 0, 'nothing held');
+  await node.close();
+});

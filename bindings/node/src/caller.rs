@@ -100,6 +100,16 @@ impl Core {
         }
     }
 
+    /// The correlation id of a running ask or tell.
+    #[napi(catch_unwind)]
+    pub fn correlation_id(&mut self, task: u32) -> Result<String> {
+        match self.task_mut(task) {
+            Some(Task::Ask(h)) => Ok(h.ids().correlation_id.to_string()),
+            Some(Task::Tell(h)) => Ok(h.ids().correlation_id.to_string()),
+            _ => Err(errors::invalid(format!("task {task} is not a running ask"))),
+        }
+    }
+
     /// Cancels a running ask (a protocol cancel goes to the pool); it ends
     /// with `ASK_CANCELLED` at the next drain. Nothing if it already ended.
     #[napi(catch_unwind)]

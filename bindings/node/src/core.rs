@@ -312,7 +312,7 @@ pub(crate) fn opt_millis(what: &str, ms: Option<f64>) -> Result<Option<Duration>
 }
 
 /// A timeout an ask must be able to run in (`timeoutMs`,
-/// `defaultTimeoutMs`): above 0, which the core refuses (it could not make
+/// `defaultTimeoutMs`, `processingTimeoutMs`): above 0, which the core refuses (it could not make
 /// one attempt). Checked here so that the message names the JS option and
 /// says what is accepted, as for the other durations, not the core's
 /// "must be positive" under its Rust field name.
@@ -379,7 +379,7 @@ impl Core {
         if let Some(n) = o.reconcile_capacity {
             config.reconcile_capacity = whole("reconcileCapacity", n, 0, u32::MAX)? as usize;
         }
-        if let Some(t) = opt_millis("processingTimeoutMs", o.processing_timeout_ms)? {
+        if let Some(t) = opt_timeout("processingTimeoutMs", o.processing_timeout_ms)? {
             config.timeouts.processing = Some(t);
         }
         match o.max_payload_bytes {
@@ -476,6 +476,13 @@ impl Core {
             .get(index as usize)
             .map(StageInfo::from)
             .ok_or_else(|| errors::invalid("no such stage in the last drain"))
+    }
+
+    /// This node's caller id (requests are deduplicated per caller id and
+    /// request id).
+    #[napi(catch_unwind)]
+    pub fn caller_id(&self) -> String {
+        self.node.caller_id().to_string()
     }
 
     #[napi(catch_unwind)]

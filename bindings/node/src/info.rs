@@ -134,9 +134,16 @@ pub struct PoolStatsInfo {
     pub queued: u32,
     pub admitted: f64,
     pub handler_runs: f64,
+    /// Duplicates of a running request, answered with an Ack.
+    pub duplicate_acks: f64,
+    /// Duplicates of a finished request, answered from the reply cache.
     pub replays: f64,
+    /// Replies dropped because their request was cancelled first.
+    pub suppressed_replies: f64,
     pub rejected_full: f64,
     pub cancels: f64,
+    /// Running requests cancelled at their processing timeout.
+    pub expired: f64,
     pub dedup_in_progress: u32,
     pub dedup_terminal: u32,
 }
@@ -147,8 +154,12 @@ pub struct StatsInfo {
     pub pending: u32,
     pub armed_timers: u32,
     pub retries: f64,
+    /// Outcomes that arrived after their ask timed out, reconciled once.
+    pub late_outcomes: f64,
     pub timed_out_records: u32,
     pub dlq_depth: u32,
+    /// Dead letters dropped because the queue was full.
+    pub dlq_dropped: f64,
     /// Futures the binding is driving (asks, idle workers, stage reads).
     pub tasks: u32,
     /// Requests handed to JS handlers and not yet answered.
@@ -173,8 +184,10 @@ pub fn stats(
         pending: n(node.pending),
         armed_timers: n(node.armed_timers),
         retries: node.retries as f64,
+        late_outcomes: node.late_outcomes as f64,
         timed_out_records: n(node.timed_out_records),
         dlq_depth: n(node.dlq_depth),
+        dlq_dropped: node.dlq_dropped as f64,
         tasks: n(tasks),
         requests: n(requests),
         streams: n(streams),
@@ -187,9 +200,12 @@ pub fn stats(
                 queued: n(p.queued),
                 admitted: p.admitted as f64,
                 handler_runs: p.handler_runs as f64,
+                duplicate_acks: p.duplicate_acks as f64,
                 replays: p.replays as f64,
+                suppressed_replies: p.suppressed_replies as f64,
                 rejected_full: p.rejected_full as f64,
                 cancels: p.cancels as f64,
+                expired: p.expired as f64,
                 dedup_in_progress: n(p.dedup.in_progress),
                 dedup_terminal: n(p.dedup.terminal),
                 name: p.name,

@@ -1,10 +1,10 @@
 //! The worker's side: pools whose handler is a JS function.
 
-use askpool::{DedupConfig, PoolConfig};
+use askpool::{AskError, DedupConfig, PoolConfig};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
-use crate::core::{js_number, opt_millis, whole, Core, HostedPool, Task};
+use crate::core::{js_number, opt_millis, opt_timeout, whole, Core, HostedPool, Task};
 
 /// Most workers a pool may have (the core's bound too).
 const MAX_CONCURRENCY: u32 = 65_536;
@@ -37,7 +37,8 @@ impl Core {
             if let Some(t) = opt_millis("dedupTtlMs", o.dedup_ttl_ms)? {
                 dedup.terminal_ttl = t;
             }
-            config.processing_timeout = opt_millis("processingTimeoutMs", o.processing_timeout_ms)?;
+            config.processing_timeout =
+                opt_timeout("processingTimeoutMs", o.processing_timeout_ms)?;
         }
         config.dedup = dedup;
         let concurrency = u32::try_from(config.concurrency).unwrap_or(u32::MAX);
@@ -71,10 +72,11 @@ impl Core {
             .get_mut(pool)
             .ok_or_else(|| errors::invalid(format!("unknown pool {pool}")))?;
         if hosted.handled {
-            return Err(errors::invalid(format!(
-                "pool {} already has a handler",
-                hosted.pool.name()
-            )));
+            // A state error, not a bad argument: the same handler is refused
+            // by Python and Kotlin as FAILED_PRECONDITION.
+            return Err(errors::throw(AskError::FailedPrecondition {
+                message: format!("pool {} already has a handler", hosted.pool.name()),
+            }));
         }
         hosted.handled = true;
         let workers = (0..hosted.concurrency)

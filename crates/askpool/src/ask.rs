@@ -869,6 +869,10 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> TellHandle<M, R> {
     pub fn request_id(&self) -> RequestId {
         self.inner.request_id()
     }
+
+    pub fn ids(&self) -> &AskIds {
+        self.inner.ids()
+    }
 }
 
 impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for TellHandle<M, R> {

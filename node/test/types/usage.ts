@@ -8,6 +8,7 @@ import {
   type Context,
   type StageEvent,
   type NodeStats,
+  type PoolStats,
   type DeadLetter,
   type ErrorCode,
   type DurableAsk,
@@ -51,7 +52,15 @@ export async function usage(): Promise<void> {
 
   const handle: AskHandle<Receipt> = node.askHandle<Receipt>('orders', { id: 2, items: ['a'] });
   const id: string = handle.requestId;
+  const correlation: string = handle.correlationId;
   void id;
+  void correlation;
+  const callerId: string = node.callerId;
+  void callerId;
+  const failedCode: string | undefined = await node
+    .askHandle('orders', { id: 9, items: [] })
+    .catch((e: unknown) => (e instanceof AskError ? e.code : undefined));
+  void failedCode;
   for await (const s of handle.stages()) {
     const e: StageEvent = s;
     if (e.stage === 'PARTIAL') void e.fraction;
@@ -81,8 +90,18 @@ export async function usage(): Promise<void> {
   await Promise.all([unbounded.close(), bounded.close()]);
   const letters: DeadLetter<Order>[] = node.deadLetters<Order>();
   for (const l of letters) void l.payload.items;
+  if (letters[0]) {
+    const replay: AskHandle<Receipt> = node.replayDeadLetter<Receipt>(letters[0].requestId);
+    for await (const s of replay.stages()) void s.stage;
+    const replayed: Receipt = await replay;
+    void replayed;
+  }
   const stats: NodeStats = node.stats();
   void stats.pools[0]?.inFlight;
+  const drops: number = stats.dlqDropped + stats.lateOutcomes;
+  void drops;
+  const poolStats: PoolStats = pool.stats();
+  void (poolStats.duplicateAcks + poolStats.suppressedReplies + poolStats.expired);
   node.purgeDeadLetters();
 
   node.openPromises('/tmp/promises.db', { timeoutMs: 60_000 });
@@ -94,7 +113,11 @@ export async function usage(): Promise<void> {
     param: { id: 5, items: [] },
     key: 'k',
   });
-  const settled = await node.promises.await<Order, Receipt>(created.id, { pollMs: 5 });
+  const settled = await node.promises.await<Order, Receipt>(created.id, {
+    pollMs: 5,
+    timeoutMs: 1_000,
+    signal: AbortSignal.timeout(2_000),
+  });
   if (settled.state === 'RESOLVED') void settled.value?.total;
   const pruned: number = node.promises.prune({ olderThanMs: 7 * 24 * 3_600_000 });
   void pruned;
