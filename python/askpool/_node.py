@@ -8,7 +8,7 @@ import inspect
 import threading
 import weakref
 from types import TracebackType
-from typing import Any, AsyncGenerator, AsyncIterator, NamedTuple, Optional, TypeVar
+from typing import Any, AsyncGenerator, NamedTuple, Optional, TypeVar
 
 from . import _dispatch, _native
 from ._dispatch import Handler
@@ -263,7 +263,7 @@ class AskHandle(asyncio.Future[Any]):
         self._native.cancel()
         return super().cancel(msg)
 
-    def stages(self) -> AsyncIterator[StageEvent]:
+    def stages(self) -> AsyncGenerator[StageEvent, None]:
         """The ask's stage events as they happen, ending after the terminal
         one. Empty on a node made with ``track_stages=False``. One stream
         per ask: a second call raises ``InvalidArgumentError`` (two
@@ -275,7 +275,7 @@ class AskHandle(asyncio.Future[Any]):
         self._stages_taken = True
         return self._stage_events()
 
-    async def _stage_events(self) -> AsyncIterator[StageEvent]:
+    async def _stage_events(self) -> AsyncGenerator[StageEvent, None]:
         loop = _running_loop("AskHandle.stages()")
         driver = _driver(loop)
         while True:
@@ -346,12 +346,14 @@ class Pool:
 
     def handler(self, fn: H) -> H:
         """Registers ``async def fn(msg, ctx)`` (or an object with an
-        ``async def __call__``) and starts the pool's workers on the running
-        event loop."""
+        ``async def __call__``, or a decorator's wrapper of either that keeps
+        ``__wrapped__``, as ``functools.wraps`` does) and starts the pool's
+        workers on the running event loop."""
         declared: object = fn  # no TypeGuard narrowing of `fn` itself
-        if not (
-            inspect.iscoroutinefunction(declared)
-            or inspect.iscoroutinefunction(getattr(type(declared), "__call__", None))
+        if not any(
+            inspect.iscoroutinefunction(f)
+            or inspect.iscoroutinefunction(getattr(type(f), "__call__", None))
+            for f in (declared, inspect.unwrap(fn))
         ):
             raise TypeError(f"a pool handler must be an `async def`, not {fn!r}")
         if self._native is not None:

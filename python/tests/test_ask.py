@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, AsyncGenerator
 
 import pytest
 
@@ -207,6 +207,18 @@ async def test_stages_can_be_read_once() -> None:
         with pytest.raises(askpool.InvalidArgumentError):
             handle_.stages()
         assert [e.stage async for e in events][-1] == "FULFILLED"
+        assert await handle_ == 1
+
+
+async def test_stages_is_an_async_generator_that_can_be_closed_early() -> None:
+    """Typed as what it is (mypy accepts ``aclose`` and ``aclosing``)."""
+    async with Node() as node:
+        node.pool("p").handler(_identity)
+        handle_ = node.ask("p", 1, timeout=5)
+        events: AsyncGenerator[askpool.StageEvent, None] = handle_.stages()
+        first = await events.__anext__()
+        assert first.stage == "SENT"
+        await events.aclose()
         assert await handle_ == 1
 
 

@@ -787,3 +787,38 @@ def test_errors_survive_pickle_and_copy(error: askpool.AskpoolError) -> None:
         if isinstance(error, askpool.HandlerError):
             assert isinstance(clone, askpool.HandlerError)
             assert (clone.type_name, clone.message) == (error.type_name, error.message)
+
+
+async def test_a_handler_wrapped_by_a_decorator_is_accepted() -> None:
+    """A ``functools.wraps`` decorator's sync wrapper of an ``async def``
+    type-checks as a handler and runs as one; a wrapper that returns
+    something else fails its requests with a TypeError that says so."""
+    import functools
+
+    def traced(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(msg: Any, ctx: Context) -> Any:
+            return fn(msg, ctx)
+
+        return wrapper
+
+    def broken(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(msg: Any, ctx: Context) -> Any:
+            return "not a coroutine"
+
+        return wrapper
+
+    async def echo(msg: Any, ctx: Context) -> Any:
+        return msg
+
+    async with Node() as node:
+        node.pool("traced").handler(traced(echo))
+        assert await node.ask("traced", 7) == 7
+        node.pool("broken").handler(broken(echo))
+        with pytest.raises(askpool.HandlerError) as info:
+            await node.ask("broken", 7)
+        assert "TypeError" in str(info.value)
+        assert "must return a coroutine" in str(info.value)
+        with pytest.raises(TypeError):
+            node.pool("sync").handler(lambda msg, ctx: msg)

@@ -437,3 +437,73 @@ def test_a_durable_timeout_under_a_millisecond_is_refused_at_open(tmp_path: Path
         with pytest.raises(askpool.InvalidArgumentError):
             Promises.open(tmp_path / "p.db", durable_timeout=bad)
     assert Promises.open(tmp_path / "p.db", durable_timeout=0.001) is not None
+
+
+async def test_awaits_given_up_leave_nothing_polling_the_store(promises: Promises) -> None:
+    """An await of an id being asked waits in its handle; a caller that
+    gives up on it (a timeout around it, a cancelled task) drops that wait,
+    as it drops an ask, instead of leaving it to poll the store until the
+    promise settles (an hour by default)."""
+    upper = GatedUpper()
+    async with Node(promises=promises) as node:
+        node.pool("slow").handler(upper)
+        first = node.ask_durable("slow", "hi")
+        await asyncio.sleep(0.01)
+        assert node._current is not None
+        driver = node._current[1]
+        before = driver.live()
+        for _ in range(200):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(node.await_durable(first.id), 0.001)
+        again = node.ask_durable("slow", "hi", request_id=first.id)
+        again.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await again
+        await asyncio.sleep(0.05)
+        assert driver.live() <= before, (before, driver.live())
+        upper.go.set()
+        assert await first == "HI"
+        assert upper.runs == 1
+
+
+async def test_an_equal_message_that_pickles_differently_is_the_same_request(
+    promises: Promises,
+) -> None:
+    """Pickle is not canonical: equal sets pickle in hash order. Asked again
+    under its id with an equal message, a durable ask is the same request;
+    with another message it is still a PayloadMismatchError."""
+    a, b = {0, 8}, {8, 0}
+    assert a == b and pickle.dumps(a) != pickle.dumps(b)
+    runs = 0
+    async with Node(promises=promises) as node:
+        pool = node.pool("p")
+
+        @pool.handler
+        async def handle(msg: set[int], ctx: Context) -> list[int]:
+            nonlocal runs
+            runs += 1
+            return sorted(msg)
+
+        rid = "0123456789abcdef0123456789abcdef"
+        assert await node.ask_durable("p", a, request_id=rid) == [0, 8]
+        assert await node.ask_durable("p", b, request_id=rid) == [0, 8]
+        assert runs == 1
+        with pytest.raises(askpool.PayloadMismatchError):
+            await node.ask_durable("p", {0, 9}, request_id=rid)
+
+
+async def test_a_durable_ask_passes_its_message_itself_in_process(promises: Promises) -> None:
+    """The message is stored pickled, but the handler gets the very object
+    asked (DESIGN 7), as for any ask in process."""
+    seen: list[object] = []
+    async with Node(promises=promises) as node:
+        pool = node.pool("p")
+
+        @pool.handler
+        async def handle(msg: dict[str, int], ctx: Context) -> int:
+            seen.append(msg)
+            return msg["n"]
+
+        message = {"n": 3}
+        assert await node.ask_durable("p", message) == 3
+        assert seen[0] is message

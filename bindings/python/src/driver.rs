@@ -224,6 +224,13 @@ impl LoopDriver {
     fn queued(&self) -> usize {
         self.shared.queue.lock().len()
     }
+
+    /// Tasks alive on this driver: each drives a future (an ask, a wait)
+    /// until it ends or its awaiter gives up (for tests of what is left).
+    fn live(&self) -> usize {
+        let live = self.shared.live.lock();
+        live.tasks.iter().filter(|t| t.strong_count() > 0).count()
+    }
 }
 
 impl LoopDriver {

@@ -375,11 +375,6 @@ impl NativeNode {
         msg: Py<PyAny>,
         request_id: Option<&str>,
     ) -> PyResult<String> {
-        if let Err(e) = crate::promises::dumps(py, msg.bind(py)) {
-            return to_py(Err(AskError::InvalidArgument {
-                message: format!("a durable ask's message must be picklable: {e}"),
-            }));
-        }
         let id = request_id
             .map(|id| to_py(parse::<RequestId>("request_id", id)))
             .transpose()?;
@@ -399,7 +394,13 @@ impl NativeNode {
             });
             let handle = to_py(handle)?;
             let id = handle.id().to_owned();
-            FutureTask::spawn(&driver.shared, handle, target, reply);
+            let done = target.clone_ref(py);
+            let task = FutureTask::spawn(&driver.shared, handle, target, reply);
+            // A caller that stops waiting (a cancelled task, a timeout
+            // around the handle) drops the handle: the ask itself goes on,
+            // detached in the core; an await of an id being asked elsewhere
+            // stops polling the store.
+            task.abandon_when_done(done.bind(py))?;
             Ok(id)
         })
     }
@@ -420,8 +421,10 @@ impl NativeNode {
                 self.node.await_durable(&promises.durable, id)
             });
             let handle = to_py(handle)?;
-            FutureTask::spawn(&driver.shared, handle, target, reply);
-            Ok(())
+            let done = target.clone_ref(py);
+            let task = FutureTask::spawn(&driver.shared, handle, target, reply);
+            // As for `ask_durable`.
+            task.abandon_when_done(done.bind(py))
         })
     }
 

@@ -50,12 +50,28 @@ impl Durable for Obj {
 
     fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
         Python::attach(|py| {
-            pickle(py)
-                .and_then(|p| p.call_method1(intern!(py, "loads"), (PyBytes::new(py, bytes),)))
+            loads(py, bytes)
                 .map(|o| Obj::new(o.unbind()))
                 .map_err(|e| format!("cannot unpickle a durable value: {e}"))
         })
     }
+
+    /// Pickle is not canonical: equal sets pickle in hash order, which
+    /// `PYTHONHASHSEED` changes between processes. Bytes that differ are
+    /// the same message if they unpickle to a value equal to this one.
+    fn same_as(&self, encoded: &[u8], stored: &[u8]) -> bool {
+        encoded == stored
+            || Python::attach(|py| {
+                loads(py, stored)
+                    .and_then(|old| old.eq(self.get(py).bind(py)))
+                    .unwrap_or(false)
+            })
+    }
+}
+
+/// `pickle.loads(bytes)`.
+fn loads<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    pickle(py)?.call_method1(intern!(py, "loads"), (PyBytes::new(py, bytes),))
 }
 
 /// A promise as `(id, state, param, value, timeout_at, tags, created_at,

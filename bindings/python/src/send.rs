@@ -244,6 +244,24 @@ pub(crate) fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     task_switch(py)?.get_running_loop.bind(py).call0()
 }
 
+/// A handler registered as a wrapper of an `async def` (`functools.wraps`)
+/// may still return something else: the request fails with a `TypeError`
+/// that says so, not an `AttributeError` about `send`. Looked at only when
+/// the first step failed (the hot path checks nothing).
+fn no_coroutine(returned: &Bound<'_, PyAny>) -> Option<PyErr> {
+    let py = returned.py();
+    match returned.hasattr(intern!(py, "send")) {
+        Ok(true) => None,
+        _ => Some(pyo3::exceptions::PyTypeError::new_err(format!(
+            "a pool handler must return a coroutine (call an `async def`), not {}",
+            returned
+                .get_type()
+                .name()
+                .map_or_else(|_| "an object".to_owned(), |n| n.to_string())
+        ))),
+    }
+}
+
 /// Runs `handler(message, ctx)` and its coroutine's first step as `task` of
 /// `event_loop`, in `context`: the coroutine, and what its step gave.
 pub(crate) fn first_step<'py>(
@@ -271,13 +289,16 @@ pub(crate) fn first_step<'py>(
             // SAFETY: a new reference (see above).
             PYGEN_RETURN => Sent::Returned(unsafe { Bound::from_owned_ptr(py, out) }),
             PYGEN_NEXT => Sent::Yielded(unsafe { Bound::from_owned_ptr(py, out) }),
-            _ => return Err(PyErr::fetch(py)),
+            _ => return Err(no_coroutine(&coro).unwrap_or_else(|| PyErr::fetch(py))),
         };
         return Ok((coro, sent));
     }
     // The Python way: `context.run(handler, ...)`, then `context.run(coro.send, None)`.
     let run = context.getattr(intern!(py, "run"))?;
     let coro = run.call1((handler, args.0, args.1))?;
+    if let Some(e) = no_coroutine(&coro) {
+        return Err(e);
+    }
     let sent = match run.call1((coro.getattr(intern!(py, "send"))?, py.None())) {
         Ok(yielded) => Sent::Yielded(yielded),
         Err(e) if e.is_instance_of::<PyStopIteration>(py) => {

@@ -53,6 +53,15 @@ pub fn now_millis() -> Millis {
 pub trait Durable: Sized {
     fn to_bytes(&self) -> Result<Vec<u8>, String>;
     fn from_bytes(bytes: &[u8]) -> Result<Self, String>;
+
+    /// Whether this message, encoded as `encoded`, is the one stored as
+    /// `stored` under the same id (else the ask is `PayloadMismatch`).
+    /// Equal bytes by default; an encoding that is not canonical (Python's
+    /// pickle writes equal sets in hash order, which changes between
+    /// processes) compares what the bytes stand for.
+    fn same_as(&self, encoded: &[u8], stored: &[u8]) -> bool {
+        encoded == stored
+    }
 }
 
 impl Durable for Vec<u8> {
@@ -194,10 +203,14 @@ where
         // The id names one request: its pool as much as its message (the
         // same message to another pool is another request).
         let asked_pool = created.promise.tags.get(POOL_TAG).map(String::as_str);
-        if created.deduplicated && (created.promise.param != param || asked_pool != Some(pool)) {
+        if created.deduplicated
+            && (!msg.same_as(&param, &created.promise.param) || asked_pool != Some(pool))
+        {
             return Err(AskError::PayloadMismatch);
         }
-        Ok(resume(self, promises, id, created.promise))
+        // The message itself, not its stored copy: in process a host object
+        // reaches the handler as the very object asked (DESIGN 7).
+        Ok(resume(self, promises, id, created.promise, Some(msg)))
     }
 
     fn await_durable(
@@ -219,7 +232,7 @@ where
                 message: format!("promise {id} was not made by a durable ask"),
             });
         }
-        Ok(resume(self, promises, request_id, promise))
+        Ok(resume(self, promises, request_id, promise, None))
     }
 }
 
@@ -228,12 +241,14 @@ fn is_durable_ask(p: &Promise) -> bool {
     p.create_key.as_deref() == Some(p.id.as_str()) && p.tags.contains_key(POOL_TAG)
 }
 
-/// Answers from a settled promise, or (re-)sends the ask and records it.
+/// Answers from a settled promise, or (re-)sends the ask and records it:
+/// `asked`, the message this process asked, else the one stored.
 fn resume<M, R>(
     node: &Node<M, R>,
     promises: &DurablePromises,
     id: RequestId,
     promise: Promise,
+    asked: Option<M>,
 ) -> DurableHandle<R>
 where
     M: Durable + Clone + Send + 'static,
@@ -244,7 +259,7 @@ where
         return DurableHandle::ready(key, outcome_of(&promise));
     }
     let pool = promise.tags.get(POOL_TAG).cloned().unwrap_or_default();
-    let msg = match M::from_bytes(&promise.param) {
+    let msg = match asked.map_or_else(|| M::from_bytes(&promise.param), Ok) {
         Ok(msg) => msg,
         Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
     };
