@@ -285,3 +285,23 @@ test('promises.await: pollMs and timeoutMs are checked; timeoutMs and a signal e
     tmp.done();
   }
 });
+
+test('a durable ask passes its message itself in process (stored as JSON all the same)', async () => {
+  const tmp = tempFile();
+  try {
+    const node = new Node().openPromises(tmp.file);
+    let seen;
+    node.pool('p').handle((m) => {
+      seen = m;
+      return m.n;
+    });
+    const message = { n: 3 };
+    const asked = node.askDurable('p', message);
+    assert.equal(await asked, 3);
+    assert.equal(seen, message, 'the very object');
+    assert.deepEqual(node.promises.get(asked.id).param, { n: 3 });
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});

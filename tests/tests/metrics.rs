@@ -100,6 +100,15 @@ fn metrics_after_a_scripted_run() {
         counter(&s, "askpool_timeouts_total", &[("code", "ASK_TIMEOUT")]),
         1
     );
+    // The pool's processing timeout, counted as its breaker counts it.
+    assert_eq!(
+        counter(
+            &s,
+            "askpool_timeouts_total",
+            &[("code", "DEADLINE_EXCEEDED")]
+        ),
+        1
+    );
     assert_eq!(
         counter(&s, "askpool_dedup_hits_total", &[("kind", "replay")]),
         1
@@ -108,8 +117,8 @@ fn metrics_after_a_scripted_run() {
     assert_eq!(gauge(&s, "askpool_pending_acks"), 0.0);
     assert_eq!(
         gauge(&s, "askpool_dlq_depth"),
-        1.0,
-        "the timeout was dead-lettered"
+        0.0,
+        "the timeout was dead-lettered, and its node is gone with it"
     );
     let latency = "askpool_end_to_end_latency_seconds";
     assert_eq!(histogram_count(&s, latency, &[("outcome", "ok")]), 5);
@@ -137,48 +146,37 @@ fn labelled_gauge(s: &HashMap<Key, DebugValue>, name: &str, pairs: &[(&str, &str
 /// cache's evictions are published (by `Node::stats`) per reason.
 #[test]
 fn breaker_state_and_dedup_evictions() {
-    let recorder = DebuggingRecorder::new();
-    let (open, closed) = metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
+    // One recorder per phase: a snapshot resets every gauge to 0, so a
+    // gauge read from a second snapshot of one recorder is 0 whether or not
+    // it was set to 0 meanwhile. A fresh recorder holds only what was set
+    // while it was the recorder.
+    let runtime = paused_runtime();
+    let (node, open) = in_recorder(&runtime, async {
+        let node: Node<u64, u64> = breaking_node(4, Duration::from_secs(1));
+        node.pool("flaky")
+            .dedup(DedupConfig {
+                max_terminal: 2,
+                ..DedupConfig::default()
+            })
+            .handler(|m: u64, _ctx| async move {
+                if m == 0 {
+                    Err(AskError::internal("down"))
+                } else {
+                    Ok(m)
+                }
+            })
             .unwrap();
-        runtime.block_on(async {
-            let node: Node<u64, u64> = Node::with_config(NodeConfig {
-                breaker: Some(BreakerConfig {
-                    min_requests: 4,
-                    failure_rate: 0.5,
-                    open_for: Duration::from_secs(1),
-                    half_open_probes: 1,
-                    ..BreakerConfig::default()
-                }),
-                ..NodeConfig::default()
-            });
-            node.pool("flaky")
-                .dedup(DedupConfig {
-                    max_terminal: 2,
-                    ..DedupConfig::default()
-                })
-                .handler(|m: u64, _ctx| async move {
-                    if m == 0 {
-                        Err(AskError::internal("down"))
-                    } else {
-                        Ok(m)
-                    }
-                })
-                .unwrap();
-            for _ in 0..4 {
-                node.ask("flaky", 0).await.unwrap_err();
-            }
-            let open = snapshot(&recorder);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            for m in 1..=3 {
-                node.ask("flaky", m).await.unwrap();
-            }
-            node.stats();
-            (open, snapshot(&recorder))
-        })
+        for _ in 0..4 {
+            node.ask("flaky", 0).await.unwrap_err();
+        }
+        node
+    });
+    let (_, closed) = in_recorder(&runtime, async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for m in 1..=3 {
+            node.ask("flaky", m).await.unwrap();
+        }
+        node.stats();
     });
     let state = |s: &HashMap<Key, DebugValue>| {
         labelled_gauge(s, "askpool_breaker_state", &[("pool", "flaky")])
@@ -194,6 +192,40 @@ fn breaker_state_and_dedup_evictions() {
         ),
         5
     );
+}
+
+/// A node whose breakers open when half of at least `min_requests` asks
+/// failed, for `open_for`, then let one probe through.
+fn breaking_node(min_requests: u32, open_for: Duration) -> Node<u64, u64> {
+    Node::with_config(NodeConfig {
+        breaker: Some(BreakerConfig {
+            min_requests,
+            failure_rate: 0.5,
+            open_for,
+            half_open_probes: 1,
+            ..BreakerConfig::default()
+        }),
+        ..NodeConfig::default()
+    })
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// Runs `work` on `runtime` with a fresh debugging recorder as the
+/// recorder; its output, and what was recorded meanwhile.
+fn in_recorder<T>(
+    runtime: &tokio::runtime::Runtime,
+    work: impl std::future::Future<Output = T>,
+) -> (T, HashMap<Key, DebugValue>) {
+    let recorder = DebuggingRecorder::new();
+    let out = metrics::with_local_recorder(&recorder, || runtime.block_on(work));
+    (out, snapshot(&recorder))
 }
 
 async fn scripted_run() {
@@ -255,4 +287,199 @@ async fn scripted_run() {
         askpool::ErrorCode::AskCancelled
     );
     tokio::time::sleep(Duration::from_secs(20)).await;
+}
+
+/// A node made under a recorder describes the metrics to it (help text and
+/// units), whichever recorder came before.
+#[test]
+fn every_recorder_a_node_is_made_under_gets_the_descriptions() {
+    let runtime = paused_runtime();
+    for _ in 0..2 {
+        let recorder = DebuggingRecorder::new();
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                let node: Node<u64, u64> = Node::new();
+                node.pool("p")
+                    .handler(|m: u64, _ctx| async move { Ok(m) })
+                    .unwrap();
+                node.ask("p", 1).await.unwrap();
+            })
+        });
+        let described = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, ..)| key.key().name() == "askpool_end_to_end_latency_seconds")
+            .map(|(_, unit, description, _)| (unit, description.map(|d| d.to_string())));
+        assert_eq!(
+            described,
+            Some((
+                Some(metrics::Unit::Seconds),
+                Some("Time from sending an ask to its outcome".to_string())
+            ))
+        );
+    }
+}
+
+/// A node whose pool "full" is full for good, and whose asks are not
+/// re-sent: each further ask is dead-lettered at once.
+async fn node_with_a_full_pool() -> (Node<u64, u64>, askpool::AskHandle<u64, u64>) {
+    let node: Node<u64, u64> = Node::with_config(NodeConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..NodeConfig::default()
+    });
+    node.pool("full")
+        .max_in_flight(1)
+        .handler(|m: u64, _ctx| async move {
+            std::future::pending::<()>().await;
+            Ok(m)
+        })
+        .unwrap();
+    let stuck = node.ask("full", 0).send();
+    tokio::task::yield_now().await;
+    (node, stuck)
+}
+
+/// The DLQ gauge is the letters of every node of the process: each node
+/// adds and removes its own, and a node dropped takes its letters out.
+#[test]
+fn the_dlq_gauge_sums_every_node() {
+    let runtime = paused_runtime();
+    let ((a, b), s) = in_recorder(&runtime, async {
+        let a = node_with_a_full_pool().await;
+        let b = node_with_a_full_pool().await;
+        for i in 1..=3 {
+            a.0.ask("full", i).await.unwrap_err();
+        }
+        b.0.ask("full", 9).await.unwrap_err();
+        assert_eq!((a.0.stats().dlq_depth, b.0.stats().dlq_depth), (3, 1));
+        // An empty node's purge, another node's letters.
+        let c = node_with_a_full_pool().await;
+        assert_eq!(c.0.purge_dead_letters(), 0);
+        (a, b)
+    });
+    assert_eq!(gauge(&s, "askpool_dlq_depth"), 4.0);
+    let (_, s) = in_recorder(&runtime, async move {
+        assert_eq!(b.0.purge_dead_letters(), 1);
+        drop(a);
+    });
+    assert_eq!(
+        gauge(&s, "askpool_dlq_depth"),
+        -4.0,
+        "one purged, three dropped"
+    );
+}
+
+/// Evictions are counted over every node: each publishes what it added.
+#[test]
+fn dedup_evictions_sum_every_node() {
+    let runtime = paused_runtime();
+    let (_, s) = in_recorder(&runtime, async {
+        for (asks, stats_calls) in [(6, 2), (3, 1)] {
+            let node: Node<u64, u64> = Node::new();
+            node.pool("p")
+                .dedup(DedupConfig {
+                    max_terminal: 1,
+                    ..DedupConfig::default()
+                })
+                .handler(|m: u64, _ctx| async move { Ok(m) })
+                .unwrap();
+            for m in 0..asks {
+                node.ask("p", m).await.unwrap();
+            }
+            for _ in 0..stats_calls {
+                node.stats();
+            }
+        }
+    });
+    assert_eq!(
+        counter(
+            &s,
+            "askpool_dedup_evictions_total",
+            &[("reason", "capacity")]
+        ),
+        5 + 2
+    );
+}
+
+/// Between Open and Closed the breaker's gauge reads 2 (half-open): a probe
+/// is in flight.
+#[test]
+fn the_breaker_gauge_shows_half_open() {
+    let runtime = paused_runtime();
+    let (node, _) = in_recorder(&runtime, async {
+        let node: Node<u64, u64> = breaking_node(2, Duration::from_secs(1));
+        node.pool("flaky")
+            .handler(|m: u64, _ctx| async move {
+                match m {
+                    0 => Err(AskError::internal("down")),
+                    _ => {
+                        std::future::pending::<()>().await;
+                        Ok(m)
+                    }
+                }
+            })
+            .unwrap();
+        for _ in 0..2 {
+            node.ask("flaky", 0).await.unwrap_err();
+        }
+        node
+    });
+    let (_probe, s) = in_recorder(&runtime, async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let probe = node.ask("flaky", 1).send();
+        tokio::task::yield_now().await;
+        // Kept in flight until the snapshot (an Option: not awaitable).
+        Some(probe)
+    });
+    assert_eq!(
+        labelled_gauge(&s, "askpool_breaker_state", &[("pool", "flaky")]),
+        2.0
+    );
+}
+
+/// Every ask's outcome is in the end-to-end latency: refused at once (an
+/// open breaker), cancelled or dropped by its caller. A tell's is not (it
+/// ends at RECEIVED; the latency is send to FULFILLED).
+#[test]
+fn end_to_end_counts_refusals_and_cancels_but_not_tells() {
+    let runtime = paused_runtime();
+    let (_, s) = in_recorder(&runtime, async {
+        let node: Node<u64, u64> = breaking_node(2, Duration::from_secs(60));
+        node.pool("slow")
+            .handler(|m: u64, _ctx| async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok(m)
+            })
+            .unwrap();
+        node.tell("slow", 1).await.unwrap();
+        let mut cancelled = node.ask("slow", 2).send();
+        cancelled.cancel();
+        cancelled.await.unwrap_err();
+        drop(node.ask("slow", 3).send());
+        node.pool("down")
+            .handler(|_m: u64, _ctx| async move { Err(AskError::internal("down")) })
+            .unwrap();
+        for _ in 0..2 {
+            node.ask("down", 0).await.unwrap_err();
+        }
+        let refused = node.ask("down", 0).await.unwrap_err();
+        assert_eq!(refused.code(), askpool::ErrorCode::Unavailable);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    });
+    let latency = "askpool_end_to_end_latency_seconds";
+    assert_eq!(histogram_count(&s, latency, &[("outcome", "ok")]), 0);
+    assert_eq!(
+        histogram_count(&s, latency, &[("outcome", "ASK_CANCELLED")]),
+        2
+    );
+    assert_eq!(
+        histogram_count(&s, latency, &[("outcome", "UNAVAILABLE")]),
+        1
+    );
+    assert_eq!(histogram_count(&s, latency, &[("outcome", "INTERNAL")]), 2);
 }

@@ -287,8 +287,10 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             node,
         };
         if let Err(e) = handle.admit(policy, options.payload_size, now) {
-            // A refused ask never reached the wire; its stage stream ends.
+            // A refused ask never reached the wire; its stage stream ends,
+            // and its outcome counts (a breaker's refusals among them).
             handle.slot.record_terminal(AckStage::Rejected, now);
+            telemetry::end_to_end(Some(&e), Duration::ZERO);
             if let Some(reason) = handle.refile {
                 // A replay refused at once (breaker open, id pending, node
                 // closing) keeps its letter.
@@ -367,7 +369,6 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             failed_at: now,
         };
         dlq.push(letter, self.replay_hook.clone());
-        telemetry::dlq_depth(dlq.len());
     }
 
     /// Checks that the ask may start (valid policy, payload within bounds,
@@ -432,11 +433,18 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         let now = self.node.clock.now();
         let step = self.machine.cancel();
         if let Some(error) = self.perform(step, now) {
-            self.slot
-                .record_terminal(AckStage::terminal_for_error(&error), now);
+            self.cancelled(&error, now);
             self.early = Some(Err(error));
         }
         self.release();
+    }
+
+    /// What a cancel by its caller (`cancel()`, or the handle dropped)
+    /// records: the terminal stage and the outcome.
+    fn cancelled(&self, error: &AskError, now: Timestamp) {
+        telemetry::end_to_end(Some(error), now.saturating_since(self.machine.started()));
+        self.slot
+            .record_terminal(AckStage::terminal_for_error(error), now);
     }
 
     /// The ask's ACK lifecycle as a stream of stage events (SENT, RECEIVED,
@@ -545,11 +553,13 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         match &result {
             Err(error) => self.conclude(error, now),
             Ok(reply) => {
-                telemetry::end_to_end(None, now.saturating_since(self.machine.started()));
                 tracing::debug!(parent: &self.span, "ask answered");
                 self.settle_breaker(Verdict::Success, now);
-                // A tell ends at its Ack: RECEIVED is as far as it is tracked.
+                // A tell ends at its Ack: RECEIVED is as far as it is
+                // tracked, and it has no end-to-end latency (send to
+                // FULFILLED).
                 if reply.is_some() {
+                    telemetry::end_to_end(None, now.saturating_since(self.machine.started()));
                     self.slot.record_terminal(AckStage::Fulfilled, now);
                 }
             }
@@ -779,8 +789,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Drop for AskHandle<M,
             let now = self.node.clock.now();
             let step = self.machine.cancel();
             if let Some(error) = self.perform(step, now) {
-                self.slot
-                    .record_terminal(AckStage::terminal_for_error(&error), now);
+                self.cancelled(&error, now);
             }
         }
         self.release();

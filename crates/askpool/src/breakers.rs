@@ -67,7 +67,16 @@ impl Breakers {
             return Ok(None);
         }
         match self.by_pool.lock().get_mut(pool) {
-            Some(breaker) => breaker.try_acquire(now).map(Some),
+            Some(breaker) => {
+                // An Open breaker whose time is up turns HalfOpen here, not
+                // in `report`: its gauge is told here too.
+                let generation = breaker.generation();
+                let permit = breaker.try_acquire(now);
+                if breaker.generation() != generation {
+                    telemetry::breaker_state(pool.as_str(), breaker.state(now));
+                }
+                permit.map(Some)
+            }
             None => Ok(None),
         }
     }

@@ -17,6 +17,7 @@ use askpool_proto::{
 };
 
 use crate::ask::ReplayHook;
+use crate::telemetry;
 
 /// Why an ask was dead-lettered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +104,7 @@ impl<M, R> DeadLetterQueue<M, R> {
             self.dropped += 1;
             return;
         }
+        let before = self.letters.len();
         while self.letters.len() >= self.capacity {
             self.letters.pop_front();
             self.dropped += 1;
@@ -111,11 +113,14 @@ impl<M, R> DeadLetterQueue<M, R> {
             letter,
             replay_hook,
         });
+        telemetry::dlq_depth_changed(self.letters.len() as isize - before as isize);
     }
 
     pub(crate) fn take(&mut self, id: RequestId) -> Option<Filed<M, R>> {
         let index = self.iter().position(|l| l.request_id() == id)?;
-        self.letters.remove(index)
+        let taken = self.letters.remove(index);
+        telemetry::dlq_depth_changed(-1);
+        taken
     }
 
     pub(crate) fn get(&self, id: RequestId) -> Option<&DeadLetter<M>> {
@@ -129,6 +134,7 @@ impl<M, R> DeadLetterQueue<M, R> {
     pub(crate) fn purge(&mut self) -> usize {
         let n = self.letters.len();
         self.letters.clear();
+        telemetry::dlq_depth_changed(-(n as isize));
         n
     }
 
@@ -138,5 +144,13 @@ impl<M, R> DeadLetterQueue<M, R> {
 
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped
+    }
+}
+
+/// A queue dropped with its node takes its letters out of the process's
+/// gauge.
+impl<M, R> Drop for DeadLetterQueue<M, R> {
+    fn drop(&mut self) {
+        telemetry::dlq_depth_changed(-(self.letters.len() as isize));
     }
 }

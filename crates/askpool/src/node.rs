@@ -268,17 +268,20 @@ where
 
     pub fn stats(&self) -> NodeStats {
         let caller = &self.shared.caller;
+        let (mut capacity, mut ttl) = (0, 0);
         let mut pools: Vec<PoolStats> = self
             .shared
             .pools
             .lock()
             .values()
-            .map(|p| p.stats())
+            .map(|p| {
+                let stats = p.stats();
+                let (c, t) = p.unpublished_evictions(&stats.dedup);
+                (capacity, ttl) = (capacity + c, ttl + t);
+                stats
+            })
             .collect();
         pools.sort_by(|a, b| a.name.cmp(&b.name));
-        let (capacity, ttl) = pools.iter().fold((0, 0), |(c, t), p| {
-            (c + p.dedup.evicted_capacity, t + p.dedup.evicted_ttl)
-        });
         telemetry::dedup_evictions(capacity, ttl);
         let (dlq_depth, dlq_dropped) = {
             let dlq = caller.dlq.lock();
@@ -321,12 +324,7 @@ where
     /// a replay cancelled by its caller does not. `FailedPrecondition` if
     /// there is no such letter.
     pub fn replay_dead_letter(&self, id: RequestId) -> Result<AskHandle<M, R>, AskError> {
-        let taken = {
-            let mut dlq = self.shared.caller.dlq.lock();
-            let taken = dlq.take(id);
-            telemetry::dlq_depth(dlq.len());
-            taken
-        };
+        let taken = self.shared.caller.dlq.lock().take(id);
         let Filed {
             letter,
             replay_hook,
@@ -350,9 +348,7 @@ where
 
     /// Empties the dead-letter queue; returns how many letters it held.
     pub fn purge_dead_letters(&self) -> usize {
-        let n = self.shared.caller.dlq.lock().purge();
-        telemetry::dlq_depth(0);
-        n
+        self.shared.caller.dlq.lock().purge()
     }
 
     /// Called with every late outcome: the worker finished an ask after this

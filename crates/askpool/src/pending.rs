@@ -792,12 +792,7 @@ impl<M, R> CallerSide<M, R> {
         // Dropped last, outside the lock: its payload or replay hook may
         // hold the last clone of the node, whose drop locks the DLQ
         // (`CallerSide::forget`).
-        let letter = {
-            let mut dlq = self.dlq.lock();
-            let letter = dlq.take(id);
-            telemetry::dlq_depth(dlq.len());
-            letter
-        };
+        let letter = self.dlq.lock().take(id);
         let stage = record.slot.reconcile(
             match &result {
                 LateResult::Reply(outcome) => AckStage::terminal_for_outcome(outcome),

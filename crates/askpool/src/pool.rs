@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::cancel::CancelSignal;
-use askpool_dedup::{DedupState, DedupTable};
+use askpool_dedup::{DedupState, DedupStats, DedupTable};
 use askpool_proto::inbound::{self, InboundAction, InboundEvent, InboundState};
 use askpool_proto::{
     AckStage, AskError, AskIds, CallerId, CancelReason, DedupKey, Envelope, ErrorCode, Outcome,
@@ -106,6 +106,24 @@ pub(crate) struct PoolCounters {
     pub(crate) cancels: AtomicU64,
     pub(crate) tombstones: AtomicU64,
     pub(crate) expired: AtomicU64,
+    /// Reply-cache evictions (capacity, TTL) already added to the
+    /// process's counter (`Node::stats` publishes what is new).
+    evictions_published: [AtomicU64; 2],
+}
+
+impl PoolCounters {
+    /// Evictions (capacity, TTL) not yet published, of the totals `dedup`
+    /// gives; each is published once, whoever publishes first.
+    pub(crate) fn unpublished_evictions(&self, dedup: &DedupStats) -> (u64, u64) {
+        let [capacity, ttl] = &self.evictions_published;
+        let new = |published: &AtomicU64, total: u64| {
+            total.saturating_sub(published.fetch_max(total, Ordering::Relaxed))
+        };
+        (
+            new(capacity, dedup.evicted_capacity),
+            new(ttl, dedup.evicted_ttl),
+        )
+    }
 }
 
 pub(crate) struct PoolShared<M, R> {
@@ -777,6 +795,8 @@ impl<M: Send + 'static, R: Clone + Send + 'static> DeadlineOwner for PoolShared<
 pub(crate) trait PoolControl: Send + Sync {
     fn close(&self);
     fn stats(&self) -> PoolStats;
+    /// See [`PoolCounters::unpublished_evictions`].
+    fn unpublished_evictions(&self, dedup: &DedupStats) -> (u64, u64);
     fn evict_expired(&self);
 }
 
@@ -786,6 +806,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolControl for PoolShared<M,
     }
     fn stats(&self) -> PoolStats {
         PoolShared::stats(self)
+    }
+    fn unpublished_evictions(&self, dedup: &DedupStats) -> (u64, u64) {
+        self.counters.unpublished_evictions(dedup)
     }
     fn evict_expired(&self) {
         PoolShared::evict_expired(self);

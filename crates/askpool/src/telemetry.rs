@@ -9,16 +9,17 @@
 //! | `askpool_end_to_end_latency_seconds` | histogram | `outcome` (`ok` or an error code) |
 //! | `askpool_pending_acks` | gauge | — (asks in the pending map) |
 //! | `askpool_retries_total` | counter | — |
-//! | `askpool_timeouts_total` | counter | `code` (`ASK_TIMEOUT`, `DEADLINE_EXCEEDED`) |
+//! | `askpool_timeouts_total` | counter | `code` (`ASK_TIMEOUT`, `DEADLINE_EXCEEDED`: a deadline, or a pool's processing timeout) |
 //! | `askpool_dedup_hits_total` | counter | `kind` (`ack`, `replay`) |
 //! | `askpool_dedup_evictions_total` | counter | `reason` (`capacity`, `ttl`), published by `Node::stats` |
-//! | `askpool_dlq_depth` | gauge | — |
+//! | `askpool_dlq_depth` | gauge | — (dead letters held by every node of the process) |
 //! | `askpool_breaker_state` | gauge | `pool` (0 closed, 1 open, 2 half-open) |
 //! | `askpool_late_outcomes_total` | counter | — |
 
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use askpool_proto::breaker::breaker_code;
 use askpool_proto::{AckStage, AskError, BreakerState, ErrorCode};
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, Key, Label, Level,
@@ -107,9 +108,11 @@ fn record(key: &Key, value: f64) {
     metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(value));
 }
 
+/// Describes every metric to the recorder installed now (a recorder
+/// installed later is described by the next node made, or by
+/// `install_prometheus`); describing again is harmless.
 pub(crate) fn describe() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
+    {
         describe_counter!(
             "askpool_acks_sent_total",
             "Ack-lifecycle frames sent by pools"
@@ -144,7 +147,7 @@ pub(crate) fn describe() {
             "askpool_late_outcomes_total",
             "Outcomes that arrived after their ask timed out"
         );
-    });
+    }
 }
 
 /// A frame a pool sent back; `code` is the error code of an error reply.
@@ -162,8 +165,13 @@ pub(crate) fn stage_duration(stage: AckStage, since_previous: Duration) {
 pub(crate) fn end_to_end(error: Option<&AskError>, latency: Duration) {
     let index = outcome_index(error.map(AskError::code));
     record(&keys().end_to_end[index], latency.as_secs_f64());
-    if let Some(AskError::AskTimeout { .. } | AskError::DeadlineExceeded) = error {
-        increment(&keys().timeouts[index]);
+    // A pool's processing timeout is a timeout too (its stage is TIMED_OUT,
+    // its breaker counts it as DEADLINE_EXCEEDED), under that code.
+    if let Some(error) = error {
+        let code = breaker_code(error);
+        if matches!(code, ErrorCode::AskTimeout | ErrorCode::DeadlineExceeded) {
+            increment(&keys().timeouts[outcome_index(Some(code))]);
+        }
     }
 }
 
@@ -185,13 +193,23 @@ pub(crate) fn dedup_hit(replay: bool) {
     });
 }
 
+/// Evictions since the last publication (a counter is the sum over every
+/// pool of every node: each publishes what it added).
 pub(crate) fn dedup_evictions(capacity: u64, ttl: u64) {
-    counter!("askpool_dedup_evictions_total", "reason" => "capacity").absolute(capacity);
-    counter!("askpool_dedup_evictions_total", "reason" => "ttl").absolute(ttl);
+    if capacity > 0 {
+        counter!("askpool_dedup_evictions_total", "reason" => "capacity").increment(capacity);
+    }
+    if ttl > 0 {
+        counter!("askpool_dedup_evictions_total", "reason" => "ttl").increment(ttl);
+    }
 }
 
-pub(crate) fn dlq_depth(depth: usize) {
-    gauge!("askpool_dlq_depth").set(depth as f64);
+/// Dead letters added (or, negative, removed) by one node: the gauge is
+/// the sum over every node of the process.
+pub(crate) fn dlq_depth_changed(delta: isize) {
+    if delta != 0 {
+        gauge!("askpool_dlq_depth").increment(delta as f64);
+    }
 }
 
 pub(crate) fn breaker_state(pool: &str, state: BreakerState) {
@@ -207,11 +225,13 @@ pub(crate) fn late_outcome() {
 /// Call it inside a tokio runtime, once per process.
 #[cfg(feature = "prometheus")]
 pub fn install_prometheus(addr: std::net::SocketAddr) -> Result<(), AskError> {
-    describe();
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(addr)
         .install()
         .map_err(|e| AskError::FailedPrecondition {
             message: format!("cannot serve metrics on {addr}: {e}"),
-        })
+        })?;
+    // Described to the exporter, now that it is the recorder.
+    describe();
+    Ok(())
 }

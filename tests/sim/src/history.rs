@@ -47,6 +47,9 @@ pub struct AskRecord {
     pub ended_seq: u64,
     /// Stage events, when this ask's stream was watched.
     pub stages: Option<Vec<AckStage>>,
+    /// The workload awaited it a while after sending it: its end time is
+    /// when the workload looked, not when the outcome came.
+    pub awaited_late: bool,
 }
 
 /// One handler execution.
@@ -190,8 +193,14 @@ impl History {
             ended_at: Duration::ZERO,
             ended_seq: 0,
             stages: None,
+            awaited_late: false,
         });
         log.asks.len() - 1
+    }
+
+    /// Ask `no` is awaited late (see `AskRecord::awaited_late`).
+    pub fn awaited_late(&self, no: usize) {
+        self.log.lock().asks[no].awaited_late = true;
     }
 
     /// Records how ask `no` ended (once: its future resolves once, and the

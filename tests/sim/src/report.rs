@@ -83,7 +83,8 @@ pub struct Summary {
     /// Dead letters dropped because a caller's queue was full.
     pub dlq_dropped: u64,
     pub breaker_trips: u64,
-    /// Latency of fulfilled asks, in microseconds (virtual time when paused).
+    /// Latency of fulfilled asks the workload awaited as soon as it sent
+    /// them, in microseconds (virtual time when paused).
     pub latency_us: Percentiles,
     pub peak_rss_bytes: Option<u64>,
     pub elapsed_ms: u64,

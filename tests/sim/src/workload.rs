@@ -330,6 +330,7 @@ pub async fn run(cfg: SimConfig, live: Arc<Live>) -> RunReport {
             let mut stages = watch.then(|| handle.stages());
             let mut cancel_after = cancel_after;
             if let Some(pause) = await_after {
+                history.awaited_late(no);
                 tokio::time::sleep(pause).await;
                 cancel_after = cancel_after.map(|after| after.saturating_sub(pause));
             }
@@ -629,7 +630,9 @@ fn summarize(
     let latencies = cluster.history.with_log(|log| {
         log.asks
             .iter()
-            .filter(|a| matches!(a.end, Some(AskEnd::Reply(_))))
+            // An ask awaited late ends when the workload looked: its
+            // latency would be the workload's pause.
+            .filter(|a| matches!(a.end, Some(AskEnd::Reply(_))) && !a.awaited_late)
             .map(|a| a.ended_at.saturating_sub(a.issued_at).as_micros() as u64)
             .collect::<Vec<_>>()
     });

@@ -90,3 +90,32 @@ fn the_run_does_not_wait_for_a_fault_event_after_the_last_ask() {
         "the run took {took:?} of virtual time"
     );
 }
+
+#[test]
+fn the_latency_report_leaves_out_the_workloads_own_pauses() {
+    // No faults, no work, one ask at a time: every ask is answered at once
+    // in virtual time.
+    // An ask awaited later ends when the workload looks (a pause of more
+    // than a frame's delay), which is no latency of the runtime's.
+    let cfg = SimConfig {
+        faults: FaultConfig::none(),
+        work_ms: 0..0,
+        cancel: 0.0,
+        mismatch: 0.0,
+        handler_error: 0.0,
+        await_later: 0.5,
+        window: 1,
+        ..SimConfig::test_tier(3, 400)
+    };
+    let report = run_blocking(cfg, Arc::new(Live::default()));
+    assert!(
+        report.passed(),
+        "{:?}",
+        &report.violations[..report.violations.len().min(3)]
+    );
+    assert_eq!(
+        report.summary.latency_us.max, 0,
+        "{:?}",
+        report.summary.latency_us
+    );
+}
