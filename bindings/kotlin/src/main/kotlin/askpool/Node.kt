@@ -2,6 +2,8 @@ package askpool
 
 import askpool.ffi.NativeNode
 import askpool.ffi.Payload
+import kotlinx.coroutines.currentCoroutineContext
+import kotlinx.coroutines.ensureActive
 import kotlinx.coroutines.suspendCancellableCoroutine
 import java.util.concurrent.ConcurrentHashMap
 import kotlin.coroutines.ContinuationInterceptor
@@ -122,7 +124,9 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      * Nothing if it was closed already (its name may be another pool's now).
      */
     internal fun closePool(pool: Pool) {
-        checkOpen()
+        // A closed node closed its pools: closing one again is nothing, in
+        // whatever order a `use` block or a container closes them.
+        if (closed) return
         // One close at a time: two closes of the same pool both passing the
         // check below, the second's native close would close a pool of the
         // same name made between them.
@@ -155,6 +159,8 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      * @throws AskException how the ask failed.
      */
     suspend fun ask(pool: String, msg: Any?, options: AskOptions = AskOptions()): Any? {
+        // A cancelled caller sends nothing (its handler would run for nobody).
+        currentCoroutineContext().ensureActive()
         // Bytes never take the fast path (it carries a handle only): they
         // cross as bytes, sized against [NodeOptions.maxPayloadBytes].
         if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
@@ -217,6 +223,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      * request id. A duplicate (same request id) is not run again.
      */
     suspend fun tell(pool: String, msg: Any?, options: TellOptions = TellOptions()): String {
+        currentCoroutineContext().ensureActive()
         checkOpen()
         checkUnicode(pool, options.requestId, options.correlationId, options.causationId)
         val handle = AskHandle(this)
@@ -234,6 +241,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
 
     /** Takes a dead letter out and asks it again with its request id. */
     suspend fun replayDeadLetter(requestId: String): Any? {
+        currentCoroutineContext().ensureActive()
         checkOpen()
         val handle = AskHandle(this)
         val token = completions.register(handle)

@@ -49,7 +49,12 @@ class RequestContext internal constructor(private val request: Long) {
     /** Cancelled before [job] was set: the coroutine cancels itself. */
     @Volatile internal var cancelPending = false
 
-    private fun info(): RequestInfo? {
+    /**
+     * Read from the native request on first use (most handlers never ask),
+     * so only while it runs: first read after the handler ended, the ids
+     * are gone, and saying so beats an empty id.
+     */
+    private fun info(): RequestInfo {
         if (!infoRead) {
             synchronized(this) {
                 if (!infoRead) {
@@ -58,15 +63,18 @@ class RequestContext internal constructor(private val request: Long) {
                 }
             }
         }
-        return info
+        return info ?: throw AskException.FailedPrecondition(
+            "the request's ids are read after its handler ended: read them while it runs",
+        )
     }
 
-    val requestId: String get() = info()?.requestId ?: ""
-    val correlationId: String get() = info()?.correlationId ?: ""
+    /** The request's ids and attempt; read them while the handler runs (else `FailedPrecondition`). */
+    val requestId: String get() = info().requestId
+    val correlationId: String get() = info().correlationId
 
     /** The causation id the ask or tell carried ([AskOptions.causationId], [TellOptions.causationId]); empty if none. */
-    val causationId: String get() = info()?.causationId ?: ""
-    val attempt: Int get() = info()?.attempt?.toInt() ?: 0
+    val causationId: String get() = info().causationId
+    val attempt: Int get() = info().attempt.toInt()
 
     /** Whether the request was cancelled (by its caller, a timeout, shutdown), or its pool closed. */
     val isCancelled: Boolean get() = cancelledFlag
@@ -112,7 +120,7 @@ class Pool internal constructor(
     val name: String,
     private val options: PoolOptions,
     private val handler: Handler,
-) : HostHandler {
+) : HostHandler, AutoCloseable {
     private val running = RequestTable()
 
     /**
@@ -198,9 +206,9 @@ class Pool internal constructor(
 
     /**
      * Stops the pool: new asks get `NoRoute`, queued ones are cancelled.
-     * @throws AskException.Unavailable if the node is closed.
+     * Nothing if it is closed already, or its node is (which closed it).
      */
-    fun close() = node.closePool(this)
+    override fun close() = node.closePool(this)
 
     internal val id = ids.getAndIncrement()
 

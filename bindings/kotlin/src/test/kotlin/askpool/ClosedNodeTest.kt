@@ -38,7 +38,6 @@ class ClosedNodeTest {
             "send" to { node.send("echo", "x") },
             "tell" to { node.tell("echo", "x") },
             "pool" to { node.pool("other") { m, _ -> m } },
-            "pool close" to { pool.close() },
             "dead letters" to { node.deadLetters() },
             "replay" to { node.replayDeadLetter(rid) },
             "purge" to { node.purgeDeadLetters() },
@@ -50,6 +49,7 @@ class ClosedNodeTest {
             assertTrue(e is AskException.Unavailable, "$what: $e")
         }
         handle.cancel() // a no-op, no exception
+        pool.close() // the node closed it: nothing, as in Python and Node
         eventually("no waiter, nothing in flight") {
             val stats = node.stats()
             stats.awaitedOutcomes == 0L && stats.asksInFlight == 0L && stats.pending == 0L
