@@ -78,14 +78,37 @@ pub struct DeadLetterInfo {
     pub reason: String,
 }
 
-/// Counts that must return to zero when traffic stops.
+/// Counts that must return to zero when traffic stops, and the node's
+/// counters.
 #[derive(Clone, Debug, uniffi::Record)]
 pub struct NativeStats {
     pub pending: u64,
     pub armed_timers: u64,
     pub asks_in_flight: u64,
+    pub retries: u64,
+    pub late_outcomes: u64,
     pub dlq_depth: u64,
+    pub dlq_dropped: u64,
     pub timed_out_records: u64,
+    pub pools: Vec<NativePoolStats>,
+}
+
+/// One hosted pool's counters (the core's `PoolStats`).
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct NativePoolStats {
+    pub name: String,
+    pub in_flight: u64,
+    pub queued: u64,
+    pub admitted: u64,
+    pub handler_runs: u64,
+    pub duplicate_acks: u64,
+    pub replays: u64,
+    pub suppressed_replies: u64,
+    pub rejected_full: u64,
+    pub cancels: u64,
+    pub expired: u64,
+    pub dedup_in_progress: u64,
+    pub dedup_terminal: u64,
 }
 
 #[derive(uniffi::Object)]
@@ -362,9 +385,37 @@ impl NativeNode {
             pending: s.pending as u64,
             armed_timers: s.armed_timers as u64,
             asks_in_flight: self.asks.len() as u64,
+            retries: s.retries,
+            late_outcomes: s.late_outcomes,
             dlq_depth: s.dlq_depth as u64,
+            dlq_dropped: s.dlq_dropped,
             timed_out_records: s.timed_out_records as u64,
+            pools: s
+                .pools
+                .into_iter()
+                .map(|p| NativePoolStats {
+                    in_flight: p.in_flight as u64,
+                    queued: p.queued as u64,
+                    admitted: p.admitted,
+                    handler_runs: p.handler_runs,
+                    duplicate_acks: p.duplicate_acks,
+                    replays: p.replays,
+                    suppressed_replies: p.suppressed_replies,
+                    rejected_full: p.rejected_full,
+                    cancels: p.cancels,
+                    expired: p.expired,
+                    dedup_in_progress: p.dedup.in_progress as u64,
+                    dedup_terminal: p.dedup.terminal as u64,
+                    name: p.name,
+                })
+                .collect(),
         }
+    }
+
+    /// The node's caller id (requests are deduplicated per caller id and
+    /// request id), in hex.
+    pub fn caller_id(&self) -> String {
+        self.node.caller_id().to_string()
     }
 
     /// Fails pending asks (`Unavailable`), stops the pools. Idempotent.

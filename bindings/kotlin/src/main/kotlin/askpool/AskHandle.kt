@@ -3,10 +3,12 @@ package askpool
 import askpool.ffi.Stage
 import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
+import kotlinx.coroutines.Dispatchers
 import kotlinx.coroutines.channels.Channel
 import kotlinx.coroutines.flow.Flow
 import kotlinx.coroutines.flow.flow
 import java.util.concurrent.atomic.AtomicBoolean
+import kotlin.coroutines.EmptyCoroutineContext
 import kotlin.time.Duration
 import kotlin.time.Duration.Companion.microseconds
 
@@ -29,6 +31,10 @@ class AskHandle internal constructor(private val node: Node) : Completion {
 
     /** The ask's request id, 32 hex digits. */
     lateinit var requestId: String
+        internal set
+
+    /** Its correlation id: the one given ([AskOptions.correlationId]), else the request id. */
+    lateinit var correlationId: String
         internal set
 
     private val result = CompletableDeferred<Any?>()
@@ -82,11 +88,24 @@ class AskHandle internal constructor(private val node: Node) : Completion {
     val isCompleted: Boolean get() = result.isCompleted
 
     override fun complete(value: Any?) {
-        result.complete(value)
+        offLibraryThread { result.complete(value) }
     }
 
     override fun fail(error: AskException) {
-        result.completeExceptionally(error)
+        offLibraryThread { result.completeExceptionally(error) }
+    }
+
+    /**
+     * An unconfined awaiter resumes on the thread that completes [result]:
+     * not on one of the library's (a caller blocking there would stall
+     * every ask's timers), where outcomes arrive.
+     */
+    private inline fun offLibraryThread(crossinline complete: () -> Unit) {
+        if (JvmThreads.onLibraryThread()) {
+            Dispatchers.IO.dispatch(EmptyCoroutineContext, Runnable { complete() })
+        } else {
+            complete()
+        }
     }
 
     override fun stage(stage: Stage) {

@@ -238,6 +238,7 @@ internal object Hot {
      * handler or a caller's code.
      */
     private val events = Thread({
+        JvmThreads.markLibraryThread()
         val buf = Memory(CAP * 4L * 8)
         val words = LongArray(CAP * 4)
         while (true) {

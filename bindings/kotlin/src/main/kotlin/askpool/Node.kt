@@ -215,6 +215,8 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         handle.requestId = startOrForget(token) {
             native.askWith(pool, payloadOf(msg), options.toArgs(stages = true, oneWay = false), token)
         }
+        // As the core reads it: hex, in lowercase.
+        handle.correlationId = options.correlationId?.lowercase() ?: handle.requestId
         return handle
     }
 
@@ -280,8 +282,18 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             awaitedOutcomes = completions.size().toLong(),
             dlqDepth = s.dlqDepth.toLong(),
             timedOutRecords = s.timedOutRecords.toLong(),
+            retries = s.retries.toLong(),
+            lateOutcomes = s.lateOutcomes.toLong(),
+            dlqDropped = s.dlqDropped.toLong(),
+            pools = s.pools.map { PoolStats.of(it) },
         )
     }
+
+    /** This node's caller id (16 hex digits): requests are deduplicated per caller id and request id. */
+    val callerId: String by lazy { call { native.callerId() } }
+
+    /** Whether [close] was called. */
+    val isClosed: Boolean get() = closed
 
     /** The thread running the first [close], while it runs. */
     @Volatile private var closer: Thread? = null
@@ -359,7 +371,54 @@ data class NodeStats(
     val awaitedOutcomes: Long,
     val dlqDepth: Long,
     val timedOutRecords: Long,
+    /** Request frames re-sent after the first attempt. */
+    val retries: Long = 0,
+    /** Outcomes that arrived after their ask timed out, reconciled once. */
+    val lateOutcomes: Long = 0,
+    /** Dead letters dropped because the queue was full. */
+    val dlqDropped: Long = 0,
+    /** The pools this node hosts. */
+    val pools: List<PoolStats> = emptyList(),
 )
+
+/** One hosted pool's counters. */
+data class PoolStats(
+    val name: String,
+    val inFlight: Long,
+    val queued: Long,
+    val admitted: Long,
+    val handlerRuns: Long,
+    /** Duplicates of a running request, answered with an Ack. */
+    val duplicateAcks: Long,
+    /** Duplicates of a finished request, answered from the reply cache. */
+    val replays: Long,
+    /** Replies dropped because their request was cancelled first. */
+    val suppressedReplies: Long,
+    val rejectedFull: Long,
+    val cancels: Long,
+    /** Running requests cancelled at their processing timeout. */
+    val expired: Long,
+    val dedupInProgress: Long,
+    val dedupTerminal: Long,
+) {
+    internal companion object {
+        fun of(p: askpool.ffi.NativePoolStats) = PoolStats(
+            name = p.name,
+            inFlight = p.inFlight.toLong(),
+            queued = p.queued.toLong(),
+            admitted = p.admitted.toLong(),
+            handlerRuns = p.handlerRuns.toLong(),
+            duplicateAcks = p.duplicateAcks.toLong(),
+            replays = p.replays.toLong(),
+            suppressedReplies = p.suppressedReplies.toLong(),
+            rejectedFull = p.rejectedFull.toLong(),
+            cancels = p.cancels.toLong(),
+            expired = p.expired.toLong(),
+            dedupInProgress = p.dedupInProgress.toLong(),
+            dedupTerminal = p.dedupTerminal.toLong(),
+        )
+    }
+}
 
 data class DeadLetter(
     val requestId: String,

@@ -205,6 +205,13 @@ class Pool internal constructor(
     fun running(): Int = running.size()
 
     /**
+     * This pool's counters (its entry of [Node.stats]).
+     * @throws AskException.FailedPrecondition once it or its node is closed.
+     */
+    fun stats(): PoolStats = node.stats().pools.firstOrNull { it.name == name && !closed }
+        ?: throw AskException.FailedPrecondition("pool $name is closed")
+
+    /**
      * Stops the pool: new asks get `NoRoute`, queued ones are cancelled.
      * Nothing if it is closed already, or its node is (which closed it).
      */

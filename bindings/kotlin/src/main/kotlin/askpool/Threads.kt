@@ -44,6 +44,17 @@ internal object JvmThreads {
 
     private val kept = ThreadLocal.withInitial { false }
 
+    /** Threads of the library's own (the runtime's, `askpool-events`). */
+    private val library = ThreadLocal.withInitial { false }
+
+    fun markLibraryThread() = library.set(true)
+
+    /**
+     * Whether this is one of the library's threads: a caller's code must not
+     * run here (a caller blocking one would stall every ask's timers).
+     */
+    fun onLibraryThread(): Boolean = library.get()
+
     /** Java threads created for native callback threads and kept attached. */
     val attached = AtomicInteger()
 
@@ -58,6 +69,7 @@ internal object JvmThreads {
         if (observe) observed.add(Thread.currentThread())
         if (kept.get()) return
         kept.set(true)
+        library.set(true)
         Native.detach(false)
         attached.incrementAndGet()
     }

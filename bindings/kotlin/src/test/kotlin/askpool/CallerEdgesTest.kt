@@ -7,11 +7,13 @@ import kotlinx.coroutines.cancel
 import kotlinx.coroutines.delay
 import kotlinx.coroutines.launch
 import kotlinx.coroutines.runBlocking
+import kotlinx.coroutines.withContext
 import kotlinx.coroutines.withTimeout
 import org.junit.jupiter.api.Assertions.assertEquals
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
 import java.util.concurrent.atomic.AtomicInteger
+import kotlin.time.Duration.Companion.milliseconds
 
 /** What a caller and a handler see at the edges of an ask's life. */
 class CallerEdgesTest {
@@ -67,5 +69,72 @@ class CallerEdgesTest {
             assertTrue(e is AskException.FailedPrecondition, "$read")
             scope.cancel()
         }
+    }
+}
+
+/** Unconfined callers never run on the library's threads. */
+class UnconfinedCallerTest {
+    @Test
+    fun `unconfined callers that block after their outcome stall no other ask`() = runBlocking {
+        Node().use { node ->
+            node.pool("hang", PoolOptions(dispatcher = Dispatchers.IO)) { _, _ -> kotlinx.coroutines.awaitCancellation() }
+            node.pool("bytes", PoolOptions(dispatcher = Dispatchers.IO)) { _, _ -> byteArrayOf(1) }
+            val threads = java.util.concurrent.ConcurrentHashMap.newKeySet<String>()
+            val workers = askpool.ffi.runtimeWorkerThreads().toInt()
+            // Failures (a timeout) and byte replies come from runtime
+            // threads; an ask with options goes through an AskHandle.
+            val blockers = List(workers + 1) { i ->
+                launch(Dispatchers.Unconfined) {
+                    runCatching {
+                        when (i % 3) {
+                            0 -> node.ask("hang", "x", AskOptions(timeout = 50.milliseconds))
+                            1 -> node.ask("bytes", "x")
+                            else -> node.send("hang", "x", AskOptions(timeout = 50.milliseconds)).await()
+                        }
+                    }
+                    threads.add("$i:" + Thread.currentThread().name)
+                    Thread.sleep(2_000)
+                }
+            }
+            delay(300)
+            val started = System.nanoTime()
+            val e = withContext(Dispatchers.Default) {
+                runCatching { node.ask("hang", "y", AskOptions(timeout = 100.milliseconds)) }.exceptionOrNull()
+            }
+            val ms = (System.nanoTime() - started) / 1_000_000
+            assertTrue(e is AskException.AskTimeout, "$e")
+            assertTrue(ms < 1_000, "an ask with a 100 ms timeout took $ms ms; callers ran on $threads")
+            assertTrue(threads.none { it.substringAfter(":").startsWith("askpool-") }, "$threads")
+            blockers.forEach { it.join() }
+        }
+    }
+}
+
+/** What a Python user of the same node sees, a Kotlin user sees too. */
+class ParityTest {
+    @Test
+    fun `caller id, correlation id, pool stats and the node's counters`() = runBlocking {
+        val node = Node(NodeOptions(maxAttempts = 1))
+        assertTrue(Regex("[0-9a-f]{16}").matches(node.callerId), node.callerId)
+        Node().use { other -> assertTrue(other.callerId != node.callerId) }
+        val pool = node.pool("p") { m, _ -> m }
+        val given = "A".repeat(32)
+        val handle = node.send("p", "x", AskOptions(correlationId = given))
+        assertEquals("x", handle.await())
+        assertEquals(given.lowercase(), handle.correlationId)
+        val own = node.send("p", "y")
+        own.await()
+        assertEquals(own.requestId, own.correlationId)
+        val stats = pool.stats()
+        assertEquals("p", stats.name)
+        assertEquals(2L, stats.handlerRuns)
+        assertEquals(0L, node.stats().lateOutcomes)
+        assertEquals(listOf("p"), node.stats().pools.map { it.name })
+        pool.close()
+        val e = runCatching { pool.stats() }.exceptionOrNull()
+        assertTrue(e is AskException.FailedPrecondition, "$e")
+        assertTrue(!node.isClosed)
+        node.close()
+        assertTrue(node.isClosed)
     }
 }
