@@ -305,3 +305,23 @@ test('a durable ask passes its message itself in process (stored as JSON all the
     tmp.done();
   }
 });
+
+test('a durable ask asked again with the same message, keys in another order, is the same request', async () => {
+  const tmp = tempFile();
+  try {
+    const node = new Node().openPromises(tmp.file);
+    let runs = 0;
+    node.pool('p').handle((m) => {
+      runs++;
+      return m.a + m.b;
+    });
+    const id = '0123456789abcdef0123456789abcdef';
+    assert.equal(await node.askDurable('p', { a: 1, b: 2 }, { id }), 3);
+    assert.equal(await node.askDurable('p', { b: 2, a: 1 }, { id }), 3);
+    assert.equal(runs, 1);
+    await assert.rejects(node.askDurable('p', { a: 1, b: 3 }, { id }).result, { code: 'PAYLOAD_MISMATCH' });
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});

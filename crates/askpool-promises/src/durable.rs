@@ -28,7 +28,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use askpool::{AskError, ErrorClass, ErrorCode, Node, RequestId};
+use askpool::{AskError, ErrorClass, ErrorCode, Node, PoolName, RequestId};
 
 use crate::error::PromiseError;
 use crate::facade::{Claim, DurablePromises};
@@ -174,6 +174,9 @@ where
                 ),
             });
         }
+        // A name no pool can have would store a promise asked (and
+        // answered NoRoute) after every restart until it timed out.
+        PoolName::new(pool).validate()?;
         let timeout = u64::try_from(promises.timeout.as_millis()).unwrap_or(u64::MAX);
         let now = now_millis();
         let key = id.to_string();

@@ -341,6 +341,33 @@ async fn an_oversize_durable_message_is_refused_before_it_is_stored() {
     );
 }
 
+/// A pool name no pool can have is refused before anything is stored: its
+/// promise would be asked again (and refused) after every restart.
+#[tokio::test]
+async fn a_pool_name_no_pool_can_have_is_refused_before_it_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = promises(&dir.path().join("durable.db"));
+    let node = N::new();
+    for (n, pool) in [String::new(), "p".repeat(256)].into_iter().enumerate() {
+        let id: RequestId = format!("000000000000000000000000000000e{n}")
+            .parse()
+            .unwrap();
+        let refused = node.ask_durable_with_id(&store, id, &pool, "hi".into());
+        assert!(
+            matches!(refused, Err(AskError::InvalidArgument { .. })),
+            "{:?}",
+            refused.err()
+        );
+        assert!(
+            store
+                .store()
+                .get(&id.to_string(), askpool_promises::now_millis())
+                .is_err(),
+            "nothing was stored"
+        );
+    }
+}
+
 /// A caller that stops waiting (a timeout around the handle, a cancelled
 /// task) does not cancel the durable ask: the handler's reply settles the
 /// promise, and asking for the outcome by id answers it without a second
