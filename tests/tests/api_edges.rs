@@ -298,3 +298,129 @@ fn asks_racing_a_shutdown_end_at_once() {
         );
     }
 }
+
+/// A pool's handle closed again after a pool of the same name was declared
+/// in its place closes nothing: the new pool is another pool.
+#[tokio::test]
+async fn a_stale_pool_handle_never_closes_the_pool_that_took_its_name() {
+    let node: TestNode = Node::new();
+    let old = node
+        .pool("p")
+        .handler(|m: u64, _ctx| async move { Ok(format!("old {m}")) })
+        .unwrap();
+    old.close();
+    let _new = node
+        .pool("p")
+        .handler(|m: u64, _ctx| async move { Ok(format!("new {m}")) })
+        .unwrap();
+    assert_eq!(node.ask("p", 1).await.unwrap(), "new 1");
+    old.close();
+    assert_eq!(
+        node.ask("p", 2)
+            .timeout(Duration::from_secs(5))
+            .await
+            .unwrap(),
+        "new 2"
+    );
+}
+
+/// A tell dropped once sent is fire-and-forget: in process the pool
+/// accepted it within `send()`, and the drop does not cancel it.
+#[tokio::test]
+async fn a_tell_dropped_after_it_was_accepted_still_runs() {
+    let node: TestNode = Node::new();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    node.pool("p")
+        .handler(move |m: u64, _ctx| {
+            let counted = Arc::clone(&counted);
+            async move {
+                tokio::task::yield_now().await;
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(m.to_string())
+            }
+        })
+        .unwrap();
+    for i in 0..10 {
+        drop(node.tell("p", i).send());
+    }
+    for _ in 0..100 {
+        if runs.load(std::sync::atomic::Ordering::SeqCst) == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 10);
+    let pool = &node.stats().pools[0];
+    assert_eq!(pool.cancels, 0, "{pool:?}");
+}
+
+/// A reply that arrived before the caller's `cancel()` is the outcome (the
+/// ask had ended); and a handler's report after its reply is no PARTIAL.
+#[tokio::test]
+async fn a_reply_that_came_before_the_cancel_stands() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let mut handle = node.ask("p", 3).send();
+    let stages = handle.stages();
+    let request = pool.next_request().await.unwrap();
+    let context = request.context.clone();
+    request.responder.reply("three".into());
+    context.progress(0.9, "after the reply");
+    handle.cancel();
+    assert_eq!((&mut handle).await.unwrap(), "three");
+    use futures::StreamExt;
+    let seen: Vec<_> = stages.map(|e| e.stage).collect().await;
+    assert_eq!(
+        seen,
+        [
+            askpool::AckStage::Sent,
+            askpool::AckStage::Received,
+            askpool::AckStage::Read,
+            askpool::AckStage::Fulfilled
+        ]
+    );
+}
+
+/// A second stage stream of one ask ends at once; the first gets every
+/// event (two used to split them, and one waited forever).
+#[tokio::test]
+async fn a_second_stage_stream_ends_at_once() {
+    use futures::StreamExt;
+    let node: TestNode = Node::new();
+    node.pool("p")
+        .handler(|m: u64, _ctx| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(m.to_string())
+        })
+        .unwrap();
+    let handle = node.ask("p", 1).send();
+    let (first, second) = (handle.stages(), handle.stages());
+    let first = tokio::spawn(first.map(|e| e.stage).collect::<Vec<_>>());
+    let second = tokio::spawn(second.collect::<Vec<_>>());
+    assert_eq!(handle.await.unwrap(), "1");
+    let first = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the first stream ends")
+        .unwrap();
+    assert_eq!(first.last(), Some(&askpool::AckStage::Fulfilled));
+    assert_eq!(first.len(), 4);
+    assert!(second.await.unwrap().is_empty());
+}
+
+/// A worker that fails a request with `AskTimeout` answers it: the reply
+/// is final, not a timeout of the caller's kept to reconcile.
+#[tokio::test]
+async fn a_workers_timeout_error_is_no_caller_timeout() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let handle = node.ask("p", 1).send();
+    let request = pool.next_request().await.unwrap();
+    request
+        .responder
+        .fail(AskError::AskTimeout { elapsed_ms: 1 });
+    let err = handle.await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::AskTimeout);
+    assert_eq!(node.stats().timed_out_records, 0);
+    assert!(node.dead_letters().is_empty());
+}

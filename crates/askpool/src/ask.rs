@@ -13,7 +13,7 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use askpool_proto::{
@@ -338,8 +338,9 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         }
         // The caller's own timeouts (the ask's, a stage deadline) can still
         // be answered by the pool: keep them to reconcile. (A pool's
-        // processing timeout is TIMED_OUT too, but the pool is done with it.)
-        if AckStage::terminal_for_code(error.code()) == AckStage::TimedOut {
+        // processing timeout is TIMED_OUT too, but the pool is done with it;
+        // so is a reply carrying a timeout error: the reply is final.)
+        if AckStage::terminal_for_code(error.code()) == AckStage::TimedOut && !self.replied {
             self.node.caller.record_timeout(
                 self.meta.ids,
                 self.meta.pool.clone(),
@@ -425,9 +426,16 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     }
 
     /// Cancels the ask: it resolves to `AskCancelled` and a best-effort
-    /// `AskCancel` goes to the pool. Does nothing once the ask has ended.
+    /// `AskCancel` goes to the pool. Does nothing once the ask has ended,
+    /// or once its outcome arrived (a reply not yet polled stands).
     pub fn cancel(&mut self) {
         if self.finished || self.early.is_some() {
+            return;
+        }
+        if let Some(result) = self.ended_by_arrivals() {
+            // Its outcome is what the next poll gives.
+            self.finished = false;
+            self.early = Some(result);
             return;
         }
         let now = self.node.clock.now();
@@ -449,7 +457,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
 
     /// The ask's ACK lifecycle as a stream of stage events (SENT, RECEIVED,
     /// READ, PARTIAL progress, one terminal), each with its time and the
-    /// time since the previous stage. One stream per ask; it can be polled
+    /// time since the previous stage. One stream per ask (a second one ends
+    /// at once); it can be polled
     /// from another task while this handle is awaited. Empty when the node
     /// was configured with `track_stages: false`.
     pub fn stages(&self) -> StageStream<R> {
@@ -666,56 +675,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         let mut floor = Timestamp::ZERO;
         let mut clock = LazyNow::default();
         loop {
-            let Arrivals {
-                acked,
-                read,
-                deadline_due,
-                event,
-            } = this.slot.take(cx.waker());
-            this.deadline_fired |= deadline_due;
-            if read {
-                this.machine.on_read();
-            }
-            if acked {
-                this.machine.on_ack();
-                if !this.meta.expects_reply {
-                    let now = clock.get(&this.node, floor);
-                    return this.finish(Ok(None), now);
-                }
-            }
-            match event {
-                Some(SlotEvent::Reply(outcome)) => {
-                    if this.machine.on_reply().resolution == Some(Resolution::Replied) {
-                        this.replied = true;
-                        let now = clock.get(&this.node, floor);
-                        return this.finish(outcome.map(Some), now);
-                    }
-                    continue;
-                }
-                Some(SlotEvent::Refused(error)) => {
-                    let now = clock.get(&this.node, floor);
-                    let step = this.machine.on_refused(now, &error, &mut this.rng);
-                    if step.resolution == Some(Resolution::Replied) {
-                        return this.finish(Err(error), now);
-                    }
-                    continue;
-                }
-                Some(SlotEvent::Cancelled(reason)) => {
-                    if let Some(Resolution::Failed(e)) =
-                        this.machine.on_cancelled(reason).resolution
-                    {
-                        let now = clock.get(&this.node, floor);
-                        return this.finish(Err(e), now);
-                    }
-                    continue;
-                }
-                Some(SlotEvent::Aborted(error)) => {
-                    this.machine.abort(error.clone());
-                    this.cut_short = true;
-                    let now = clock.get(&this.node, floor);
-                    return this.finish(Err(error), now);
-                }
-                None => {}
+            if let Some(done) = this.apply_arrivals(cx.waker(), floor, &mut clock) {
+                return done;
             }
             let Some(at) = this.machine.next_wakeup() else {
                 let now = clock.get(&this.node, floor);
@@ -746,6 +707,82 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 }
                 Poll::Pending => return Poll::Pending,
             }
+        }
+    }
+
+    /// Applies what arrived for the ask (Ack, Read, a reply, a refusal, a
+    /// cancel, the shutdown) until nothing is left: `Some` once that ended
+    /// it (its outcome, as `poll` returns it), `None` if it goes on.
+    /// `waker` is registered for what arrives next.
+    fn apply_arrivals(
+        &mut self,
+        waker: &Waker,
+        floor: Timestamp,
+        clock: &mut LazyNow,
+    ) -> Option<Poll<Result<Option<R>, AskError>>> {
+        loop {
+            let Arrivals {
+                acked,
+                read,
+                deadline_due,
+                event,
+            } = self.slot.take(waker);
+            self.deadline_fired |= deadline_due;
+            if read {
+                self.machine.on_read();
+            }
+            if acked {
+                self.machine.on_ack();
+                if !self.meta.expects_reply {
+                    let now = clock.get(&self.node, floor);
+                    return Some(self.finish(Ok(None), now));
+                }
+            }
+            match event {
+                Some(SlotEvent::Reply(outcome)) => {
+                    if self.machine.on_reply().resolution == Some(Resolution::Replied) {
+                        self.replied = true;
+                        let now = clock.get(&self.node, floor);
+                        return Some(self.finish(outcome.map(Some), now));
+                    }
+                    continue;
+                }
+                Some(SlotEvent::Refused(error)) => {
+                    let now = clock.get(&self.node, floor);
+                    let step = self.machine.on_refused(now, &error, &mut self.rng);
+                    if step.resolution == Some(Resolution::Replied) {
+                        return Some(self.finish(Err(error), now));
+                    }
+                    continue;
+                }
+                Some(SlotEvent::Cancelled(reason)) => {
+                    if let Some(Resolution::Failed(e)) =
+                        self.machine.on_cancelled(reason).resolution
+                    {
+                        let now = clock.get(&self.node, floor);
+                        return Some(self.finish(Err(e), now));
+                    }
+                    continue;
+                }
+                Some(SlotEvent::Aborted(error)) => {
+                    self.machine.abort(error.clone());
+                    self.cut_short = true;
+                    let now = clock.get(&self.node, floor);
+                    return Some(self.finish(Err(error), now));
+                }
+                None => return None,
+            }
+        }
+    }
+
+    /// An ask its caller gives up on (`cancel()`, or dropped) that already
+    /// ended by what arrived keeps that outcome: a reply that came before
+    /// the cancel, or a tell's Ack (a tell dropped once sent is the usual
+    /// fire-and-forget, accepted in process within `send()`).
+    fn ended_by_arrivals(&mut self) -> Option<Result<Option<R>, AskError>> {
+        match self.apply_arrivals(Waker::noop(), Timestamp::ZERO, &mut LazyNow::default()) {
+            Some(Poll::Ready(result)) => Some(result),
+            _ => None,
         }
     }
 }
@@ -785,7 +822,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<
 
 impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Drop for AskHandle<M, R> {
     fn drop(&mut self) {
-        if !self.finished && self.early.is_none() {
+        if !self.finished && self.early.is_none() && self.ended_by_arrivals().is_none() {
             let now = self.node.clock.now();
             let step = self.machine.cancel();
             if let Some(error) = self.perform(step, now) {

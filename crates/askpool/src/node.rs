@@ -131,6 +131,12 @@ where
     /// random seed), each reported with `tracing::warn!`; use
     /// [`try_with_transport`] to get the error instead.
     ///
+    /// # Panics
+    ///
+    /// If `transport` refuses to register the node or its pools (a
+    /// cross-process transport that is closed or unreachable): there is no
+    /// node to fall back on. [`try_with_transport`] returns that error.
+    ///
     /// [`try_with_transport`]: Self::try_with_transport
     pub fn with_transport(transport: Arc<dyn WorkerTransport<M, R>>, config: NodeConfig) -> Self {
         match Self::try_with_transport(Arc::clone(&transport), config.clone()) {
@@ -179,7 +185,9 @@ where
                             ..fixed
                         },
                     )
-                    .expect("the default config is valid and a random caller id is free"),
+                    .unwrap_or_else(|error| {
+                        panic!("the transport refused the node: {error} (try_with_transport returns it)")
+                    }),
                 }
             }
         }
@@ -417,11 +425,19 @@ where
         Ok(pool)
     }
 
-    fn remove_pool(&self, name: &PoolName) {
-        let pool = self.shared.pools.lock().remove(name);
-        if let Some(pool) = pool {
-            pool.close();
+    /// Closes `pool` and takes it out of the node's map, if the map still
+    /// holds it: a pool of the same name declared since is another pool,
+    /// which a stale handle must not close.
+    fn remove_pool(&self, pool: &Arc<PoolShared<M, R>>) {
+        let mut pools = self.shared.pools.lock();
+        let same = pools
+            .get(&pool.name)
+            .is_some_and(|held| std::ptr::addr_eq(Arc::as_ptr(held), Arc::as_ptr(pool)));
+        if same {
+            pools.remove(&pool.name);
         }
+        drop(pools);
+        pool.close();
     }
 }
 
@@ -530,6 +546,6 @@ where
     /// its caller. Its dedup state is gone with it, as after a
     /// worker-process restart.
     pub fn close(&self) {
-        self.node.remove_pool(&self.shared.name);
+        self.node.remove_pool(&self.shared);
     }
 }

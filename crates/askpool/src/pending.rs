@@ -239,6 +239,12 @@ impl<R> AskSlot<R> {
     fn progress(&self, progress: Progress, now: impl FnOnce() -> Timestamp) {
         let mut inner = self.inner.lock();
         inner.acked = true;
+        // A report from a request already answered (the reply waits for
+        // the handle's next poll) is no PARTIAL: those come between READ
+        // and the terminal stage.
+        if inner.event.is_some() {
+            return;
+        }
         let Some(log) = &mut inner.stages else {
             return;
         };
@@ -369,13 +375,16 @@ impl<R> AskSlot<R> {
     }
 
     /// Starts the unread queue of the ask's stream (once): the events so far,
-    /// then every event from now on.
-    fn open_stream(&self) {
+    /// then every event from now on. `false` if a stream was opened before.
+    fn open_stream(&self) -> bool {
         let mut inner = self.inner.lock();
-        if let Some(log) = &mut inner.stages {
-            if log.unread.is_none() {
+        match &mut inner.stages {
+            Some(log) if log.unread.is_some() => false,
+            Some(log) => {
                 log.unread = Some(log.tracker.history().iter().cloned().collect());
+                true
             }
+            None => true,
         }
     }
 
@@ -400,15 +409,18 @@ impl<R> AskSlot<R> {
 /// The stage events of one ask, as they happen: SENT, RECEIVED, READ,
 /// PARTIAL progress, then one terminal stage, after which the stream ends.
 /// Events carry their time and the time since the previous stage. Empty when
-/// the node does not track stages.
+/// the node does not track stages. One stream per ask: a second one opened
+/// for the same ask ends at once (two would split the events between them,
+/// and one of them would wait forever).
 pub struct StageStream<R> {
     slot: Arc<AskSlot<R>>,
+    first: bool,
 }
 
 impl<R> StageStream<R> {
     pub(crate) fn new(slot: Arc<AskSlot<R>>) -> Self {
-        slot.open_stream();
-        Self { slot }
+        let first = slot.open_stream();
+        Self { slot, first }
     }
 }
 
@@ -430,8 +442,8 @@ impl<R> StageSource<R> {
         Self { slot }
     }
 
-    /// The ask's stage stream (one per ask: two streams would share its
-    /// unread events).
+    /// The ask's stage stream (one per ask: a second one ends at once, see
+    /// [`StageStream`]).
     pub fn open(&self) -> StageStream<R> {
         StageStream::new(Arc::clone(&self.slot))
     }
@@ -448,6 +460,9 @@ impl<R> Clone for StageSource<R> {
 impl<R> futures::Stream for StageStream<R> {
     type Item = StageEvent;
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StageEvent>> {
+        if !self.first {
+            return Poll::Ready(None);
+        }
         self.slot.poll_stage(cx)
     }
 }

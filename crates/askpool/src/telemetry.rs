@@ -16,6 +16,7 @@
 //! | `askpool_breaker_state` | gauge | `pool` (0 closed, 1 open, 2 half-open) |
 //! | `askpool_late_outcomes_total` | counter | — |
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -204,11 +205,17 @@ pub(crate) fn dedup_evictions(capacity: u64, ttl: u64) {
     }
 }
 
-/// Dead letters added (or, negative, removed) by one node: the gauge is
-/// the sum over every node of the process.
+/// Dead letters held by every node of the process.
+static DLQ_LETTERS: AtomicI64 = AtomicI64::new(0);
+
+/// Dead letters added (or, negative, removed) by one node. The gauge is set
+/// to the process's total, not moved by the delta: a recorder installed
+/// after letters were filed reads the true total from the next change on.
 pub(crate) fn dlq_depth_changed(delta: isize) {
     if delta != 0 {
-        gauge!("askpool_dlq_depth").increment(delta as f64);
+        let delta = delta as i64;
+        let total = DLQ_LETTERS.fetch_add(delta, Ordering::Relaxed) + delta;
+        gauge!("askpool_dlq_depth").set(total as f64);
     }
 }
 
