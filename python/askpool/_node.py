@@ -288,6 +288,21 @@ class AskHandle(asyncio.Future[Any]):
             yield StageEvent(*event)
 
 
+def _is_async_handler(declared: object) -> bool:
+    return inspect.iscoroutinefunction(declared) or inspect.iscoroutinefunction(
+        getattr(type(declared), "__call__", None)
+    )
+
+
+def _unwrapped(fn: Any) -> object:
+    """What a decorator (``functools.wraps``) wrapped, or ``fn`` itself
+    (a ``__wrapped__`` chain that loops unwraps to nothing)."""
+    try:
+        return inspect.unwrap(fn)
+    except ValueError:
+        return fn
+
+
 class DurableHandle(asyncio.Future[Any]):
     """A durable ask in flight: an asyncio future of the reply, with the id
     of the promise that records it."""
@@ -349,12 +364,7 @@ class Pool:
         ``async def __call__``, or a decorator's wrapper of either that keeps
         ``__wrapped__``, as ``functools.wraps`` does) and starts the pool's
         workers on the running event loop."""
-        declared: object = fn  # no TypeGuard narrowing of `fn` itself
-        if not any(
-            inspect.iscoroutinefunction(f)
-            or inspect.iscoroutinefunction(getattr(type(f), "__call__", None))
-            for f in (declared, inspect.unwrap(fn))
-        ):
+        if not _is_async_handler(fn) and not _is_async_handler(_unwrapped(fn)):
             raise TypeError(f"a pool handler must be an `async def`, not {fn!r}")
         if self._native is not None:
             from ._errors import FailedPreconditionError

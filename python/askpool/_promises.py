@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from . import _native
 
@@ -131,3 +131,23 @@ class Promises:
 
             raise AskTimeoutError(f"promise {id!r} still pending after {timeout} s")
         return Promise(*record)
+
+
+def _same_message(stored: Any, asked: Any) -> bool:
+    """Whether a durable ask's message ``asked`` is the one ``stored`` under
+    its id, whose pickle differs (pickle is not canonical: a set pickles in
+    hash order). Of the same types all the way down, not just ``==``:
+    ``1 == 1.0 == True`` are three messages."""
+    if type(stored) is not type(asked):
+        return False
+    if isinstance(stored, dict):
+        return stored.keys() == asked.keys() and all(
+            _same_message(stored[k], asked[k]) for k in stored
+        )
+    if isinstance(stored, (list, tuple)):
+        return len(stored) == len(asked) and all(
+            _same_message(a, b) for a, b in zip(stored, asked)
+        )
+    if isinstance(stored, (set, frozenset)):
+        return bool(stored == asked) and {type(x) for x in stored} == {type(x) for x in asked}
+    return bool(stored == asked)

@@ -492,9 +492,9 @@ async def test_an_equal_message_that_pickles_differently_is_the_same_request(
             await node.ask_durable("p", {0, 9}, request_id=rid)
 
 
-async def test_a_durable_ask_passes_its_message_itself_in_process(promises: Promises) -> None:
-    """The message is stored pickled, but the handler gets the very object
-    asked (DESIGN 7), as for any ask in process."""
+async def test_a_durable_ask_runs_its_stored_message(promises: Promises) -> None:
+    """The handler gets the message as stored, on its first run as after a
+    restart: a change made to the object after the ask does not reach it."""
     seen: list[object] = []
     async with Node(promises=promises) as node:
         pool = node.pool("p")
@@ -505,5 +505,24 @@ async def test_a_durable_ask_passes_its_message_itself_in_process(promises: Prom
             return msg["n"]
 
         message = {"n": 3}
-        assert await node.ask_durable("p", message) == 3
-        assert seen[0] is message
+        asked = node.ask_durable("p", message)
+        message["n"] = 4
+        assert await asked == 3
+        assert seen == [{"n": 3}] and seen[0] is not message
+
+
+async def test_an_equal_message_of_other_types_is_another_request(promises: Promises) -> None:
+    """``1 == True``, but a durable ask of ``{"qty": True}`` under the id of
+    ``{"qty": 1}`` is another message: PayloadMismatchError."""
+    async with Node(promises=promises) as node:
+        pool = node.pool("p")
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            return msg
+
+        rid = "0123456789abcdef0123456789abcdee"
+        assert await node.ask_durable("p", {"qty": 1}, request_id=rid) == {"qty": 1}
+        for other in ({"qty": True}, {"qty": 1.0}):
+            with pytest.raises(askpool.PayloadMismatchError):
+                await node.ask_durable("p", other, request_id=rid)

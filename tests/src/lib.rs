@@ -255,3 +255,14 @@ where
         self.direct.load(Ordering::Relaxed)
     }
 }
+
+/// A current-thread runtime on a paused clock (as `#[tokio::test(start_paused
+/// = true)]` makes), for tests that run it inside something else (a local
+/// metrics recorder).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}

@@ -9,6 +9,7 @@ use std::time::Duration;
 use askpool::{
     AskError, BreakerConfig, DedupConfig, Node, NodeConfig, RequestId, RetryPolicy, WorkerTransport,
 };
+use askpool_tests::paused_runtime;
 use askpool_tests::{Fate, FrameKind, Tap};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
@@ -209,14 +210,6 @@ fn breaking_node(min_requests: u32, open_for: Duration) -> Node<u64, u64> {
     })
 }
 
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
-
 /// Runs `work` on `runtime` with a fresh debugging recorder as the
 /// recorder; its output, and what was recorded meanwhile.
 fn in_recorder<T>(
@@ -320,58 +313,6 @@ fn every_recorder_a_node_is_made_under_gets_the_descriptions() {
             ))
         );
     }
-}
-
-/// A node whose pool "full" is full for good, and whose asks are not
-/// re-sent: each further ask is dead-lettered at once.
-async fn node_with_a_full_pool() -> (Node<u64, u64>, askpool::AskHandle<u64, u64>) {
-    let node: Node<u64, u64> = Node::with_config(NodeConfig {
-        retry: RetryPolicy {
-            max_attempts: 1,
-            ..RetryPolicy::default()
-        },
-        ..NodeConfig::default()
-    });
-    node.pool("full")
-        .max_in_flight(1)
-        .handler(|m: u64, _ctx| async move {
-            std::future::pending::<()>().await;
-            Ok(m)
-        })
-        .unwrap();
-    let stuck = node.ask("full", 0).send();
-    tokio::task::yield_now().await;
-    (node, stuck)
-}
-
-/// The DLQ gauge is the letters of every node of the process: each node
-/// adds and removes its own, and a node dropped takes its letters out.
-#[test]
-fn the_dlq_gauge_sums_every_node() {
-    let runtime = paused_runtime();
-    let ((a, b), s) = in_recorder(&runtime, async {
-        let a = node_with_a_full_pool().await;
-        let b = node_with_a_full_pool().await;
-        for i in 1..=3 {
-            a.0.ask("full", i).await.unwrap_err();
-        }
-        b.0.ask("full", 9).await.unwrap_err();
-        assert_eq!((a.0.stats().dlq_depth, b.0.stats().dlq_depth), (3, 1));
-        // An empty node's purge, another node's letters.
-        let c = node_with_a_full_pool().await;
-        assert_eq!(c.0.purge_dead_letters(), 0);
-        (a, b)
-    });
-    assert_eq!(gauge(&s, "askpool_dlq_depth"), 4.0);
-    let (_, s) = in_recorder(&runtime, async move {
-        assert_eq!(b.0.purge_dead_letters(), 1);
-        drop(a);
-    });
-    assert_eq!(
-        gauge(&s, "askpool_dlq_depth"),
-        -4.0,
-        "one purged, three dropped"
-    );
 }
 
 /// Evictions are counted over every node: each publishes what it added.

@@ -58,14 +58,17 @@ impl Durable for Obj {
 
     /// Pickle is not canonical: equal sets pickle in hash order, which
     /// `PYTHONHASHSEED` changes between processes. Bytes that differ are
-    /// the same message if they unpickle to a value equal to this one.
+    /// the same message if they unpickle to one of the same types and
+    /// values (`askpool._promises._same_message`: `1 == True` is not).
     fn same_as(&self, encoded: &[u8], stored: &[u8]) -> bool {
         encoded == stored
             || Python::attach(|py| {
-                loads(py, stored)
-                    .and_then(|old| old.eq(self.get(py).bind(py)))
-                    .unwrap_or(false)
+                let old = loads(py, stored)?;
+                py.import(intern!(py, "askpool._promises"))?
+                    .call_method1(intern!(py, "_same_message"), (old, self.get(py).bind(py)))?
+                    .is_truthy()
             })
+            .unwrap_or(false)
     }
 }
 

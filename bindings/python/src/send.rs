@@ -289,7 +289,11 @@ pub(crate) fn first_step<'py>(
             // SAFETY: a new reference (see above).
             PYGEN_RETURN => Sent::Returned(unsafe { Bound::from_owned_ptr(py, out) }),
             PYGEN_NEXT => Sent::Yielded(unsafe { Bound::from_owned_ptr(py, out) }),
-            _ => return Err(no_coroutine(&coro).unwrap_or_else(|| PyErr::fetch(py))),
+            _ => {
+                // Fetched first: no C-API call with an exception set.
+                let error = PyErr::fetch(py);
+                return Err(no_coroutine(&coro).unwrap_or(error));
+            }
         };
         return Ok((coro, sent));
     }

@@ -211,9 +211,11 @@ where
         {
             return Err(AskError::PayloadMismatch);
         }
-        // The message itself, not its stored copy: in process a host object
-        // reaches the handler as the very object asked (DESIGN 7).
-        Ok(resume(self, promises, id, created.promise, Some(msg)))
+        // The stored copy runs, not the object asked: a durable ask's
+        // handler sees the same message on its first run as after a restart
+        // (an object changed after the ask, or one the encoding does not
+        // keep, a JS Date, would run otherwise as it was never stored).
+        Ok(resume(self, promises, id, created.promise))
     }
 
     fn await_durable(
@@ -235,7 +237,7 @@ where
                 message: format!("promise {id} was not made by a durable ask"),
             });
         }
-        Ok(resume(self, promises, request_id, promise, None))
+        Ok(resume(self, promises, request_id, promise))
     }
 }
 
@@ -244,14 +246,12 @@ fn is_durable_ask(p: &Promise) -> bool {
     p.create_key.as_deref() == Some(p.id.as_str()) && p.tags.contains_key(POOL_TAG)
 }
 
-/// Answers from a settled promise, or (re-)sends the ask and records it:
-/// `asked`, the message this process asked, else the one stored.
+/// Answers from a settled promise, or (re-)sends the ask and records it.
 fn resume<M, R>(
     node: &Node<M, R>,
     promises: &DurablePromises,
     id: RequestId,
     promise: Promise,
-    asked: Option<M>,
 ) -> DurableHandle<R>
 where
     M: Durable + Clone + Send + 'static,
@@ -262,7 +262,7 @@ where
         return DurableHandle::ready(key, outcome_of(&promise));
     }
     let pool = promise.tags.get(POOL_TAG).cloned().unwrap_or_default();
-    let msg = match asked.map_or_else(|| M::from_bytes(&promise.param), Ok) {
+    let msg = match M::from_bytes(&promise.param) {
         Ok(msg) => msg,
         Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
     };

@@ -290,7 +290,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     }
 
     /** This node's caller id (16 hex digits): requests are deduplicated per caller id and request id. */
-    val callerId: String by lazy { call { native.callerId() } }
+    val callerId: String = native.callerId()
 
     /** Whether [close] was called. */
     val isClosed: Boolean get() = closed

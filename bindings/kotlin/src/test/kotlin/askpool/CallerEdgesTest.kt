@@ -134,7 +134,10 @@ class ParityTest {
         val e = runCatching { pool.stats() }.exceptionOrNull()
         assertTrue(e is AskException.FailedPrecondition, "$e")
         assertTrue(!node.isClosed)
+        val id = node.callerId
         node.close()
         assertTrue(node.isClosed)
+        assertEquals(id, node.callerId, "readable after close, as in Python and Node")
+        assertTrue(Node().also { it.close() }.callerId.isNotEmpty())
     }
 }
