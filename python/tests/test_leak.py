@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import contextlib
 import gc
 import os
@@ -12,13 +13,21 @@ import weakref
 from typing import Any
 
 import askpool
-from askpool import AskHandle, Context, Node
+from askpool import AskHandle, Context, Node, _native
 
 TOTAL = 100_000
 BATCH = 1_000
 
 
 def rss_bytes() -> int:
+    """Resident memory, after the C allocator gave back what it holds free:
+    glibc keeps freed blocks in its arenas (how much depends on what ran
+    before in the process), which is no memory held by the program."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass  # not glibc: the figure includes what the allocator keeps
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -284,6 +293,7 @@ async def test_pools_closed_on_a_running_loop_are_let_go() -> None:
         return msg
 
     rss_before = 0
+    live_before = _native._live_pools()
     for i in range(400):
         if i == 100:
             gc.collect()
@@ -314,9 +324,18 @@ async def test_pools_closed_on_a_running_loop_are_let_go() -> None:
     assert len(alone) == 1
     assert {sys.getrefcount(native) for native in natives} == alone
     natives.clear()
-    # 300 nodes with default reply caches held about 300 MiB before.
+    # Every pool is gone in the core too (their workers end on the runtime's
+    # threads, a moment after the close).
+    for _ in range(200):
+        if _native._live_pools() <= live_before:
+            break
+        await asyncio.sleep(0.01)
+    assert _native._live_pools() <= live_before, (_native._live_pools(), live_before)
+    # 300 nodes with default reply caches held about 300 MiB before. RSS
+    # swings by about 150 MiB with the reply caches the runtime has yet to
+    # free (the dedup table retires memory in batches): a coarse bound.
     growth = rss_bytes() - rss_before
-    assert growth < 60 * 2**20, f"{growth / 2**20:.1f} MiB"
+    assert growth < 200 * 2**20, f"{growth / 2**20:.1f} MiB"
 
 
 def test_pools_whose_loops_ended_are_let_go_by_a_long_lived_node() -> None:

@@ -38,6 +38,12 @@ fn _panic(message: &str) {
     panic!("{message}");
 }
 
+/// Pools alive in the process (`askpool::live_pools`), for leak tests.
+#[pyfunction]
+fn _live_pools() -> usize {
+    askpool::live_pools()
+}
+
 /// Makes the next request a pool worker takes panic before its handler
 /// starts (for the test that a worker's panic fails that request only).
 #[pyfunction]
@@ -63,6 +69,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool::register_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(send::_send_through_method, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;
+    m.add_function(wrap_pyfunction!(_live_pools, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_in_next_dispatch, m)?)?;
     Ok(())
 }

@@ -126,7 +126,10 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
         self
     }
     /// Uses this request id instead of a fresh one: the way to retry an ask
-    /// across a caller restart and still be deduplicated.
+    /// across a caller restart and still be deduplicated. An id names one
+    /// request to one pool: reusing it for another pool is not supported
+    /// (frames carry no pool, so a late answer from the first pool, whose
+    /// cancel was lost, may answer the ask to the second).
     pub fn request_id(mut self, id: RequestId) -> Self {
         self.options.request_id = Some(id);
         self

@@ -53,7 +53,7 @@ pub use config::{
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
 pub use pending::{LateOutcome, LateResult, StageSource, StageStream};
-pub use stats::{NodeStats, PoolStats};
+pub use stats::{live_pools, NodeStats, PoolStats};
 #[cfg(feature = "prometheus")]
 pub use telemetry::install_prometheus;
 pub use transport::{CallerEndpoint, InProcessTransport, PoolEndpoint, WorkerTransport};

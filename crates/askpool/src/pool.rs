@@ -27,7 +27,7 @@ use crate::expiry::{Expiring, ExpiryKey};
 use crate::pending::{AskSlot, CallerSide};
 use crate::queue::QueueSignal;
 use crate::shard::StripedCounter;
-use crate::stats::PoolStats;
+use crate::stats::{LivePool, PoolStats};
 use crate::telemetry;
 use crate::transport::{PoolEndpoint, WorkerTransport};
 
@@ -160,6 +160,7 @@ pub(crate) struct PoolShared<M, R> {
     /// it: the node let go of the caller side's contents (hooks, dead
     /// letters, records) when it was dropped (`CallerSide::forget`).
     local_caller: Option<(CallerId, Arc<CallerSide<M, R>>)>,
+    _live: LivePool,
 }
 
 /// Which entry of a key a step may change.
@@ -215,6 +216,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             compacting: AtomicBool::new(false),
             closing: CancelSignal::default(),
             local_caller,
+            _live: LivePool::new(),
         })
     }
 

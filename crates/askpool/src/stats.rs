@@ -1,5 +1,7 @@
 //! Counters and gauges a node exposes, for tests, the demo and operators.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use askpool_dedup::DedupStats;
 
 use crate::breakers::BreakerStats;
@@ -73,5 +75,31 @@ impl NodeStats {
     }
     pub fn breaker(&self, pool: &str) -> Option<&BreakerStats> {
         self.breakers.iter().find(|b| b.pool == pool)
+    }
+}
+
+static LIVE_POOLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Pools alive in this process: declared and not yet dropped (a closed
+/// pool lives on while a handler, a request or a handle still holds it).
+/// For leak tests: what a closed pool held (its reply cache, about 1 MiB at
+/// the default bound) is gone once this is back to where it was.
+pub fn live_pools() -> usize {
+    LIVE_POOLS.load(Ordering::Relaxed)
+}
+
+/// Counts its pool in [`live_pools`] while it lives.
+pub(crate) struct LivePool(());
+
+impl LivePool {
+    pub(crate) fn new() -> Self {
+        LIVE_POOLS.fetch_add(1, Ordering::Relaxed);
+        Self(())
+    }
+}
+
+impl Drop for LivePool {
+    fn drop(&mut self) {
+        LIVE_POOLS.fetch_sub(1, Ordering::Relaxed);
     }
 }
