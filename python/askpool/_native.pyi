@@ -16,6 +16,7 @@ __all__ = [
     "register_dispatch",
     "register_error_factory",
     "_panic",
+    "_live_pools",
     "_panic_in_next_dispatch",
     "_send_through_method",
 ]
