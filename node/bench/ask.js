@@ -104,7 +104,8 @@ function napiFloors() {
 }
 
 async function main() {
-  const node = new Node({ breaker: false });
+  // The default node (breakers and stage tracking on): the ask the issue means.
+  const node = new Node();
   node.pool('echo', { concurrency: CONCURRENCY }).handle(echo);
   const viaAskpool = (m) => node.ask('echo', m);
   const js = new JsPool(echo, CONCURRENCY);

@@ -594,11 +594,14 @@ fn run_time(r: &Value) -> String {
 fn readme_section(r: &Value, notes: &[bench_notes::Note]) -> String {
     let mut s = format!(
         "Ratios from the last `{}` of every suite on {} CPUs (interleaved trials, \
-         median of per-trial ratios; the whole report with absolute figures, floors \
-         and spreads is `target/bench/report.md`). Time ratios: below 1 askpool is \
-         faster; `thr.` rows are throughput ratios (above 1 is better).\n\n\
+         median of per-trial ratios, and their spread, lowest to highest; the \
+         whole report with absolute figures and floors is `target/bench/report.md`). \
+         Time ratios: below 1 askpool is faster; `thr.` rows are throughput ratios \
+         (above 1 is better). A target met by the median may be missed by some \
+         trials: the spread says how many ways it went.\n\n\
          {}\n\n\
-         | suite | workload | askpool vs baseline | ratio | target | |\n|---|---|---|---|---|---|\n",
+         | suite | workload | askpool vs baseline | ratio | spread | target | |\n\
+         |---|---|---|---|---|---|---|\n",
         r["command"].as_str().unwrap_or("cargo xtask bench"),
         r["machine"]["cpus"],
         phases(r),
@@ -608,13 +611,13 @@ fn readme_section(r: &Value, notes: &[bench_notes::Note]) -> String {
         let comparisons = suite["comparisons"].as_array().cloned().unwrap_or_default();
         if comparisons.is_empty() && name != "floors" {
             s.push_str(&format!(
-                "| {name} | — | — | — | — | {} |\n",
+                "| {name} | — | — | — | — | — | {} |\n",
                 suite["status"].as_str().unwrap_or("")
             ));
         }
         for c in comparisons {
             s.push_str(&format!(
-                "| {name} | {} | {} vs {} | {:.2}×{} | {} | {} |\n",
+                "| {name} | {} | {} vs {} | {:.2}×{} | {:.2}..{:.2} | {} | {} |\n",
                 c["workload"].as_str().unwrap_or(""),
                 c["askpool"].as_str().unwrap_or(""),
                 c["baseline"].as_str().unwrap_or(""),
@@ -624,6 +627,8 @@ fn readme_section(r: &Value, notes: &[bench_notes::Note]) -> String {
                 } else {
                     ""
                 },
+                c["min"].as_f64().unwrap_or(f64::NAN),
+                c["max"].as_f64().unwrap_or(f64::NAN),
                 target_text(&c),
                 verdict(&c),
             ));
@@ -775,6 +780,6 @@ mod tests {
             "{md}"
         );
         let readme = readme_section(&report, &[]);
-        assert!(readme.contains("| kotlin | — | — | — | — | skipped: `mvn` not found |"));
+        assert!(readme.contains("| kotlin | — | — | — | — | — | skipped: `mvn` not found |"));
     }
 }

@@ -13,7 +13,9 @@ use crate::store::Store;
 /// tick, and a zero period would panic the task), sweeps in batches of
 /// `batch` (at least 1) until a batch comes back short. Needs a tokio
 /// runtime; abort the handle to stop it. A storage error is logged and
-/// retried at the next tick.
+/// retried at the next tick. Each sweep runs on tokio's blocking threads:
+/// a store shared with other processes waits for their writes (up to its
+/// busy timeout, 5 s by default), which must not stall the runtime.
 pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration, batch: usize) -> JoinHandle<()> {
     let batch = batch.max(1);
     let every = every.max(Duration::from_millis(1));
@@ -23,7 +25,15 @@ pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration, batch: usize) -> Jo
         loop {
             tick.tick().await;
             loop {
-                match store.sweep(now_millis(), batch) {
+                let sweeping = Arc::clone(&store);
+                let swept =
+                    tokio::task::spawn_blocking(move || sweeping.sweep(now_millis(), batch)).await;
+                let swept = swept.unwrap_or_else(|e| {
+                    Err(crate::error::PromiseError::Storage {
+                        message: format!("the sweep panicked: {e}"),
+                    })
+                });
+                match swept {
                     Ok(n) if n == batch => tokio::task::yield_now().await,
                     Ok(_) => break,
                     Err(error) => {

@@ -73,7 +73,8 @@ private class PlainPool(scope: CoroutineScope, workers: Int) {
 }
 
 private suspend fun measure(trials: Int, sequential: Int, concurrentOps: Int, callers: Int, warmupNanos: Long): Results {
-    val node = Node(NodeOptions(trackStages = false, circuitBreaker = false))
+    // The default node (stage tracking and breakers on): the ask the issue means.
+    val node = Node()
     node.pool("echo", PoolOptions(concurrency = 4)) { msg, _ -> msg }
     val scope = CoroutineScope(Dispatchers.Default)
     val plain = PlainPool(scope, 4)
