@@ -163,7 +163,11 @@ impl DurablePromises {
     }
 
     /// The promise once it has settled (resolved, rejected, canceled, or
-    /// timed out at its deadline). Needs a tokio runtime.
+    /// timed out at its deadline). Needs a tokio runtime. Each look at the
+    /// store runs on tokio's blocking threads (a store shared with other
+    /// processes waits for their writes), and a look that found the store
+    /// locked by another writer past its busy timeout is made again at the
+    /// next poll, not an error: the promise is still there to wait for.
     pub async fn wait(&self, id: &str) -> Result<Promise> {
         loop {
             // Registered before the look, so a completion in between wakes it.
@@ -171,11 +175,21 @@ impl DurablePromises {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = now_millis();
-            let p = self.store.get(id, now)?;
-            if p.state.is_settled() {
-                return Ok(p);
-            }
-            let until_timeout = Duration::from_millis(p.timeout_at.saturating_sub(now));
+            let store = Arc::clone(&self.store);
+            let key = id.to_owned();
+            let looked = tokio::task::spawn_blocking(move || store.get(&key, now))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(crate::error::PromiseError::Storage {
+                        message: format!("a look at the store panicked: {e}"),
+                    })
+                });
+            let until_timeout = match looked {
+                Ok(p) if p.state.is_settled() => return Ok(p),
+                Ok(p) => Duration::from_millis(p.timeout_at.saturating_sub(now)),
+                Err(crate::error::PromiseError::Locked { .. }) => self.poll,
+                Err(e) => return Err(e),
+            };
             tokio::select! {
                 () = &mut notified => {}
                 () = tokio::time::sleep(self.poll.min(until_timeout)) => {}

@@ -1,0 +1,152 @@
+//! A store that waits (a SQLite store behind another process's write lock,
+//! up to its busy timeout) stalls no runtime: the sweeper and `wait` look
+//! at it on tokio's blocking threads, and `wait` looks again when it was
+//! locked.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use askpool_promises::{
+    now_millis, spawn_sweeper, CallbackOutcome, CallbackRequest, ClaimRequest, Claimed,
+    CompleteRequest, Completed, Completion, CreateRequest, Created, DurablePromises, Lease,
+    MemoryStore, Millis, Promise, PromiseError, Result, SearchQuery, Snapshot, State, Store, Task,
+};
+
+/// A store whose sweeps and gets wait `wait` (as a SQLite store waits for
+/// another process's write), and whose first `locked_gets` gets fail
+/// `Locked` (its busy timeout passed).
+#[derive(Default)]
+struct SlowStore {
+    inner: MemoryStore,
+    wait: Duration,
+    sweeps: AtomicUsize,
+    locked_gets: AtomicUsize,
+}
+
+impl Store for SlowStore {
+    fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created> {
+        self.inner.create(req, now)
+    }
+    fn get(&self, id: &str, now: Millis) -> Result<Promise> {
+        std::thread::sleep(self.wait);
+        let locked = self
+            .locked_gets
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if locked {
+            return Err(PromiseError::Locked {
+                path: "slow.db".into(),
+            });
+        }
+        self.inner.get(id, now)
+    }
+    fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
+        self.inner.complete(req, now)
+    }
+    fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
+        self.inner.search(query, now)
+    }
+    fn register_callback(&self, req: &CallbackRequest, now: Millis) -> Result<CallbackOutcome> {
+        self.inner.register_callback(req, now)
+    }
+    fn claim_task(&self, req: &ClaimRequest, now: Millis) -> Result<Option<Claimed>> {
+        self.inner.claim_task(req, now)
+    }
+    fn heartbeat(&self, lease: &Lease, lease_ms: Millis, now: Millis) -> Result<Task> {
+        self.inner.heartbeat(lease, lease_ms, now)
+    }
+    fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
+        self.inner.complete_task(lease, now)
+    }
+    fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
+        self.sweeps.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(self.wait);
+        self.inner.sweep(now, limit)
+    }
+    fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize> {
+        self.inner.prune(settled_before, limit)
+    }
+    fn snapshot(&self) -> Result<Snapshot> {
+        self.inner.snapshot()
+    }
+}
+
+/// On a current-thread runtime, a sweep waiting a second for the store
+/// leaves the runtime's other tasks running (it stalled them for as long
+/// as the store waited: 3 s behind another process's write lock).
+#[tokio::test(flavor = "current_thread")]
+async fn a_sweep_waiting_for_the_store_does_not_stall_the_runtime() {
+    let store = Arc::new(SlowStore {
+        wait: Duration::from_millis(1_000),
+        ..SlowStore::default()
+    });
+    let sweeper = spawn_sweeper(
+        store.clone() as Arc<dyn Store>,
+        Duration::from_millis(10),
+        10,
+    );
+    let longest = longest_tick_gap(Duration::from_millis(1_500)).await;
+    sweeper.abort();
+    assert!(
+        store.sweeps.load(Ordering::SeqCst) >= 1,
+        "the sweeper swept"
+    );
+    assert!(
+        longest < Duration::from_millis(500),
+        "a 5 ms tick waited {longest:?} behind the sweep"
+    );
+}
+
+/// The longest gap between 5 ms ticks of this task over `span`.
+async fn longest_tick_gap(span: Duration) -> Duration {
+    let mut longest = Duration::ZERO;
+    let mut last = Instant::now();
+    let end = last + span;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let now = Instant::now();
+        longest = longest.max(now - last);
+        last = now;
+    }
+    longest
+}
+
+/// `wait` on a store that waits for the lock, and is then found locked
+/// twice: the runtime's other tasks go on, and the wait ends with the
+/// promise settled (it ended with `Locked`, after waiting on the runtime's
+/// thread).
+#[tokio::test(flavor = "current_thread")]
+async fn a_wait_on_a_locked_store_looks_again_and_stalls_nothing() {
+    let store = Arc::new(SlowStore {
+        wait: Duration::from_millis(300),
+        locked_gets: AtomicUsize::new(2),
+        ..SlowStore::default()
+    });
+    let mut promises = DurablePromises::from_arc(store.clone() as Arc<dyn Store>);
+    promises.poll = Duration::from_millis(20);
+    let now = now_millis();
+    store
+        .inner
+        .create(&CreateRequest::new("p", now + 60_000), now)
+        .unwrap();
+    let waiting = tokio::spawn(async move { promises.wait("p").await });
+    let longest = longest_tick_gap(Duration::from_millis(800)).await;
+    store
+        .inner
+        .complete(
+            &CompleteRequest::new("p", Completion::Resolve),
+            now_millis(),
+        )
+        .unwrap();
+    let settled = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the wait ends")
+        .unwrap()
+        .expect("a locked store is looked at again");
+    assert_eq!(settled.state, State::Resolved);
+    assert!(
+        longest < Duration::from_millis(200),
+        "a tick waited {longest:?}"
+    );
+}
