@@ -424,3 +424,87 @@ async fn a_workers_timeout_error_is_no_caller_timeout() {
     assert_eq!(node.stats().timed_out_records, 0);
     assert!(node.dead_letters().is_empty());
 }
+
+/// A dead letter (its pool full for good; one attempt) with `hook` as its
+/// replay hook; the node, the pool's stuck request and the letter's id.
+async fn a_letter_with_a_hook(
+    hook: impl Fn(Result<String, AskError>) + Send + Sync + 'static,
+) -> (
+    TestNode,
+    askpool::WorkerPool<u64, String>,
+    askpool::AskHandle<u64, String>,
+    askpool::RequestId,
+) {
+    let node: TestNode = Node::with_config(NodeConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..NodeConfig::default()
+    });
+    let pool = node.pool("p").max_in_flight(1).build().unwrap();
+    let stuck = node.ask("p", 0).send();
+    let handle = node.ask("p", 7).on_replay_outcome(hook).send();
+    let id = handle.request_id();
+    handle.await.unwrap_err();
+    assert!(node.dead_letter(id).is_some());
+    (node, pool, stuck, id)
+}
+
+/// A replay hook that panics, called as a dropped replay ends by the reply
+/// that had arrived: the drop does not unwind, and the id is free again.
+#[tokio::test]
+async fn a_panicking_replay_hook_keeps_no_id_pending() {
+    let (node, pool, stuck, id) = a_letter_with_a_hook(|_| panic!("a hook that panics")).await;
+    let r = pool.next_request().await.unwrap();
+    r.responder.reply("zero".into());
+    assert_eq!(stuck.await.unwrap(), "zero");
+    let replay = node.replay_dead_letter(id).unwrap();
+    let r = pool.next_request().await.unwrap();
+    r.responder.reply("seven".into());
+    // The reply is in the slot, unpolled: the drop ends the replay with it.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(replay)));
+    assert!(dropped.is_ok(), "the hook's panic stayed in the hook");
+    assert!(!node.is_pending(id));
+    assert_eq!(node.stats().pending, 0);
+}
+
+/// An ask given up on (dropped, or cancelled) after its last refusal came
+/// back ends cancelled: no dead letter (the caller gave up; nothing was
+/// exhausted).
+#[tokio::test]
+async fn an_ask_given_up_after_a_refusal_files_no_letter() {
+    let (node, _pool, _stuck, _id) = a_letter_with_a_hook(|_| {}).await;
+    let before = node.dead_letters().len();
+    drop(node.ask("p", 8).send());
+    let mut cancelled = node.ask("p", 9).send();
+    cancelled.cancel();
+    assert_eq!(cancelled.await.unwrap_err().code(), ErrorCode::AskCancelled);
+    assert_eq!(node.dead_letters().len(), before);
+}
+
+/// A stage stream dropped early does not keep later ones empty: the next
+/// one opened starts from the ask's record, terminal stage included.
+#[tokio::test]
+async fn a_stream_opened_after_one_was_dropped_gets_the_record() {
+    use futures::StreamExt;
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let handle = node.ask("p", 1).send();
+    let source = handle.stage_source();
+    let mut early = handle.stages();
+    assert_eq!(
+        early.next().await.map(|e| e.stage),
+        Some(askpool::AckStage::Sent)
+    );
+    drop(early);
+    let r = pool.next_request().await.unwrap();
+    r.responder.reply("one".into());
+    assert_eq!(handle.await.unwrap(), "one");
+    let later: Vec<_> = source.open().map(|e| e.stage).collect().await;
+    assert_eq!(
+        later.last(),
+        Some(&askpool::AckStage::Fulfilled),
+        "{later:?}"
+    );
+}

@@ -111,7 +111,8 @@ impl Core {
     }
 
     /// Cancels a running ask (a protocol cancel goes to the pool); it ends
-    /// with `ASK_CANCELLED` at the next drain. Nothing if it already ended.
+    /// with `ASK_CANCELLED` at the next drain, or with its reply if that had
+    /// arrived. Nothing if it already ended.
     #[napi(catch_unwind)]
     pub fn cancel(&mut self, task: u32) {
         let _enter = self.rt.enter();

@@ -93,7 +93,9 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> AskBuilder<'a, M,
     /// whoever replays it: an outcome kept elsewhere (a durable ask's
     /// promise) learns what the replay got. Not called for this ask itself,
     /// nor for a replay refused before it was sent or dropped unfinished. It
-    /// runs where the replay is polled: it must not block for long.
+    /// runs where the replay is polled, cancelled or dropped (an outcome
+    /// that had arrived counts): it must not block for long. A panic in it
+    /// is logged; the replay ends as it did.
     pub fn on_replay_outcome(
         mut self,
         hook: impl Fn(Result<R, AskError>) + Send + Sync + 'static,
@@ -580,10 +582,18 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             // Told while the id is still pending here: what records the
             // outcome elsewhere is done before another ask of the id can
             // start. A tell's acknowledgement (`None`) is no outcome.
-            match &result {
-                Ok(Some(reply)) => hook(Ok(reply.clone())),
-                Ok(None) => {}
-                Err(error) => hook(Err(error.clone())),
+            // A hook's panic must not keep the id pending (`release` below)
+            // nor unwind out of a drop: it is logged, the ask ends as it did.
+            let told = match &result {
+                Ok(Some(reply)) => Some(Ok(reply.clone())),
+                Ok(None) => None,
+                Err(error) => Some(Err(error.clone())),
+            };
+            if let Some(outcome) = told {
+                let hook = std::panic::AssertUnwindSafe(|| hook(outcome));
+                if std::panic::catch_unwind(hook).is_err() {
+                    tracing::error!(parent: &self.span, "a replay hook panicked");
+                }
             }
         }
         self.release();
@@ -678,7 +688,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         let mut floor = Timestamp::ZERO;
         let mut clock = LazyNow::default();
         loop {
-            if let Some(done) = this.apply_arrivals(cx.waker(), floor, &mut clock) {
+            if let Some(done) = this.apply_arrivals(cx.waker(), floor, &mut clock, false) {
                 return done;
             }
             let Some(at) = this.machine.next_wakeup() else {
@@ -717,11 +727,15 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// cancel, the shutdown) until nothing is left: `Some` once that ended
     /// it (its outcome, as `poll` returns it), `None` if it goes on.
     /// `waker` is registered for what arrives next.
+    /// `giving_up` (a cancel or a drop): a refusal is no outcome to keep
+    /// (it would be re-sent, and the caller is giving up): it is passed over
+    /// and the cancel goes ahead, filing no letter and failing no breaker.
     fn apply_arrivals(
         &mut self,
         waker: &Waker,
         floor: Timestamp,
         clock: &mut LazyNow,
+        giving_up: bool,
     ) -> Option<Poll<Result<Option<R>, AskError>>> {
         loop {
             let Arrivals {
@@ -750,6 +764,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                     }
                     continue;
                 }
+                Some(SlotEvent::Refused(_)) if giving_up => continue,
                 Some(SlotEvent::Refused(error)) => {
                     let now = clock.get(&self.node, floor);
                     let step = self.machine.on_refused(now, &error, &mut self.rng);
@@ -781,9 +796,14 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// An ask its caller gives up on (`cancel()`, or dropped) that already
     /// ended by what arrived keeps that outcome: a reply that came before
     /// the cancel, or a tell's Ack (a tell dropped once sent is the usual
-    /// fire-and-forget, accepted in process within `send()`).
+    /// fire-and-forget, accepted in process within `send()`). Not while the
+    /// thread unwinds: the outcome's hooks run no user code then.
     fn ended_by_arrivals(&mut self) -> Option<Result<Option<R>, AskError>> {
-        match self.apply_arrivals(Waker::noop(), Timestamp::ZERO, &mut LazyNow::default()) {
+        if std::thread::panicking() {
+            return None;
+        }
+        let (waker, floor) = (Waker::noop(), Timestamp::ZERO);
+        match self.apply_arrivals(waker, floor, &mut LazyNow::default(), true) {
             Some(Poll::Ready(result)) => Some(result),
             _ => None,
         }

@@ -45,6 +45,9 @@ pub(crate) enum SlotEvent<R> {
 struct SlotInner<R> {
     acked: bool,
     read: bool,
+    /// A reply was offered (whether or not the handle took it since): a
+    /// progress report after it is no PARTIAL stage.
+    answered: bool,
     /// The node's deadline queue found the ask's deadline due.
     deadline_due: bool,
     event: Option<SlotEvent<R>>,
@@ -185,6 +188,7 @@ impl<R> AskSlot<R> {
             inner: Mutex::new(SlotInner {
                 acked: false,
                 read: false,
+                answered: false,
                 deadline_due: false,
                 event: None,
                 closed: false,
@@ -239,10 +243,10 @@ impl<R> AskSlot<R> {
     fn progress(&self, progress: Progress, now: impl FnOnce() -> Timestamp) {
         let mut inner = self.inner.lock();
         inner.acked = true;
-        // A report from a request already answered (the reply waits for
-        // the handle's next poll) is no PARTIAL: those come between READ
-        // and the terminal stage.
-        if inner.event.is_some() {
+        // A report from a request already answered (its reply waiting for
+        // the handle, or taken and about to be recorded) is no PARTIAL:
+        // those come between READ and the terminal stage.
+        if inner.answered {
             return;
         }
         let Some(log) = &mut inner.stages else {
@@ -318,6 +322,7 @@ impl<R> AskSlot<R> {
             {
                 return Offered::Duplicate;
             }
+            inner.answered |= matches!(event, SlotEvent::Reply(_));
             inner.event = Some(event);
             inner.waker.take()
         };
@@ -374,8 +379,8 @@ impl<R> AskSlot<R> {
         }
     }
 
-    /// Starts the unread queue of the ask's stream (once): the events so far,
-    /// then every event from now on. `false` if a stream was opened before.
+    /// Starts the unread queue of the ask's stream: the events so far, then
+    /// every event from now on. `false` if a stream is open already.
     fn open_stream(&self) -> bool {
         let mut inner = self.inner.lock();
         match &mut inner.stages {
@@ -385,6 +390,16 @@ impl<R> AskSlot<R> {
                 true
             }
             None => true,
+        }
+    }
+
+    /// The ask's stream was dropped: a stream opened later starts again from
+    /// the record (and nothing queues for the dropped one meanwhile).
+    fn close_stream(&self) {
+        let mut inner = self.inner.lock();
+        if let Some(log) = &mut inner.stages {
+            log.unread = None;
+            log.waker = None;
         }
     }
 
@@ -409,9 +424,10 @@ impl<R> AskSlot<R> {
 /// The stage events of one ask, as they happen: SENT, RECEIVED, READ,
 /// PARTIAL progress, then one terminal stage, after which the stream ends.
 /// Events carry their time and the time since the previous stage. Empty when
-/// the node does not track stages. One stream per ask: a second one opened
-/// for the same ask ends at once (two would split the events between them,
-/// and one of them would wait forever).
+/// the node does not track stages. One stream per ask at a time: a second
+/// one opened while the first is open ends at once (two would split the
+/// events between them, and one would wait forever); once the first is
+/// dropped, the next opened starts from the ask's record.
 pub struct StageStream<R> {
     slot: Arc<AskSlot<R>>,
     first: bool,
@@ -453,6 +469,14 @@ impl<R> Clone for StageSource<R> {
     fn clone(&self) -> Self {
         Self {
             slot: Arc::clone(&self.slot),
+        }
+    }
+}
+
+impl<R> Drop for StageStream<R> {
+    fn drop(&mut self) {
+        if self.first {
+            self.slot.close_stream();
         }
     }
 }

@@ -16,8 +16,7 @@
 //! | `askpool_breaker_state` | gauge | `pool` (0 closed, 1 open, 2 half-open) |
 //! | `askpool_late_outcomes_total` | counter | — |
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use askpool_proto::breaker::breaker_code;
@@ -205,17 +204,19 @@ pub(crate) fn dedup_evictions(capacity: u64, ttl: u64) {
     }
 }
 
-/// Dead letters held by every node of the process.
-static DLQ_LETTERS: AtomicI64 = AtomicI64::new(0);
+/// Dead letters held by every node of the process. Changed and published
+/// under one lock: two nodes' changes published out of order would leave
+/// the gauge at a stale total (letters change rarely; the lock is cheap).
+static DLQ_LETTERS: Mutex<i64> = Mutex::new(0);
 
 /// Dead letters added (or, negative, removed) by one node. The gauge is set
 /// to the process's total, not moved by the delta: a recorder installed
 /// after letters were filed reads the true total from the next change on.
 pub(crate) fn dlq_depth_changed(delta: isize) {
     if delta != 0 {
-        let delta = delta as i64;
-        let total = DLQ_LETTERS.fetch_add(delta, Ordering::Relaxed) + delta;
-        gauge!("askpool_dlq_depth").set(total as f64);
+        let mut total = DLQ_LETTERS.lock().unwrap_or_else(|e| e.into_inner());
+        *total += delta as i64;
+        gauge!("askpool_dlq_depth").set(*total as f64);
     }
 }
 
