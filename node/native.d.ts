@@ -17,7 +17,8 @@ export declare class Core {
   correlationId(task: number): string
   /**
    * Cancels a running ask (a protocol cancel goes to the pool); it ends
-   * with `ASK_CANCELLED` at the next drain. Nothing if it already ended.
+   * with `ASK_CANCELLED` at the next drain, or with its reply if that had
+   * arrived. Nothing if it already ended.
    */
   cancel(task: number): void
   /** Opens the stage stream of a running ask; returns its stream id. */
