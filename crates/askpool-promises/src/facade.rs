@@ -14,7 +14,7 @@ use crate::durable::now_millis;
 use crate::memory::MemoryStore;
 use crate::model::{CompleteRequest, Completed, Completion, CreateRequest, Created, Promise};
 use crate::sqlite::SqliteStore;
-use crate::store::{Result, Store};
+use crate::store::{off_runtime, Result, Store};
 
 #[derive(Clone)]
 pub struct DurablePromises {
@@ -175,15 +175,8 @@ impl DurablePromises {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = now_millis();
-            let store = Arc::clone(&self.store);
             let key = id.to_owned();
-            let looked = tokio::task::spawn_blocking(move || store.get(&key, now))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(crate::error::PromiseError::Storage {
-                        message: format!("a look at the store panicked: {e}"),
-                    })
-                });
+            let looked = off_runtime(&self.store, move |store| store.get(&key, now)).await;
             let until_timeout = match looked {
                 Ok(p) if p.state.is_settled() => return Ok(p),
                 Ok(p) => Duration::from_millis(p.timeout_at.saturating_sub(now)),

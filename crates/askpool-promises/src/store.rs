@@ -15,6 +15,24 @@ use crate::model::{
 
 pub type Result<T> = std::result::Result<T, PromiseError>;
 
+/// Runs `op` on `store` on tokio's blocking threads, for async code: a
+/// store shared with other processes waits for their writes (up to its
+/// busy timeout), which must not stall the runtime. A panic in `op` is a
+/// storage failure.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    store: &std::sync::Arc<dyn Store>,
+    op: impl FnOnce(&dyn Store) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let store = std::sync::Arc::clone(store);
+    tokio::task::spawn_blocking(move || op(&*store))
+        .await
+        .unwrap_or_else(|e| {
+            Err(PromiseError::Storage {
+                message: format!("a store operation panicked: {e}"),
+            })
+        })
+}
+
 pub trait Store: Send + Sync {
     /// Creates a promise (idempotent by key); see [`rules`](crate::rules).
     fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created>;

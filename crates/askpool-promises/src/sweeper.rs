@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::durable::now_millis;
-use crate::store::Store;
+use crate::store::{off_runtime, Store};
 
 /// Every `every` (at least a millisecond: tokio's timer has no finer
 /// tick, and a zero period would panic the task), sweeps in batches of
@@ -25,15 +25,7 @@ pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration, batch: usize) -> Jo
         loop {
             tick.tick().await;
             loop {
-                let sweeping = Arc::clone(&store);
-                let swept =
-                    tokio::task::spawn_blocking(move || sweeping.sweep(now_millis(), batch)).await;
-                let swept = swept.unwrap_or_else(|e| {
-                    Err(crate::error::PromiseError::Storage {
-                        message: format!("the sweep panicked: {e}"),
-                    })
-                });
-                match swept {
+                match off_runtime(&store, move |s| s.sweep(now_millis(), batch)).await {
                     Ok(n) if n == batch => tokio::task::yield_now().await,
                     Ok(_) => break,
                     Err(error) => {

@@ -332,11 +332,13 @@ async fn an_oversize_durable_message_is_refused_before_it_is_stored() {
         "{:?}",
         refused.err()
     );
+    assert_nothing_stored(&store, id);
+}
+
+fn assert_nothing_stored(store: &DurablePromises, id: RequestId) {
+    let now = askpool_promises::now_millis();
     assert!(
-        store
-            .store()
-            .get(&id.to_string(), askpool_promises::now_millis())
-            .is_err(),
+        store.store().get(&id.to_string(), now).is_err(),
         "nothing was stored"
     );
 }
@@ -358,13 +360,7 @@ async fn a_pool_name_no_pool_can_have_is_refused_before_it_is_stored() {
             "{:?}",
             refused.err()
         );
-        assert!(
-            store
-                .store()
-                .get(&id.to_string(), askpool_promises::now_millis())
-                .is_err(),
-            "nothing was stored"
-        );
+        assert_nothing_stored(&store, id);
     }
 }
 

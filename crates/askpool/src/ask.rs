@@ -437,27 +437,25 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         if self.finished || self.early.is_some() {
             return;
         }
-        if let Some(result) = self.ended_by_arrivals() {
-            // Its outcome is what the next poll gives.
-            self.finished = false;
-            self.early = Some(result);
-            return;
-        }
-        let now = self.node.clock.now();
-        let step = self.machine.cancel();
-        if let Some(error) = self.perform(step, now) {
-            self.cancelled(&error, now);
-            self.early = Some(Err(error));
-        }
+        // Its outcome is what the next poll gives.
+        self.early = self.give_up();
         self.release();
     }
 
-    /// What a cancel by its caller (`cancel()`, or the handle dropped)
-    /// records: the terminal stage and the outcome.
-    fn cancelled(&self, error: &AskError, now: Timestamp) {
-        telemetry::end_to_end(Some(error), now.saturating_since(self.machine.started()));
+    /// Its caller gives up on the ask (`cancel()`, or the handle dropped):
+    /// an outcome that already arrived stands, else the ask is cancelled
+    /// (the terminal stage and the outcome recorded). The outcome, if any.
+    fn give_up(&mut self) -> Option<Result<Option<R>, AskError>> {
+        if let Some(result) = self.ended_by_arrivals() {
+            return Some(result);
+        }
+        let now = self.node.clock.now();
+        let step = self.machine.cancel();
+        let error = self.perform(step, now)?;
+        telemetry::end_to_end(Some(&error), now.saturating_since(self.machine.started()));
         self.slot
-            .record_terminal(AckStage::terminal_for_error(error), now);
+            .record_terminal(AckStage::terminal_for_error(&error), now);
+        Some(Err(error))
     }
 
     /// The ask's ACK lifecycle as a stream of stage events (SENT, RECEIVED,
@@ -845,12 +843,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Future for AskHandle<
 
 impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Drop for AskHandle<M, R> {
     fn drop(&mut self) {
-        if !self.finished && self.early.is_none() && self.ended_by_arrivals().is_none() {
-            let now = self.node.clock.now();
-            let step = self.machine.cancel();
-            if let Some(error) = self.perform(step, now) {
-                self.cancelled(&error, now);
-            }
+        if !self.finished && self.early.is_none() {
+            self.give_up();
         }
         self.release();
     }

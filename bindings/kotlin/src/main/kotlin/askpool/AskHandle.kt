@@ -3,12 +3,10 @@ package askpool
 import askpool.ffi.Stage
 import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
-import kotlinx.coroutines.Dispatchers
 import kotlinx.coroutines.channels.Channel
 import kotlinx.coroutines.flow.Flow
 import kotlinx.coroutines.flow.flow
 import java.util.concurrent.atomic.AtomicBoolean
-import kotlin.coroutines.EmptyCoroutineContext
 import kotlin.time.Duration
 import kotlin.time.Duration.Companion.microseconds
 
@@ -87,25 +85,14 @@ class AskHandle internal constructor(private val node: Node) : Completion {
 
     val isCompleted: Boolean get() = result.isCompleted
 
+    // An unconfined awaiter resumes on the thread that completes `result`,
+    // whose dispatcher is not known here: never a library thread.
     override fun complete(value: Any?) {
-        offLibraryThread { result.complete(value) }
+        JvmThreads.offLibraryThread(null) { result.complete(value) }
     }
 
     override fun fail(error: AskException) {
-        offLibraryThread { result.completeExceptionally(error) }
-    }
-
-    /**
-     * An unconfined awaiter resumes on the thread that completes [result]:
-     * not on one of the library's (a caller blocking there would stall
-     * every ask's timers), where outcomes arrive.
-     */
-    private inline fun offLibraryThread(crossinline complete: () -> Unit) {
-        if (JvmThreads.onLibraryThread()) {
-            Dispatchers.IO.dispatch(EmptyCoroutineContext, Runnable { complete() })
-        } else {
-            complete()
-        }
+        JvmThreads.offLibraryThread(null) { result.completeExceptionally(error) }
     }
 
     override fun stage(stage: Stage) {

@@ -4,11 +4,7 @@ import askpool.ffi.AskListener
 import askpool.ffi.Failure
 import askpool.ffi.Stage
 import kotlinx.coroutines.CancellableContinuation
-import kotlinx.coroutines.CoroutineDispatcher
-import kotlinx.coroutines.Dispatchers
 import java.util.concurrent.ConcurrentHashMap
-import kotlin.coroutines.ContinuationInterceptor
-import kotlin.coroutines.EmptyCoroutineContext
 import kotlin.coroutines.resume
 import kotlin.coroutines.resumeWithException
 
@@ -86,31 +82,18 @@ internal class Completions : AskListener {
             when (waiter) {
                 is Completion -> waiter.complete(value)
                 is CancellableContinuation<*> ->
-                    offLibraryThread(waiter) { (waiter as CancellableContinuation<Any?>).resume(value) }
+                    JvmThreads.offLibraryThread(waiter.context) {
+                        (waiter as CancellableContinuation<Any?>).resume(value)
+                    }
             }
         }
 
         private fun fail(waiter: Any?, error: AskException) {
             when (waiter) {
                 is Completion -> waiter.fail(error)
-                is CancellableContinuation<*> -> offLibraryThread(waiter) { waiter.resumeWithException(error) }
+                is CancellableContinuation<*> ->
+                    JvmThreads.offLibraryThread(waiter.context) { waiter.resumeWithException(error) }
             }
-        }
-
-        /**
-         * Resumes [cont] here, unless here is a library thread and [cont]
-         * would run on it (no dispatcher, or `Dispatchers.Unconfined`): then
-         * on `Dispatchers.IO`, where an unconfined caller may block.
-         */
-        private inline fun offLibraryThread(cont: CancellableContinuation<*>, crossinline resume: () -> Unit) {
-            if (JvmThreads.onLibraryThread()) {
-                val dispatcher = cont.context[ContinuationInterceptor] as? CoroutineDispatcher
-                if (dispatcher == null || !dispatcher.isDispatchNeeded(cont.context)) {
-                    Dispatchers.IO.dispatch(EmptyCoroutineContext, Runnable { resume() })
-                    return
-                }
-            }
-            resume()
         }
     }
 }

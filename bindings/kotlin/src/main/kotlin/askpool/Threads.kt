@@ -4,7 +4,12 @@ import askpool.ffi.uniffiCallbackInterfaceAskListener
 import askpool.ffi.uniffiCallbackInterfaceHostHandler
 import com.sun.jna.CallbackThreadInitializer
 import com.sun.jna.Native
+import kotlinx.coroutines.CoroutineDispatcher
+import kotlinx.coroutines.Dispatchers
 import java.util.concurrent.atomic.AtomicInteger
+import kotlin.coroutines.ContinuationInterceptor
+import kotlin.coroutines.CoroutineContext
+import kotlin.coroutines.EmptyCoroutineContext
 
 /**
  * Runtime threads call into the JVM for every outcome and request. JNA
@@ -54,6 +59,26 @@ internal object JvmThreads {
      * run here (a caller blocking one would stall every ask's timers).
      */
     fun onLibraryThread(): Boolean = library.get()
+
+    /**
+     * Runs [block] here, unless here is a library thread and what it
+     * resumes runs its code in place: a continuation of [resumes] with no
+     * dispatcher or `Dispatchers.Unconfined`, or (null) an awaiter not
+     * known here. Then on `Dispatchers.IO`, where such a caller may block.
+     */
+    inline fun offLibraryThread(resumes: CoroutineContext?, crossinline block: () -> Unit) {
+        if (onLibraryThread() && (resumes == null || !dispatches(resumes))) {
+            Dispatchers.IO.dispatch(EmptyCoroutineContext, Runnable { block() })
+        } else {
+            block()
+        }
+    }
+
+    /** Whether a continuation of [context] is dispatched, not run in place. */
+    fun dispatches(context: CoroutineContext): Boolean {
+        val dispatcher = context[ContinuationInterceptor] as? CoroutineDispatcher
+        return dispatcher != null && dispatcher.isDispatchNeeded(context)
+    }
 
     /** Java threads created for native callback threads and kept attached. */
     val attached = AtomicInteger()
