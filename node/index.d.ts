@@ -42,7 +42,7 @@ export interface PoolOptions {
   maxInFlight?: number;
   /** Replies cached for duplicates (default 100 000). */
   dedupMax?: number;
-  /** How long a reply stays cached (default 120 000). */
+  /** How long a reply stays cached (default 120 000); 0 keeps none, so a duplicate arriving after the reply runs the handler again. */
   dedupTtlMs?: number;
   processingTimeoutMs?: number;
 }
@@ -124,7 +124,7 @@ export class AskError extends Error {
   readonly code: ErrorCode;
   /** The code's class in the taxonomy. */
   readonly errorClass: ErrorClass;
-  static readonly code: string;
+  static readonly code: ErrorCode;
   static readonly errorClass: ErrorClass;
   constructor(message?: string, options?: { cause?: unknown });
 }

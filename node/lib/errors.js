@@ -9,7 +9,10 @@ class AskError extends Error {
     this.errorClass = new.target.errorClass;
   }
 }
-AskError.code = 'ASK_ERROR';
+// The base itself (thrown by user code, or a subclass of their own) is an
+// error of no more specific kind: INTERNAL, a code of the taxonomy, as
+// Python's base AskpoolError says, so `.code` is always an ErrorCode.
+AskError.code = 'INTERNAL';
 // The code's class in the taxonomy (DESIGN section 6): TRANSIENT (retry),
 // PERMANENT (don't) or POISON (to the dead-letter queue).
 AskError.errorClass = 'PERMANENT';

@@ -28,6 +28,11 @@ test('every code has its class: transient, permanent or poison', () => {
   assert.equal(new askpool.DecodeFailureError('x').errorClass, 'POISON');
   assert.equal(new askpool.AskTimeoutError('x').errorClass, 'TRANSIENT');
   assert.equal(new HandlerFailedError('x').errorClass, 'PERMANENT');
+  // The base class, made directly, still has a code of the taxonomy.
+  const base = new AskError('x');
+  assert.ok(errorCodes.includes(base.code), base.code);
+  assert.equal(base.code, 'INTERNAL');
+  assert.equal(base.errorClass, 'PERMANENT');
 });
 
 // The mapping every binding shares (askpool-proto `AskError::from_handler`):

@@ -544,7 +544,9 @@ class Node:
         """A pool hosted here. ``concurrency``: handlers running at once (1).
         ``max_in_flight``: admitted, unfinished requests before
         ``BufferFullError``. ``reply_cache`` / ``reply_ttl``: bounds of the
-        cache that answers duplicates (100,000 replies, 120 s)."""
+        cache that answers duplicates (100,000 replies, 120 s); a
+        ``reply_ttl`` of 0 keeps none, so a duplicate arriving after the
+        reply runs the handler again."""
         _valid_names(("a pool name", name))
         return Pool(self, name, concurrency, max_in_flight, reply_cache, reply_ttl)
 

@@ -508,3 +508,118 @@ async fn a_stream_opened_after_one_was_dropped_gets_the_record() {
         "{later:?}"
     );
 }
+
+/// An empty or oversized worker id is refused where it is given (before:
+/// `worker("")` registered, and an ask preferring a megabyte-long id
+/// carried it in every attempt), and the refused ask holds nothing.
+#[tokio::test]
+async fn worker_ids_are_one_to_255_bytes() {
+    let node: TestNode = Node::new();
+    let pool = node.pool("p").build().unwrap();
+    let long = "w".repeat(256);
+    for bad in ["", long.as_str()] {
+        match pool.worker(bad) {
+            Err(AskError::InvalidArgument { message }) => {
+                assert!(message.contains("worker id"), "{message}")
+            }
+            Err(other) => panic!("worker({:?}): {other:?}", bad.len()),
+            Ok(_) => panic!("worker id of {} bytes registered", bad.len()),
+        }
+        let outcome = node.ask("p", 1).preferred_worker(bad).await;
+        assert_eq!(outcome.unwrap_err().code(), ErrorCode::InvalidArgument);
+    }
+    let worker = pool.worker("w".repeat(255)).unwrap();
+    assert_eq!(worker.id().as_str().len(), 255);
+    assert_eq!(node.stats().pending, 0);
+}
+
+/// A handler's panic is logged as an error with its request and pool
+/// (before: only the panic hook printed it, and the caller got the message).
+#[tokio::test]
+async fn a_handler_panic_is_logged() {
+    #[derive(Clone, Default)]
+    struct Capture(Arc<parking_lot::Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Capture::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::ERROR)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let node: TestNode = Node::new();
+    node.pool("crashy")
+        .handler(|m: u64, _ctx| async move {
+            if m == 7 {
+                panic!("seven is unlucky");
+            }
+            Ok(m.to_string())
+        })
+        .unwrap();
+    let error = node.ask("crashy", 7).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::HandlerFailed);
+    assert_eq!(node.ask("crashy", 8).await.unwrap(), "8");
+    let text = String::from_utf8(log.0.lock().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("handler panicked"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(lines[0].contains("ERROR"), "{text}");
+    assert!(lines[0].contains("seven is unlucky"), "{text}");
+    assert!(lines[0].contains("pool=crashy"), "{text}");
+}
+
+/// A handler pool whose runtime shut down while its node lives on is
+/// closed: an ask from another runtime is refused `NoRoute` at once (before:
+/// admitted into a queue no task drained, it waited out its whole timeout).
+#[test]
+fn a_pool_whose_handler_runtime_shut_down_is_closed() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let node: TestNode = Node::new();
+    let first = runtime();
+    let pool = first.block_on(async {
+        let pool = node
+            .pool("p")
+            .concurrency(3)
+            .handler(|m: u64, _ctx| async move { Ok(m.to_string()) })
+            .unwrap();
+        assert_eq!(node.ask("p", 1).await.unwrap(), "1");
+        pool
+    });
+    drop(first);
+    let outcome = runtime().block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            node.ask("p", 2).timeout(Duration::from_secs(60)),
+        )
+        .await
+    });
+    match outcome {
+        Ok(Err(AskError::NoRoute { pool })) => assert_eq!(pool, "p"),
+        other => panic!("{other:?}"),
+    }
+    // The name is free again, and the stale handle closes nothing new.
+    let second = runtime();
+    second.block_on(async {
+        node.pool("p")
+            .handler(|m: u64, _ctx| async move { Ok(format!("again {m}")) })
+            .unwrap();
+        pool.close();
+        assert_eq!(node.ask("p", 3).await.unwrap(), "again 3");
+    });
+}

@@ -74,10 +74,10 @@ struct SimulateArgs {
     /// Concurrent handlers per pool.
     #[arg(long, default_value_t = 4)]
     workers: u32,
-    /// Worker pools (each its own node, restartable).
+    /// Worker pools (each its own node, restartable), at most 256.
     #[arg(long, default_value_t = 2)]
     pools: u32,
-    /// Caller nodes.
+    /// Caller nodes, at most 256.
     #[arg(long, default_value_t = 4)]
     callers: u32,
     /// Distinct request ids per caller and pool (small, so ids are reused).

@@ -56,6 +56,14 @@ fn bad_flags_are_refused_with_a_reason() {
             "not a whole number",
         ),
         (&["simulate", "--asks", "0"][..], "asks must be at least 1"),
+        (
+            &["simulate", "--pools", "4000000000"][..],
+            "pools must be at most 256",
+        ),
+        (
+            &["simulate", "--callers", "257"][..],
+            "callers must be at most 256",
+        ),
         (&["simulate", "--bogus"][..], "unexpected argument"),
         (&["frobnicate"][..], "unrecognized subcommand"),
     ] {

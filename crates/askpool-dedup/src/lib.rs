@@ -244,7 +244,10 @@ impl<R> DedupState for InboundState<R> {
 pub struct DedupConfig {
     /// Most terminal entries kept; the oldest terminal is evicted first.
     pub max_terminal: usize,
-    /// How long a terminal entry is kept after it became terminal.
+    /// How long a terminal entry is kept after it became terminal. Zero
+    /// keeps none: a duplicate that arrives after the reply runs the
+    /// handler again (duplicates of a request still in progress are still
+    /// acknowledged and answered once).
     pub terminal_ttl: Duration,
 }
 

@@ -71,13 +71,7 @@ impl PoolName {
     /// A pool's name must say something and stay short: it is a label on
     /// metrics and in every error about the pool.
     pub fn validate(&self) -> Result<(), AskError> {
-        let len = self.as_str().len();
-        if len == 0 || len > Self::MAX_LEN {
-            return Err(AskError::InvalidArgument {
-                message: format!("a pool name is 1 to {} bytes, not {len}", Self::MAX_LEN),
-            });
-        }
-        Ok(())
+        check_name_len("a pool name", self.as_str(), Self::MAX_LEN)
     }
 
     /// The name as an error shows it: at most [`MAX_LEN`](Self::MAX_LEN)
@@ -99,6 +93,27 @@ name!(
     /// Name of one worker inside a pool.
     WorkerId
 );
+
+impl WorkerId {
+    /// Longest id a worker may have, in bytes.
+    pub const MAX_LEN: usize = 255;
+
+    /// An empty id could not be told from "no preferred worker" in a log or
+    /// an error, and every request that prefers a worker carries its id.
+    pub fn validate(&self) -> Result<(), AskError> {
+        check_name_len("a worker id", self.as_str(), Self::MAX_LEN)
+    }
+}
+
+fn check_name_len(what: &str, name: &str, max: usize) -> Result<(), AskError> {
+    let len = name.len();
+    if len == 0 || len > max {
+        return Err(AskError::InvalidArgument {
+            message: format!("{what} is 1 to {max} bytes, not {len}"),
+        });
+    }
+    Ok(())
+}
 
 /// Everything a request carries besides its payload.
 #[derive(Clone, Debug, PartialEq)]

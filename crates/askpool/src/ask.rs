@@ -393,6 +393,9 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 message: "an ask's timeout must be positive".into(),
             });
         }
+        if let Some(worker) = &self.meta.preferred_worker {
+            worker.validate()?;
+        }
         if let (Some(size), Some(limit)) = (payload_size, self.node.config.max_payload_bytes) {
             if size > limit {
                 return Err(AskError::OversizePayload { size, limit });

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use askpool_dedup::DedupConfig;
 use askpool_proto::{
@@ -490,7 +490,9 @@ where
     /// timeout passed on with `?` is `HandlerFailed`, not the caller's own
     /// timeout); a panic is `HandlerFailed` with type `panic`. A request
     /// pulled with `next_request` is answered with exactly what
-    /// `Responder::fail` is given.
+    /// `Responder::fail` is given. The workers are tasks of the current
+    /// runtime: if it shuts down while the node lives on, the pool closes
+    /// (later asks get `NoRoute`), and the panic of a handler is logged.
     pub fn handler<F, Fut>(self, handler: F) -> Result<WorkerPool<M, R>, AskError>
     where
         F: Fn(M, RequestContext) -> Fut + Send + Sync + 'static,
@@ -502,11 +504,47 @@ where
             })?;
         let pool = self.build()?;
         let handler = Arc::new(handler);
+        let alive = Arc::new(HandlerLoops {
+            node: Arc::downgrade(&pool.node.shared),
+            pool: Arc::clone(&pool.shared),
+        });
         for i in 0..pool.shared.config.concurrency {
             let worker = pool.worker(format!("w{i}"))?;
-            runtime.spawn(run_handler_loop(worker, Arc::clone(&handler)));
+            let alive = Arc::clone(&alive);
+            let run = run_handler_loop(worker, Arc::clone(&handler));
+            runtime.spawn(async move {
+                run.await;
+                drop(alive);
+            });
         }
         Ok(pool)
+    }
+}
+
+/// Held by each worker task of a handler pool. The tasks end when the pool
+/// closes, or when the runtime they were spawned on shuts down (their
+/// futures are dropped) while the node lives on. In that second case
+/// nothing would take the pool's requests any more, so it is closed: new
+/// asks get `NoRoute` at once instead of each waiting out its timeout in a
+/// queue no one drains.
+struct HandlerLoops<M: Clone + Send + 'static, R: Clone + Send + 'static> {
+    node: Weak<NodeShared<M, R>>,
+    pool: Arc<PoolShared<M, R>>,
+}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Drop for HandlerLoops<M, R> {
+    fn drop(&mut self) {
+        if self.pool.is_closed() {
+            return;
+        }
+        tracing::error!(
+            pool = %self.pool.name,
+            "the runtime running this pool's handlers shut down; the pool is closed"
+        );
+        match self.node.upgrade() {
+            Some(shared) => Node { shared }.remove_pool(&self.pool),
+            None => self.pool.close(),
+        }
     }
 }
 

@@ -340,6 +340,7 @@ pub struct Worker<M: Send + 'static, R: Clone + Send + 'static> {
 
 impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
     pub(crate) fn register(pool: &Arc<PoolShared<M, R>>, id: WorkerId) -> Result<Self, AskError> {
+        id.validate()?;
         let (tx, rx) = flume::unbounded();
         let signal = Arc::new(QueueSignal::inbox(Arc::default()));
         let mut workers = pool.workers.write();
@@ -411,15 +412,25 @@ where
         );
         let request_id = context.request_id();
         // A handler may panic before its future exists, or while it runs.
-        let outcome = match catch_unwind(AssertUnwindSafe(|| handler(message, context))) {
-            Ok(future) => AssertUnwindSafe(future)
-                .catch_unwind()
-                .instrument(span)
-                .await
-                .unwrap_or_else(|panic| Err(panic_error(panic.as_ref()))),
-            Err(panic) => Err(panic_error(panic.as_ref())),
-        }
-        .map_err(AskError::from_handler_error);
+        let panicked = match catch_unwind(AssertUnwindSafe(|| handler(message, context))) {
+            Ok(future) => {
+                AssertUnwindSafe(future)
+                    .catch_unwind()
+                    .instrument(span)
+                    .await
+            }
+            Err(panic) => Err(panic),
+        };
+        let outcome = panicked
+            .unwrap_or_else(|panic| {
+                let error = panic_error(panic.as_ref());
+                // The caller gets the message, but a panic is a bug in the
+                // handler: the operator's log must say so too (a custom
+                // panic hook, or none, may print nothing).
+                tracing::error!(%request_id, pool = %worker.pool.name, %error, "handler panicked");
+                Err(error)
+            })
+            .map_err(AskError::from_handler_error);
         // The outcome is on record before the reply goes out (the panic
         // gap): a transport that panics sending it loses that frame only,
         // and the worker goes on (a duplicate is answered from the cache).

@@ -59,6 +59,9 @@ impl FaultConfig {
 /// The longest duration a run accepts, in milliseconds (an hour).
 pub const MAX_MS: u64 = 3_600_000;
 
+/// Most pools, and most callers, a run accepts (each is a node).
+pub const MAX_NODES: u32 = 256;
+
 /// A whole run.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimConfig {
@@ -202,6 +205,14 @@ impl SimConfig {
         positive("pools", self.pools.into())?;
         positive("workers", self.workers.into())?;
         positive("window", self.window.into())?;
+        // Each pool and each caller is a node of its own (a pool's reply
+        // cache alone takes about a megabyte up front): a mistyped count
+        // must be refused, not exhaust the machine's memory.
+        for (name, n) in [("pools", self.pools), ("callers", self.callers)] {
+            if n > MAX_NODES {
+                return Err(format!("{name} must be at most {MAX_NODES}, got {n}"));
+            }
+        }
         if self.workers as usize > askpool::MAX_CONCURRENCY {
             return Err(format!(
                 "workers must be at most {}, got {}",
