@@ -90,6 +90,13 @@ enum Task {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let _lock = match lock_checkout() {
+        Ok(lock) => lock,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Task::Build => cargo(&["build", "--workspace", "--all-targets"]),
         Task::Test { slow } => test(slow),
@@ -116,6 +123,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Two tasks at once in one checkout would rebuild and reinstall the same
+/// venv, node_modules and wheels under each other (a half-written venv
+/// fails the other's tests in ways that say nothing about the code): the
+/// second waits for the first, and says so. The lock is the OS's, released
+/// when the process ends however it ends.
+fn lock_checkout() -> Result<std::fs::File, String> {
+    let dir = root().join("target");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let path = dir.join("xtask.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            eprintln!("xtask: another cargo xtask runs in this checkout; waiting for it to end");
+            file.lock()
+                .map_err(|e| format!("locking {}: {e}", path.display()))?;
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(format!("locking {}: {e}", path.display()))
+        }
+    }
+    Ok(file)
 }
 
 fn root() -> PathBuf {
