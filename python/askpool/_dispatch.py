@@ -262,7 +262,11 @@ class Slot:
             try:
                 await _finish(coro, first, context, reply, thrown)
             finally:
-                _running.pop(self, None)
+                # Answering may have started the slot's next request already
+                # (its first step nested in this step, see `Reply.ok`): that
+                # one's entry stays.
+                if _running.get(self) is reply:
+                    del _running[self]
             if _cancel_standing(me):
                 # A cancel its handler did not take back: asyncio.run
                 # shutting down, or a handler's own. The task ends here (the

@@ -8,6 +8,7 @@ import gc
 import os
 import pickle
 import threading
+import time
 from typing import Any, Awaitable, Callable, Optional
 
 import pytest
@@ -642,6 +643,69 @@ def test_a_handler_left_running_by_a_closed_loop_is_answered_cancelled() -> None
     finally:
         node.close()
         asking.join(35)
+
+
+def test_a_handler_started_by_the_previous_answer_is_answered_when_its_loop_closes() -> None:
+    # An answer starts the slot's next request at once, nested in the slot
+    # task's step that answered: that request must be tracked like any
+    # other, so a loop closed under it still answers its caller.
+    node = Node()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    second_started = threading.Event()
+    gate: list[asyncio.Event] = []
+    cleaned_up: list[int] = []
+
+    async def host() -> None:
+        gate.append(asyncio.Event())
+
+        @node.pool("one", concurrency=1).handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            try:
+                if msg == 1:
+                    await gate[0].wait()
+                    return "first"
+                second_started.set()
+                await asyncio.sleep(60)
+            finally:
+                cleaned_up.append(msg)
+
+    asyncio.run_coroutine_threadsafe(host(), loop).result(5)
+    outcomes: dict[int, Any] = {}
+
+    def caller(msg: int) -> None:
+        try:
+            outcomes[msg] = node.ask_sync("one", msg, timeout=30)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            outcomes[msg] = e
+
+    first = threading.Thread(target=caller, args=(1,))
+    first.start()
+    # The second is queued behind the first (one slot).
+    while node.stats()["pools"]["one"]["in_flight"] < 1:
+        time.sleep(0.01)
+    second = threading.Thread(target=caller, args=(2,))
+    second.start()
+    try:
+        while node.stats()["pools"]["one"]["in_flight"] < 2:
+            time.sleep(0.01)
+        loop.call_soon_threadsafe(gate[0].set)
+        assert second_started.wait(5)
+        first.join(5)
+        assert outcomes.get(1) == "first", outcomes
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+        gc.collect()
+        second.join(5)
+        assert not second.is_alive(), "the caller still waits for a handler that cannot run"
+        assert isinstance(outcomes[2], askpool.AskCancelledError), outcomes
+        assert cleaned_up == [1, 2]
+        assert not [s for s in _dispatch._running if s._loop is loop]
+    finally:
+        node.close()
+        second.join(35)
 
 
 def test_a_loop_closed_without_shutdown_lets_go_of_its_pools_and_asks_at_once() -> None:

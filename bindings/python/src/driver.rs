@@ -253,14 +253,21 @@ impl LoopDriver {
     /// `start` write no byte (no syscall); inside a drain, that drain runs
     /// the new work instead.
     pub(crate) fn eager<T>(&self, py: Python<'_>, start: impl FnOnce() -> T) -> T {
+        self.shared.eager(py, start)
+    }
+}
+
+impl DriverShared {
+    /// See [`LoopDriver::eager`]; must be called on the loop's thread.
+    pub(crate) fn eager<T>(&self, py: Python<'_>, start: impl FnOnce() -> T) -> T {
         if DRAINING.with(|d| !d.get().is_null()) {
             return start();
         }
         let out = {
-            let _scope = Scope::enter(&self.shared);
+            let _scope = Scope::enter(self);
             start()
         };
-        self.shared.run_queue(py);
+        self.run_queue(py);
         out
     }
 }

@@ -364,37 +364,60 @@ impl Reply {
     }
 }
 
+impl Reply {
+    /// Gives the request its answer, from the slot's task on the pool's
+    /// loop thread. A caller awaiting on this loop is completed right here
+    /// (its asyncio future set before this returns, as a pure-asyncio
+    /// worker's `set_result` would), and the slot takes its next request
+    /// in the same run: no wake-up byte, no extra pass of the loop. A next
+    /// request's first step then runs nested in this slot's task step,
+    /// which the wrapper allows for (`_serve` hands over to it).
+    fn answer(&self, py: Python<'_>, give: impl FnOnce(Responder<Obj, Obj>)) -> PyResult<()> {
+        let pending = self.take()?;
+        let driver = Arc::clone(&pending.slot.0.driver);
+        driver.eager(py, || {
+            give(pending.responder);
+            drop(pending.waits);
+            drop(pending.slot);
+        });
+        Ok(())
+    }
+
+    /// As `answer`, but nothing else runs: a cancelled handler may be
+    /// answered while its loop closes (`_dispatch.abandon`), when no task
+    /// of the loop may run any more.
+    fn answer_quietly(&self, give: impl FnOnce(Responder<Obj, Obj>)) -> PyResult<()> {
+        let pending = self.take()?;
+        give(pending.responder);
+        Ok(())
+    }
+}
+
 #[pymethods]
 impl Reply {
     /// Replies with `value` (the caller receives this very object).
-    fn ok(&self, value: Py<PyAny>) -> PyResult<()> {
-        let pending = self.take()?;
-        pending.responder.reply(Obj::new(value));
-        drop(pending.waits);
-        drop(pending.slot);
-        Ok(())
+    fn ok(&self, py: Python<'_>, value: Py<PyAny>) -> PyResult<()> {
+        self.answer(py, |responder| responder.reply(Obj::new(value)))
     }
 
     /// Fails the request. `code` is an askpool error code for taxonomy
     /// exceptions, `None` for any other exception.
     #[pyo3(signature = (type_name, message, code=None))]
-    fn error(&self, type_name: String, message: String, code: Option<&str>) -> PyResult<()> {
-        let pending = self.take()?;
-        pending
-            .responder
-            .fail(errors::from_handler(code, type_name, message));
-        drop(pending.waits);
-        drop(pending.slot);
-        Ok(())
+    fn error(
+        &self,
+        py: Python<'_>,
+        type_name: String,
+        message: String,
+        code: Option<&str>,
+    ) -> PyResult<()> {
+        self.answer(py, |responder| {
+            responder.fail(errors::from_handler(code, type_name, message))
+        })
     }
 
     /// The handler stopped because its request was cancelled.
     fn cancelled(&self) -> PyResult<()> {
-        let pending = self.take()?;
-        pending.responder.cancel();
-        drop(pending.waits);
-        drop(pending.slot);
-        Ok(())
+        self.answer_quietly(Responder::cancel)
     }
 }
 
