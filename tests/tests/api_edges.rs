@@ -623,3 +623,37 @@ fn a_pool_whose_handler_runtime_shut_down_is_closed() {
         assert_eq!(node.ask("p", 3).await.unwrap(), "again 3");
     });
 }
+
+/// A closed pool lets go of its cached replies at once (before: held until
+/// the pool's last handle was dropped, which a binding's pool object can
+/// put off for long: a closed Node kept gigabytes of replies), and says
+/// "its pool closed" to the asks it cancels.
+#[tokio::test]
+async fn a_closed_pool_drops_its_cached_replies() {
+    let node: Node<u64, Arc<()>> = Node::new();
+    let shared = Arc::new(());
+    let reply = Arc::clone(&shared);
+    let pool = node
+        .pool("p")
+        .handler(move |_m: u64, _ctx| {
+            let reply = Arc::clone(&reply);
+            async move { Ok(reply) }
+        })
+        .unwrap();
+    for i in 0..10 {
+        drop(node.ask("p", i).await.unwrap());
+    }
+    // The handler's clone, and ten cached replies.
+    assert_eq!(Arc::strong_count(&shared), 12);
+    pool.close();
+    assert_eq!(Arc::strong_count(&shared), 2);
+    assert_eq!(pool.stats().dedup.terminal, 0);
+
+    let queued = node.pool("q").build().unwrap();
+    let waiting = node.ask("q", 1).send();
+    tokio::task::yield_now().await;
+    queued.close();
+    let error = waiting.await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::AskCancelled);
+    assert!(error.to_string().contains("its pool closed"), "{error}");
+}

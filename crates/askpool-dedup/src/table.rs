@@ -1280,6 +1280,17 @@ impl<S: DedupState> DedupTable<S> {
         prefetch(self.bucket(key));
     }
 
+    /// Removes every terminal entry, whatever its TTL, and leaves entries
+    /// in progress alone (their outcome is still to be recorded). Counted
+    /// as neither kind of eviction: for an owner that closes, whose cached
+    /// outcomes (payloads a host may hold large) no one can ask for again.
+    pub fn clear_terminal(&self) {
+        let guard = self.epoch.pin();
+        while let Some(node) = self.fifo.pop_if(|_| true, &guard) {
+            self.evict(node, Cause::Clear, &guard);
+        }
+    }
+
     /// Removes terminal entries whose TTL passed by `now`.
     pub fn evict_expired(&self, now: Timestamp) {
         let guard = self.epoch.pin();

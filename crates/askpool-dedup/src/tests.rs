@@ -71,6 +71,28 @@ fn ttl_counts_from_becoming_terminal_not_from_arrival() {
 }
 
 #[test]
+fn clear_terminal_drops_every_outcome_and_keeps_what_is_in_progress() {
+    let t = table(100, 3_600);
+    put(&t, 1, at(0), St::Running);
+    for k in 2..10 {
+        put(&t, k, at(k), St::Done(k as u32));
+    }
+    t.clear_terminal();
+    let s = t.stats();
+    assert_eq!((s.in_progress, s.terminal), (1, 0));
+    assert_eq!(
+        (s.evicted_capacity, s.evicted_ttl),
+        (0, 0),
+        "not an eviction"
+    );
+    assert_eq!(t.get(&key(5), at(10)), None);
+    // The one in progress still ends, and its outcome is kept.
+    put(&t, 1, at(11), St::Done(1));
+    assert_eq!(t.get(&key(1), at(12)), Some(St::Done(1)));
+    assert_eq!(t.len(), 1);
+}
+
+#[test]
 fn in_progress_entries_are_never_evicted() {
     let t = table(2, 1);
     put(&t, 1, at(0), St::Running);

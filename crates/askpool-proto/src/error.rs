@@ -179,7 +179,9 @@ pub enum CancelReason {
     Worker,
     /// The worker's processing timeout expired.
     ProcessingTimeout,
-    /// The node that held the request shut down.
+    /// The pool that held the request closed: closed by itself, or with
+    /// its node's shutdown (or, in a binding, with the event loop its
+    /// handlers ran on).
     Shutdown,
 }
 
@@ -190,7 +192,7 @@ impl fmt::Display for CancelReason {
             CancelReason::CallerTimeout => "the caller's deadline passed",
             CancelReason::Worker => "cancelled by the worker",
             CancelReason::ProcessingTimeout => "the processing timeout expired",
-            CancelReason::Shutdown => "the node shut down",
+            CancelReason::Shutdown => "its pool closed",
         })
     }
 }

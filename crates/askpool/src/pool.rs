@@ -734,6 +734,11 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             self.cancel_item(item, CancelReason::Shutdown);
         }
         self.expiries.close();
+        // Nothing can ask a closed pool again, so its cached replies go now
+        // (a binding's pool object may outlive the close by long, holding
+        // replies of any size); a reply a running handler still gives is
+        // recorded after this, one per worker at most.
+        self.table.clear_terminal();
         // Handlers still running are not stopped, but told, as on a cancel:
         // nothing else would (the processing-timeout sweep just ended).
         self.closing.cancel();
