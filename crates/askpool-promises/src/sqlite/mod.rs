@@ -1,7 +1,8 @@
 //! The SQLite store: one file, WAL, one `BEGIN IMMEDIATE` transaction per
-//! operation. Several processes may open the same file; SQLite's lock
-//! serialises their writes (a writer waits up to `busy_timeout`, then gets
-//! [`PromiseError::Locked`]).
+//! operation (a read's is `BEGIN DEFERRED`, unless it times a promise out).
+//! Several processes may open the same file; SQLite's lock serialises their
+//! writes (a writer waits up to `busy_timeout`, then gets
+//! [`PromiseError::Locked`]); readers do not wait for it.
 
 mod schema;
 mod tx;
@@ -195,11 +196,25 @@ impl SqliteStore {
     /// commits (the timeouts applied on the way are real); a storage
     /// failure or the crash hook drops the transaction, which rolls it back.
     fn run<T>(&self, op: impl FnOnce(&mut SqlTx<'_>) -> Result<T>) -> Result<T> {
+        self.in_transaction(TransactionBehavior::Immediate, op)
+    }
+
+    /// Runs `op`, which only reads, in one `BEGIN DEFERRED` transaction:
+    /// under WAL it reads a snapshot without waiting for another writer.
+    fn read<T>(&self, op: impl FnOnce(&mut SqlTx<'_>) -> Result<T>) -> Result<T> {
+        self.in_transaction(TransactionBehavior::Deferred, op)
+    }
+
+    fn in_transaction<T>(
+        &self,
+        behavior: TransactionBehavior,
+        op: impl FnOnce(&mut SqlTx<'_>) -> Result<T>,
+    ) -> Result<T> {
         let mut guard = self.inner.lock();
         let Inner { conn, hook } = &mut *guard;
         let path = &self.path;
         let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .transaction_with_behavior(behavior)
             .map_err(|e| map_err(path, e))?;
         let result = op(&mut SqlTx::new(&tx, path, hook));
         match &result {
