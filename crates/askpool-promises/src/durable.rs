@@ -15,7 +15,10 @@
 //! a node's caller id follows from `NodeConfig::seed`). A caller with a new
 //! caller id, or a pool that restarted meanwhile (its dedup cache is gone),
 //! runs the handler again: handler-once across processes holds within one
-//! worker process only.
+//! worker process only. And only while the promise is kept: a durable ask
+//! pruned from the store (`DurablePromises::prune`, by the retention its
+//! user chose) is forgotten, and asked again under its id it is a new
+//! request.
 //!
 //! Transient failures (timeouts, an unavailable pool, a cancelled ask) and
 //! `NoRoute` (no pool of that name on this node, yet) leave the promise
@@ -130,8 +133,9 @@ pub trait DurableAsk<M, R> {
         msg: M,
     ) -> Result<DurableHandle<R>, AskError>;
 
-    /// The same under a given id. Idempotent: a promise with this id that
-    /// has settled answers at once; one still pending is asked again.
+    /// The same under a given id. Idempotent while its promise is kept (see
+    /// `DurablePromises::prune`): a promise with this id that has settled
+    /// answers at once; one still pending is asked again.
     fn ask_durable_with_id(
         &self,
         promises: &DurablePromises,

@@ -125,7 +125,9 @@ impl DurablePromises {
     /// passed; returns how many were deleted. A store keeps every promise
     /// until it is pruned: call this on a schedule (a retention period, as
     /// Temporal's) to bound it. A pruned durable ask is forgotten: asked
-    /// again under its id, it runs again.
+    /// again under its id, it is a new request, answered from the pool's
+    /// reply cache while that keeps the reply, else by its handler running
+    /// again. Keep promises at least as long as their ids may be asked again.
     pub fn prune(&self, older_than: Duration) -> Result<usize> {
         const BATCH: usize = 1_000;
         let now = now_millis();

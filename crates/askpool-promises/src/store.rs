@@ -54,7 +54,9 @@ pub trait Store: Send + Sync {
     /// Deletes up to `limit` promises settled before `settled_before` that
     /// no task refers to, by id, with the stale callbacks they had
     /// registered as awaiters; returns how many. What keeps a long-running
-    /// store bounded.
+    /// store bounded. An id is an idempotency key only while its promise is
+    /// kept: once pruned, a create under it makes a new promise (and a
+    /// durable ask under it is a new request, whose handler may run again).
     fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize>;
     /// Everything stored, in canonical order, without applying timeouts.
     fn snapshot(&self) -> Result<Snapshot>;
