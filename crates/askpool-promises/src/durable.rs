@@ -15,26 +15,34 @@
 //! a node's caller id follows from `NodeConfig::seed`). A caller with a new
 //! caller id, or a pool that restarted meanwhile (its dedup cache is gone),
 //! runs the handler again: handler-once across processes holds within one
-//! worker process only.
+//! worker process only. And only while the promise is kept: a durable ask
+//! pruned from the store (`DurablePromises::prune`, by the retention its
+//! user chose) is forgotten, and asked again under its id it is a new
+//! request.
 //!
 //! Transient failures (timeouts, an unavailable pool, a cancelled ask) and
 //! `NoRoute` (no pool of that name on this node, yet) leave the promise
 //! pending for a later await, until its timeout; other permanent failures
 //! reject it.
-//! The store is called inline from the async code (see [`Store`]).
+//!
+//! The store is called on tokio's blocking threads, and a look that finds
+//! it locked by another writer is made again at the next poll, as
+//! `DurablePromises::wait` does. The exception is the `create` of
+//! `ask_durable`, made where it is called: it answers at once whether the
+//! id is taken by another request, and a handle it returns names a stored
+//! promise.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use askpool::{AskError, ErrorClass, ErrorCode, Node, PoolName, RequestId};
+use askpool::{AskError, Node, PoolName, RequestId};
+use tokio::runtime::Handle;
 
-use crate::error::PromiseError;
 use crate::facade::{Claim, DurablePromises};
-use crate::model::{Completion, CreateRequest, Millis, Promise, State};
-use crate::rules::MAX_VALUE_BYTES;
-use crate::store::Store;
+use crate::model::{CreateRequest, Millis, Promise};
+use crate::outcome::{outcome_of, record, recorder};
 
 const POOL_TAG: &str = "askpool:pool";
 
@@ -125,8 +133,9 @@ pub trait DurableAsk<M, R> {
         msg: M,
     ) -> Result<DurableHandle<R>, AskError>;
 
-    /// The same under a given id. Idempotent: a promise with this id that
-    /// has settled answers at once; one still pending is asked again.
+    /// The same under a given id. Idempotent while its promise is kept (see
+    /// `DurablePromises::prune`): a promise with this id that has settled
+    /// answers at once; one still pending is asked again.
     fn ask_durable_with_id(
         &self,
         promises: &DurablePromises,
@@ -136,6 +145,9 @@ pub trait DurableAsk<M, R> {
     ) -> Result<DurableHandle<R>, AskError>;
 
     /// The outcome of the durable ask `id`, asking again if it is pending.
+    /// The promise is read when the handle is first polled (an id that
+    /// names no durable ask fails it then); a handle dropped before that
+    /// asks nothing.
     fn await_durable(
         &self,
         promises: &DurablePromises,
@@ -215,7 +227,8 @@ where
         // handler sees the same message on its first run as after a restart
         // (an object changed after the ask, or one the encoding does not
         // keep, a JS Date, would run otherwise as it was never stored).
-        Ok(resume(self, promises, id, created.promise))
+        let runtime = Handle::try_current().ok();
+        Ok(resume(self, promises, id, created.promise, runtime))
     }
 
     fn await_durable(
@@ -228,16 +241,26 @@ where
         })?;
         // Stored under the id's canonical form (lowercase hex), whatever
         // case the caller writes it in.
-        let id = &request_id.to_string();
-        let promise = promises.store().get(id, now_millis())?;
-        // Someone else's promise would be read as an outcome, or asked of
-        // a pool named "" and rejected with the failure.
-        if !is_durable_ask(&promise) {
-            return Err(AskError::InvalidArgument {
-                message: format!("promise {id} was not made by a durable ask"),
-            });
-        }
-        Ok(resume(self, promises, request_id, promise))
+        let id = request_id.to_string();
+        // Where the ask would run is where this was called (see `resume`),
+        // not where the handle is polled.
+        let runtime = Handle::try_current().ok();
+        let (node, promises, key) = (self.clone(), promises.clone(), id.clone());
+        let inner = async move {
+            let promise = promises.current(&key).await?;
+            // Someone else's promise would be read as an outcome, or asked
+            // of a pool named "" and rejected with the failure.
+            if !is_durable_ask(&promise) {
+                return Err(AskError::InvalidArgument {
+                    message: format!("promise {key} was not made by a durable ask"),
+                });
+            }
+            resume(&node, &promises, request_id, promise, runtime).await
+        };
+        Ok(DurableHandle {
+            id,
+            inner: Box::pin(inner),
+        })
     }
 }
 
@@ -246,12 +269,14 @@ fn is_durable_ask(p: &Promise) -> bool {
     p.create_key.as_deref() == Some(p.id.as_str()) && p.tags.contains_key(POOL_TAG)
 }
 
-/// Answers from a settled promise, or (re-)sends the ask and records it.
+/// Answers from a settled promise, or (re-)sends the ask and records it,
+/// on `runtime` if there is one.
 fn resume<M, R>(
     node: &Node<M, R>,
     promises: &DurablePromises,
     id: RequestId,
     promise: Promise,
+    runtime: Option<Handle>,
 ) -> DurableHandle<R>
 where
     M: Durable + Clone + Send + 'static,
@@ -287,7 +312,6 @@ where
     // promise settled (an hour by default). If it gets to ask after all
     // (the other ask ended without an outcome), the ask itself is
     // detached as the first one is.
-    let runtime = tokio::runtime::Handle::try_current().ok();
     let inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>> = match runtime {
         Some(runtime) if !promises.is_claimed(&key) => {
             let task = runtime.spawn(ask_and_record(ask, false));
@@ -335,8 +359,14 @@ where
         // released finds the promise settled (or asks, after a failure
         // that left it pending).
         if let Some(claim) = ask.promises.claim(&key) {
-            if !ask.node.is_pending(ask.id) {
-                let p = ask.promises.store().get(&key, now_millis())?;
+            // `None`: this node has the id in flight (its outcome is waited
+            // for), or the store was locked (looked at again after the poll).
+            let looked = if ask.node.is_pending(ask.id) {
+                None
+            } else {
+                ask.promises.look(&key).await?
+            };
+            if let Some(p) = looked {
                 if p.state.is_settled() {
                     return outcome_of(&p);
                 }
@@ -354,8 +384,8 @@ where
             }
         }
         ask.promises.next_completion_or_poll().await;
-        let p = ask.promises.store().get(&key, now_millis())?;
-        if p.state.is_settled() {
+        let looked = ask.promises.look(&key).await?;
+        if let Some(p) = looked.filter(|p| p.state.is_settled()) {
             return outcome_of(&p);
         }
     }
@@ -394,167 +424,5 @@ where
     if matches!(outcome, Err(AskError::InvalidArgument { .. })) && ask.node.is_pending(ask.id) {
         return Ok(None);
     }
-    record(&ask.promises, &key, outcome).map(Some)
-}
-
-/// What a replay of the ask's dead letter got (whoever replays it: the
-/// node's `replay_dead_letter`, in any binding) is recorded as the ask's
-/// own outcome would have been, so that a pending promise is not asked,
-/// and its handler run, again later. A store that fails here leaves the
-/// promise pending, as a transient failure does.
-fn recorder<R: Durable + Send + 'static>(
-    promises: &DurablePromises,
-    key: &str,
-) -> impl Fn(Result<R, AskError>) + Send + Sync + 'static {
-    let promises = promises.clone();
-    let key = key.to_owned();
-    move |outcome| {
-        let _ = record(&promises, &key, outcome);
-    }
-}
-
-/// Settles the promise with the ask's outcome, unless the failure is worth
-/// asking again; a promise someone else settled first wins.
-fn record<R: Durable>(
-    promises: &DurablePromises,
-    id: &str,
-    outcome: Result<R, AskError>,
-) -> Result<R, AskError> {
-    let (outcome, completion, value) = match outcome {
-        Ok(reply) => match reply.to_bytes().and_then(storable) {
-            Ok(bytes) => (Ok(reply), Completion::Resolve, bytes),
-            // Recorded as what a later await would meet: not the reply.
-            Err(message) => {
-                let error = AskError::DecodeFailure {
-                    message: format!("the reply of durable ask {id} cannot be stored: {message}"),
-                };
-                let value = encode_error(&error);
-                (Err(error), Completion::Reject, value)
-            }
-        },
-        // Not outcomes of the request: a transient failure, a cancel, and
-        // `NoRoute` (no pool of that name on this node yet: a restarted
-        // caller may await before it registers its pools again; recorded,
-        // it would refuse the request for good without any worker seeing it).
-        Err(e)
-            if e.class() == ErrorClass::Transient
-                || matches!(e.code(), ErrorCode::AskCancelled | ErrorCode::NoRoute) =>
-        {
-            // Unless the promise was settled meanwhile another way: that
-            // is the ask's outcome, as every later await reads it.
-            return match promises.store().get(id, now_millis()) {
-                Ok(p) if p.state.is_settled() => outcome_of(&p),
-                _ => Err(e),
-            };
-        }
-        Err(e) => {
-            let value = encode_error(&e);
-            (Err(e), Completion::Reject, value)
-        }
-    };
-    let completed = match promises.complete(id, completion, value, Some(id.to_owned())) {
-        Ok(completed) => completed,
-        // Settled meanwhile another way (by hand, by another process's
-        // ask): that outcome is the ask's, as every later await reads it.
-        Err(PromiseError::AlreadySettled { .. }) => {
-            return outcome_of(&promises.store().get(id, now_millis())?)
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if completed.replayed {
-        return outcome_of(&completed.promise);
-    }
-    outcome
-}
-
-/// `bytes`, if a promise can hold them.
-fn storable(bytes: Vec<u8>) -> Result<Vec<u8>, String> {
-    if bytes.len() > MAX_VALUE_BYTES {
-        return Err(format!(
-            "it is {} bytes; a promise holds at most {MAX_VALUE_BYTES}",
-            bytes.len()
-        ));
-    }
-    Ok(bytes)
-}
-
-fn outcome_of<R: Durable>(p: &Promise) -> Result<R, AskError> {
-    let value = p.value.as_deref().unwrap_or_default();
-    match p.state {
-        State::Resolved => {
-            R::from_bytes(value).map_err(|message| AskError::DecodeFailure { message })
-        }
-        State::Rejected => Err(decode_error(value)),
-        State::Canceled => Err(AskError::FailedPrecondition {
-            message: format!(
-                "durable ask {} was canceled{}",
-                p.id,
-                settled_by_hand(value)
-            ),
-        }),
-        State::TimedOut => Err(AskError::DeadlineExceeded),
-        State::Pending => Err(AskError::internal("outcome of a pending promise")),
-    }
-}
-
-/// The value a promise was settled with by hand, for an error's message:
-/// `": TEXT"` for printable UTF-8, its size for other bytes, nothing if empty.
-fn settled_by_hand(value: &[u8]) -> String {
-    match std::str::from_utf8(value) {
-        _ if value.is_empty() => String::new(),
-        Ok(text) if !text.chars().any(char::is_control) => format!(": {text}"),
-        _ => format!(" (a value of {} bytes)", value.len()),
-    }
-}
-
-fn encode_error(e: &AskError) -> Vec<u8> {
-    // The bare message of a code `decode_error` rebuilds, so that the
-    // error reads back as it was first raised.
-    let (type_name, message) = match e {
-        AskError::HandlerFailed { type_name, message } => (type_name.clone(), message.clone()),
-        AskError::DecodeFailure { message }
-        | AskError::InvalidArgument { message }
-        | AskError::ValidationError { message }
-        | AskError::PermissionDenied { message }
-        | AskError::FailedPrecondition { message }
-        | AskError::Internal { message } => (String::new(), message.clone()),
-        e => (String::new(), e.to_string()),
-    };
-    serde_json::json!({ "code": e.code().as_str(), "type": type_name, "message": message })
-        .to_string()
-        .into_bytes()
-}
-
-/// A stored rejection as an error: a handler's failure, a taxonomy error a
-/// handler may raise (`ValidationError`, `PermissionDenied`, ...: the same
-/// exception class in every binding as when first raised), or a value that
-/// cannot be stored or read, comes back as it was; any other code as
-/// `FailedPrecondition` naming it. A value that is no stored error (a
-/// promise rejected by hand: `askpool promises reject ID --value TEXT`, a
-/// store's `reject`) is `FailedPrecondition` carrying its text.
-fn decode_error(bytes: &[u8]) -> AskError {
-    let v: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_default();
-    if !v.get("code").is_some_and(serde_json::Value::is_string) {
-        return AskError::FailedPrecondition {
-            message: format!("durable ask rejected{}", settled_by_hand(bytes)),
-        };
-    }
-    let s = |k: &str| {
-        v.get(k)
-            .and_then(|x| x.as_str())
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let code = ErrorCode::from_name(&s("code"));
-    if code == Some(ErrorCode::HandlerFailed) {
-        AskError::handler_failed(s("type"), s("message"))
-    } else if let Some(error) = code.and_then(|code| AskError::of_message(code, s("message"))) {
-        // Rebuilt as stored (`DecodeFailure` is about the value itself: the
-        // same answer every time it is read).
-        error
-    } else {
-        AskError::FailedPrecondition {
-            message: format!("durable ask rejected with {}: {}", s("code"), s("message")),
-        }
-    }
+    record(&ask.promises, &key, outcome).await.map(Some)
 }

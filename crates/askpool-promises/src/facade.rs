@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::durable::now_millis;
+use crate::error::PromiseError;
 use crate::memory::MemoryStore;
 use crate::model::{CompleteRequest, Completed, Completion, CreateRequest, Created, Promise};
 use crate::sqlite::SqliteStore;
@@ -35,8 +36,9 @@ pub struct DurablePromises {
     /// lose a reply: the ask then ends sooner, and a later await asks again
     /// and is answered from the pool's reply cache.
     pub ask_timeout: Option<Duration>,
-    /// How often `wait` looks at the store for completions made elsewhere
-    /// (another process on the same file).
+    /// How often `wait` and the durable asks look at the store for
+    /// completions made elsewhere (another process on the same file), and
+    /// how long they pause before looking again at a store found locked.
     pub poll: Duration,
 }
 
@@ -123,7 +125,9 @@ impl DurablePromises {
     /// passed; returns how many were deleted. A store keeps every promise
     /// until it is pruned: call this on a schedule (a retention period, as
     /// Temporal's) to bound it. A pruned durable ask is forgotten: asked
-    /// again under its id, it runs again.
+    /// again under its id, it is a new request, answered from the pool's
+    /// reply cache while that keeps the reply, else by its handler running
+    /// again. Keep promises at least as long as their ids may be asked again.
     pub fn prune(&self, older_than: Duration) -> Result<usize> {
         const BATCH: usize = 1_000;
         let now = now_millis();
@@ -162,26 +166,45 @@ impl DurablePromises {
         })
     }
 
+    /// The promise as the store has it now, looked at on tokio's blocking
+    /// threads (a store shared with other processes waits for their
+    /// writes); `None` if the store was locked by another writer past its
+    /// busy timeout, which is no answer about the promise: look again later.
+    pub(crate) async fn look(&self, id: &str) -> Result<Option<Promise>> {
+        let (store, key, now) = (Arc::clone(&self.store), id.to_owned(), now_millis());
+        match off_runtime(move || store.get(&key, now)).await {
+            Ok(p) => Ok(Some(p)),
+            Err(PromiseError::Locked { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The promise, looked at again at the next poll (or completion) while
+    /// the store is locked.
+    pub(crate) async fn current(&self, id: &str) -> Result<Promise> {
+        loop {
+            if let Some(p) = self.look(id).await? {
+                return Ok(p);
+            }
+            self.next_completion_or_poll().await;
+        }
+    }
+
     /// The promise once it has settled (resolved, rejected, canceled, or
     /// timed out at its deadline). Needs a tokio runtime. Each look at the
-    /// store runs on tokio's blocking threads (a store shared with other
-    /// processes waits for their writes), and a look that found the store
-    /// locked by another writer past its busy timeout is made again at the
-    /// next poll, not an error: the promise is still there to wait for.
+    /// store runs on tokio's blocking threads, and a look that found the
+    /// store locked is made again at the next poll, not an error: the
+    /// promise is still there to wait for.
     pub async fn wait(&self, id: &str) -> Result<Promise> {
         loop {
             // Registered before the look, so a completion in between wakes it.
             let notified = self.settled.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let now = now_millis();
-            let key = id.to_owned();
-            let looked = off_runtime(&self.store, move |store| store.get(&key, now)).await;
-            let until_timeout = match looked {
-                Ok(p) if p.state.is_settled() => return Ok(p),
-                Ok(p) => Duration::from_millis(p.timeout_at.saturating_sub(now)),
-                Err(crate::error::PromiseError::Locked { .. }) => self.poll,
-                Err(e) => return Err(e),
+            let until_timeout = match self.look(id).await? {
+                Some(p) if p.state.is_settled() => return Ok(p),
+                Some(p) => Duration::from_millis(p.timeout_at.saturating_sub(now_millis())),
+                None => self.poll,
             };
             tokio::select! {
                 () = &mut notified => {}

@@ -27,6 +27,7 @@ mod invariants;
 mod memory;
 mod model;
 mod ops;
+mod outcome;
 mod pattern;
 pub mod rules;
 mod sqlite;

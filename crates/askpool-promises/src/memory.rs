@@ -37,6 +37,11 @@ impl MemoryStore {
     fn run<T>(&self, op: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
         op(&mut self.state.lock())
     }
+
+    /// The mutex serves reads as it serves writes.
+    fn read<T>(&self, op: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
+        self.run(op)
+    }
 }
 
 impl Tx for State {

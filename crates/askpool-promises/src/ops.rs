@@ -311,6 +311,16 @@ pub(crate) fn get(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Promise> {
     touch_existing(tx, id, rules::clamp(now))
 }
 
+/// `get` for a read transaction: `None` if the promise's timeout is due,
+/// which takes a write (`get`, in a write transaction, looks again: another
+/// writer may have settled it meanwhile).
+pub(crate) fn get_if_current(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Option<Promise>> {
+    let p = tx
+        .promise(id)?
+        .ok_or_else(|| PromiseError::NotFound { id: id.to_owned() })?;
+    Ok((!rules::is_expired(&p, rules::clamp(now))).then_some(p))
+}
+
 pub(crate) fn complete(tx: &mut impl Tx, req: &CompleteRequest, now: Millis) -> Result<Completed> {
     rules::check_opt_name("complete key", req.key.as_deref())?;
     rules::check_value("value", &req.value)?;
@@ -337,7 +347,7 @@ pub(crate) fn complete(tx: &mut impl Tx, req: &CompleteRequest, now: Millis) -> 
     }
 }
 
-pub(crate) fn search(tx: &mut impl Tx, q: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
+fn check_search(q: &SearchQuery) -> Result<()> {
     rules::check_name("pattern", &q.pattern)?;
     if q.limit == 0 || q.limit > SearchQuery::MAX_LIMIT {
         return Err(PromiseError::invalid(format!(
@@ -345,11 +355,31 @@ pub(crate) fn search(tx: &mut impl Tx, q: &SearchQuery, now: Millis) -> Result<V
             SearchQuery::MAX_LIMIT
         )));
     }
+    Ok(())
+}
+
+pub(crate) fn search(tx: &mut impl Tx, q: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
+    check_search(q)?;
     let now = rules::clamp(now);
     for id in tx.expired(now, Some(&q.pattern), usize::MAX)? {
         touch(tx, &id, now)?;
     }
     tx.search(q)
+}
+
+/// `search` for a read transaction: `None` if a promise the pattern matches
+/// is due to time out (on the page or not, as `search` times them all out).
+pub(crate) fn search_if_current(
+    tx: &mut impl Tx,
+    q: &SearchQuery,
+    now: Millis,
+) -> Result<Option<Vec<Promise>>> {
+    check_search(q)?;
+    let due = tx.expired(rules::clamp(now), Some(&q.pattern), 1)?;
+    if !due.is_empty() {
+        return Ok(None);
+    }
+    tx.search(q).map(Some)
 }
 
 pub(crate) fn prune(tx: &mut impl Tx, before: Millis, limit: usize) -> Result<usize> {
@@ -519,7 +549,9 @@ pub(crate) fn complete_task(tx: &mut impl Tx, lease: &Lease, now: Millis) -> Res
 }
 
 /// `impl Store for $ty` by running each operation of this module through
-/// `$ty::run` (its transaction) and reading `$ty::read_snapshot`.
+/// `$ty::run` (its write transaction) or `$ty::read` (a read transaction),
+/// and reading `$ty::read_snapshot`. A read takes the write lock only when
+/// a timeout is due: it would otherwise wait behind every other writer.
 macro_rules! store_via_ops {
     ($ty:ty) => {
         impl $crate::store::Store for $ty {
@@ -527,13 +559,15 @@ macro_rules! store_via_ops {
                 self.run(|t| $crate::ops::create(t, req, now))
             }
             fn get(&self, id: &str, now: Millis) -> Result<Promise> {
-                self.run(|t| $crate::ops::get(t, id, now))
+                self.read(|t| $crate::ops::get_if_current(t, id, now))?
+                    .map_or_else(|| self.run(|t| $crate::ops::get(t, id, now)), Ok)
             }
             fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
                 self.run(|t| $crate::ops::complete(t, req, now))
             }
             fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
-                self.run(|t| $crate::ops::search(t, query, now))
+                self.read(|t| $crate::ops::search_if_current(t, query, now))?
+                    .map_or_else(|| self.run(|t| $crate::ops::search(t, query, now)), Ok)
             }
             fn register_callback(
                 &self,

@@ -2,10 +2,11 @@
 //! given `now`. Implemented by [`MemoryStore`](crate::MemoryStore) (the
 //! reference model) and [`SqliteStore`](crate::SqliteStore).
 //!
-//! The API is synchronous: SQLite is. The runtime integration calls it
-//! inline from async code (a local SQLite transaction takes microseconds to
-//! a millisecond, the same order as a tokio task switch); a store on slow
-//! storage should be called through `tokio::task::spawn_blocking`.
+//! The API is synchronous: SQLite is. A store shared with other processes
+//! waits for their writes (up to its busy timeout), so async code calls it
+//! on tokio's blocking threads, as the sweeper, `DurablePromises::wait` and
+//! the durable asks do (the one exception: the `create` that starts a
+//! durable ask, see [`DurableAsk`](crate::DurableAsk)).
 
 use crate::error::PromiseError;
 use crate::model::{
@@ -15,22 +16,18 @@ use crate::model::{
 
 pub type Result<T> = std::result::Result<T, PromiseError>;
 
-/// Runs `op` on `store` on tokio's blocking threads, for async code: a
-/// store shared with other processes waits for their writes (up to its
-/// busy timeout), which must not stall the runtime. A panic in `op` is a
-/// storage failure.
+/// Runs `op`, a call of a store, on tokio's blocking threads, for async
+/// code: a store shared with other processes waits for their writes (up to
+/// its busy timeout), which must not stall the runtime. A panic in `op` is
+/// a storage failure.
 pub(crate) async fn off_runtime<T: Send + 'static>(
-    store: &std::sync::Arc<dyn Store>,
-    op: impl FnOnce(&dyn Store) -> Result<T> + Send + 'static,
+    op: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let store = std::sync::Arc::clone(store);
-    tokio::task::spawn_blocking(move || op(&*store))
-        .await
-        .unwrap_or_else(|e| {
-            Err(PromiseError::Storage {
-                message: format!("a store operation panicked: {e}"),
-            })
+    tokio::task::spawn_blocking(op).await.unwrap_or_else(|e| {
+        Err(PromiseError::Storage {
+            message: format!("a store operation panicked: {e}"),
         })
+    })
 }
 
 pub trait Store: Send + Sync {
@@ -57,7 +54,9 @@ pub trait Store: Send + Sync {
     /// Deletes up to `limit` promises settled before `settled_before` that
     /// no task refers to, by id, with the stale callbacks they had
     /// registered as awaiters; returns how many. What keeps a long-running
-    /// store bounded.
+    /// store bounded. An id is an idempotency key only while its promise is
+    /// kept: once pruned, a create under it makes a new promise (and a
+    /// durable ask under it is a new request, whose handler may run again).
     fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize>;
     /// Everything stored, in canonical order, without applying timeouts.
     fn snapshot(&self) -> Result<Snapshot>;

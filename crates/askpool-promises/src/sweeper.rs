@@ -25,7 +25,8 @@ pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration, batch: usize) -> Jo
         loop {
             tick.tick().await;
             loop {
-                match off_runtime(&store, move |s| s.sweep(now_millis(), batch)).await {
+                let store = Arc::clone(&store);
+                match off_runtime(move || store.sweep(now_millis(), batch)).await {
                     Ok(n) if n == batch => tokio::task::yield_now().await,
                     Ok(_) => break,
                     Err(error) => {

@@ -1,16 +1,18 @@
 //! A store that waits (a SQLite store behind another process's write lock,
-//! up to its busy timeout) stalls no runtime: the sweeper and `wait` look
-//! at it on tokio's blocking threads, and `wait` looks again when it was
-//! locked.
+//! up to its busy timeout) stalls no runtime: the sweeper, `wait` and the
+//! durable asks look at it on tokio's blocking threads, and `wait` and the
+//! durable asks look again when it was locked.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use askpool::Node;
 use askpool_promises::{
     now_millis, spawn_sweeper, CallbackOutcome, CallbackRequest, ClaimRequest, Claimed,
-    CompleteRequest, Completed, Completion, CreateRequest, Created, DurablePromises, Lease,
-    MemoryStore, Millis, Promise, PromiseError, Result, SearchQuery, Snapshot, State, Store, Task,
+    CompleteRequest, Completed, Completion, CreateRequest, Created, DurableAsk, DurablePromises,
+    Lease, MemoryStore, Millis, Promise, PromiseError, Result, SearchQuery, Snapshot, State, Store,
+    Task,
 };
 
 /// A store whose sweeps and gets wait `wait` (as a SQLite store waits for
@@ -112,12 +114,9 @@ async fn longest_tick_gap(span: Duration) -> Duration {
     longest
 }
 
-/// `wait` on a store that waits for the lock, and is then found locked
-/// twice: the runtime's other tasks go on, and the wait ends with the
-/// promise settled (it ended with `Locked`, after waiting on the runtime's
-/// thread).
-#[tokio::test(flavor = "current_thread")]
-async fn a_wait_on_a_locked_store_looks_again_and_stalls_nothing() {
+/// A store whose gets wait 300 ms (for the lock) and find it locked the
+/// first two times, and promises on it that look again every 20 ms.
+fn slow_locked_store() -> (Arc<SlowStore>, DurablePromises) {
     let store = Arc::new(SlowStore {
         wait: Duration::from_millis(300),
         locked_gets: AtomicUsize::new(2),
@@ -125,6 +124,24 @@ async fn a_wait_on_a_locked_store_looks_again_and_stalls_nothing() {
     });
     let mut promises = DurablePromises::from_arc(store.clone() as Arc<dyn Store>);
     promises.poll = Duration::from_millis(20);
+    (store, promises)
+}
+
+/// What `task` ended with, within 10 s.
+async fn ended<T>(task: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the task ends")
+        .unwrap()
+}
+
+/// `wait` on a store that waits for the lock, and is then found locked
+/// twice: the runtime's other tasks go on, and the wait ends with the
+/// promise settled (it ended with `Locked`, after waiting on the runtime's
+/// thread).
+#[tokio::test(flavor = "current_thread")]
+async fn a_wait_on_a_locked_store_looks_again_and_stalls_nothing() {
+    let (store, promises) = slow_locked_store();
     let now = now_millis();
     store
         .inner
@@ -139,14 +156,46 @@ async fn a_wait_on_a_locked_store_looks_again_and_stalls_nothing() {
             now_millis(),
         )
         .unwrap();
-    let settled = tokio::time::timeout(Duration::from_secs(10), waiting)
+    let settled = ended(waiting)
         .await
-        .expect("the wait ends")
-        .unwrap()
         .expect("a locked store is looked at again");
     assert_eq!(settled.state, State::Resolved);
     assert!(
         longest < Duration::from_millis(200),
         "a tick waited {longest:?}"
+    );
+}
+
+/// A durable ask, and a later await of it, on a store that waits for the
+/// lock and is then found locked twice: the runtime's other tasks go on,
+/// and both end with the reply. Each look held the runtime's only thread
+/// for as long as the store waited, and a look that found the store locked
+/// ended the ask with `Unavailable`.
+#[tokio::test(flavor = "current_thread")]
+async fn durable_asks_on_a_slow_locked_store_stall_nothing() {
+    let (_, promises) = slow_locked_store();
+    let node = Node::<String, String>::new();
+    node.pool("upper")
+        .handler(|m: String, _ctx| async move { Ok(m.to_uppercase()) })
+        .unwrap();
+    let ask = node.ask_durable(&promises, "upper", "hi".into()).unwrap();
+    let id = ask.id().to_owned();
+    let asked = tokio::spawn(ask);
+    let longest = longest_tick_gap(Duration::from_millis(1_200)).await;
+    assert_eq!(ended(asked).await, Ok("HI".to_owned()));
+    assert!(
+        longest < Duration::from_millis(200),
+        "a tick waited {longest:?} behind the ask"
+    );
+
+    let awaited = tokio::spawn(async move {
+        let handle = node.await_durable(&promises, &id);
+        handle.unwrap().await
+    });
+    let longest = longest_tick_gap(Duration::from_millis(600)).await;
+    assert_eq!(ended(awaited).await, Ok("HI".to_owned()));
+    assert!(
+        longest < Duration::from_millis(200),
+        "a tick waited {longest:?} behind the await"
     );
 }

@@ -1,5 +1,9 @@
 //! What a durable ask's id names: one request (a pool and a message), and
-//! only a promise that a durable ask made.
+//! only a promise that a durable ask made, for as long as that is kept.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use askpool::{AskError, Node, RequestId};
 use askpool_promises::{DurableAsk, DurablePromises, State};
@@ -100,4 +104,49 @@ async fn an_id_awaited_in_upper_case_finds_its_promise() {
     let upper = id.to_string().to_uppercase();
     let again = node.await_durable(&promises, &upper).unwrap().await;
     assert_eq!(again.unwrap(), "a:hi");
+}
+
+/// A pruned durable ask is forgotten, by the user's choice: its id names
+/// no promise any more, so asked again under it, it is a new request. The
+/// pool that answered it replays its cached reply (the handler does not
+/// run); a pool without it (another process, or after the cache let the
+/// reply go) runs the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pruned_durable_ask_is_a_new_request_under_its_id() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counting = || {
+        let node = N::new();
+        let runs = Arc::clone(&runs);
+        node.pool("a")
+            .handler(move |msg: String, _ctx| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(format!("a:{msg}")) }
+            })
+            .unwrap();
+        node
+    };
+    let (promises, id) = (DurablePromises::in_memory(), fresh_id());
+    let ask = |node: &N| node.ask_durable_with_id(&promises, id, "a", "hi".into());
+    // Settled before `prune(ZERO)`'s now, to the millisecond.
+    let prune = || async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(promises.prune(Duration::ZERO).unwrap(), 1);
+        assert!(promises.get(&id.to_string()).is_err(), "forgotten");
+    };
+    let node = counting();
+    assert_eq!(ask(&node).unwrap().await.unwrap(), "a:hi");
+    assert_eq!(ask(&node).unwrap().await.unwrap(), "a:hi");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "answered from its promise");
+
+    prune().await;
+    assert_eq!(ask(&node).unwrap().await.unwrap(), "a:hi");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the pool's reply cache answered"
+    );
+
+    prune().await;
+    assert_eq!(ask(&counting()).unwrap().await.unwrap(), "a:hi");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the handler ran again");
 }

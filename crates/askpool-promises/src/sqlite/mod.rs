@@ -1,7 +1,8 @@
 //! The SQLite store: one file, WAL, one `BEGIN IMMEDIATE` transaction per
-//! operation. Several processes may open the same file; SQLite's lock
-//! serialises their writes (a writer waits up to `busy_timeout`, then gets
-//! [`PromiseError::Locked`]).
+//! operation (a read's is `BEGIN DEFERRED`, unless it times a promise out).
+//! Several processes may open the same file; SQLite's lock serialises their
+//! writes (a writer waits up to `busy_timeout`, then gets
+//! [`PromiseError::Locked`]); readers do not wait for it.
 
 mod schema;
 mod tx;
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+use rusqlite::{ffi, Connection, ErrorCode, OpenFlags, TransactionBehavior, MAIN_DB};
 
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
@@ -105,8 +106,40 @@ fn refuse_directory(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Refuses, as a bad path, a store this process may not write: SQLite
+/// opens such a file read-only without a word, and the first write fails.
+/// A store must be writable: even a read may time a promise out.
+fn refuse_read_only(conn: &Connection, path: &Path) -> Result<()> {
+    if conn.is_readonly(MAIN_DB).map_err(|e| map_err(path, e))? {
+        return Err(PromiseError::invalid(format!(
+            "the SQLite store {} is read-only to this process (it may not write the file); \
+             a store must be writable, as even a read may time a promise out",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The refusal, as a bad path, of a store in a folder this process may not
+/// write (`cause`: what SQLite said).
+fn unwritable_folder(path: &Path, cause: &rusqlite::Error) -> PromiseError {
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    PromiseError::invalid(format!(
+        "the SQLite store {} cannot be used: this process may not create files in its \
+         folder {}, where a store (in WAL mode) keeps its -wal and -shm files ({cause})",
+        path.display(),
+        folder.display()
+    ))
+}
+
 impl SqliteStore {
-    /// Opens (creating if needed) the store in the file at `path`.
+    /// Opens (creating if needed) the store in the file at `path`. A path
+    /// this process cannot use as a store (a directory, a folder that does
+    /// not exist, a file or folder it may not write) is refused as
+    /// `InvalidArgument`, naming what and why.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, SqliteOptions::default())
     }
@@ -132,7 +165,16 @@ impl SqliteStore {
                 )));
             }
         }
-        let mut conn = Connection::open(literal(&path)).map_err(|e| map_err(&path, e))?;
+        let mut conn = Connection::open(literal(&path)).map_err(|e| match &e {
+            // A new file its folder does not let it create.
+            rusqlite::Error::SqliteFailure(f, _)
+                if f.code == ErrorCode::CannotOpen && !path.exists() =>
+            {
+                unwritable_folder(&path, &e)
+            }
+            _ => map_err(&path, e),
+        })?;
+        refuse_read_only(&conn, &path)?;
         conn.busy_timeout(options.busy_timeout)
             .map_err(|e| map_err(&path, e))?;
         schema::prepare(&mut conn, &path, options.busy_timeout)?;
@@ -141,8 +183,9 @@ impl SqliteStore {
 
     /// Opens the store in an existing file for inspection: refused
     /// (`InvalidArgument`) unless the file is already a store of this
-    /// build's schema; nothing in a file it refuses is changed. Reads still
-    /// apply timeouts (the protocol's lazy rule) and writes still write.
+    /// build's schema (and writable, as `open` refuses); nothing in a file
+    /// it refuses is changed. Reads still apply timeouts (the protocol's
+    /// lazy rule) and writes still write.
     pub fn open_existing(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_existing_with(path, SqliteOptions::default())
     }
@@ -161,6 +204,7 @@ impl SqliteStore {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| map_err(&path, e))?;
+        refuse_read_only(&conn, &path)?;
         conn.busy_timeout(options.busy_timeout)
             .map_err(|e| map_err(&path, e))?;
         schema::check_current(&conn, &path)?;
@@ -195,11 +239,25 @@ impl SqliteStore {
     /// commits (the timeouts applied on the way are real); a storage
     /// failure or the crash hook drops the transaction, which rolls it back.
     fn run<T>(&self, op: impl FnOnce(&mut SqlTx<'_>) -> Result<T>) -> Result<T> {
+        self.in_transaction(TransactionBehavior::Immediate, op)
+    }
+
+    /// Runs `op`, which only reads, in one `BEGIN DEFERRED` transaction:
+    /// under WAL it reads a snapshot without waiting for another writer.
+    fn read<T>(&self, op: impl FnOnce(&mut SqlTx<'_>) -> Result<T>) -> Result<T> {
+        self.in_transaction(TransactionBehavior::Deferred, op)
+    }
+
+    fn in_transaction<T>(
+        &self,
+        behavior: TransactionBehavior,
+        op: impl FnOnce(&mut SqlTx<'_>) -> Result<T>,
+    ) -> Result<T> {
         let mut guard = self.inner.lock();
         let Inner { conn, hook } = &mut *guard;
         let path = &self.path;
         let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .transaction_with_behavior(behavior)
             .map_err(|e| map_err(path, e))?;
         let result = op(&mut SqlTx::new(&tx, path, hook));
         match &result {
@@ -225,6 +283,10 @@ pub(crate) fn map_err(path: &Path, e: rusqlite::Error) -> PromiseError {
                 return PromiseError::Locked {
                     path: path.to_owned(),
                 }
+            }
+            // "attempt to write a readonly database", as SQLite words it.
+            ErrorCode::ReadOnly if f.extended_code == ffi::SQLITE_READONLY_DIRECTORY => {
+                return unwritable_folder(path, &e)
             }
             _ => {}
         }
