@@ -33,9 +33,14 @@ fn stores_this_process_cannot_write_are_refused_at_open() {
         .uid()
         == 0
     {
+        // A copy in the laid-out folder: the build's own folder may be one
+        // `nobody` cannot enter (a checkout under /root).
+        let copy = base.join("read_only_check");
+        std::fs::copy(std::env::current_exe().unwrap(), &copy).unwrap();
+        chmod(&copy, 0o755);
         let run = Command::new("setpriv")
             .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"])
-            .arg(std::env::current_exe().unwrap())
+            .arg(&copy)
             .args(["--exact", TEST, "--nocapture", "--test-threads=1"])
             .env(CHECK_IN, base)
             .output()
