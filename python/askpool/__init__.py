@@ -12,6 +12,9 @@ cancellation) in Rust.
         reply = await node.ask("echo", "hi", timeout=5)
 """
 
+import atexit as _atexit
+import os as _os
+
 from . import _dispatch, _native
 from ._errors import (
     AskCancelledError,
@@ -38,6 +41,13 @@ from ._promises import Promise, Promises
 from ._stats import NodeStats, PoolStats
 
 _native.register_error_factory(from_native)
+# A fork's child has none of the extension's threads: it starts its own
+# runtime, and Nodes made before the fork refuse work there.
+_os.register_at_fork(after_in_child=_native._after_fork_in_child)
+# Once the interpreter finalizes, a thread must not take the GIL back from
+# a blocking ask_sync (CPython would end it by an unwinding that aborts the
+# process): told here, before finalization starts.
+_atexit.register(_native._interpreter_exiting)
 _native.register_dispatch(_dispatch.failure)
 
 #: What a handler receives as its second argument.

@@ -51,12 +51,22 @@ def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
     ``str()`` fails is still described by its type."""
     if isinstance(exc, asyncio.CancelledError):
         return None
-    code = exc.code if isinstance(exc, AskpoolError) else None
+    code: Optional[str] = None
+    if isinstance(exc, AskpoolError):
+        try:
+            found = exc.code
+        except BaseException:  # noqa: BLE001 - a property that raises: no code
+            found = None
+        # A subclass may set anything there (an Enum, a number): only a
+        # string names a code; anything else is a plain handler error.
+        code = found if isinstance(found, str) else None
     name = type(exc).__name__
     try:
         message = str(exc)
-    except Exception as e:  # noqa: BLE001 - the handler's error wins
+    except BaseException as e:  # noqa: BLE001 - the handler's error wins
         message = f"<str() failed: {type(e).__name__}>"
+    if not isinstance(message, str):  # a str subclass's __str__ may cheat
+        message = "<str() gave no string>"
     return (_valid_text(name), _valid_text(message), code)
 
 
@@ -90,11 +100,21 @@ def failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
 
 
 def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:
-    described = _describe(exc)
-    if described is None:
-        reply.cancelled()
-    else:
-        reply.error(*described)
+    """Answers for a handler that raised ``exc``, whatever ``exc`` is: an
+    exception that escaped here would end the slot's task with ``reply``
+    held in its traceback, leaving the request unanswered and the slot
+    taking no request again."""
+    try:
+        described = _describe(exc)
+        if described is None:
+            reply.cancelled()
+        else:
+            reply.error(*described)
+    except BaseException:  # noqa: BLE001 - answered below, by type alone
+        try:
+            reply.error(_valid_text(type(exc).__name__), "<the exception could not be described>")
+        except BaseException:  # noqa: BLE001 - already answered
+            pass
 
 
 class _Resume:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import enum
 import gc
 import os
 import pickle
@@ -424,6 +425,58 @@ async def test_a_handler_cancelled_before_awaiting_is_ask_cancelled() -> None:
             await node.ask("quitter", 1, timeout=5)
 
 
+class _Quota(enum.Enum):
+    QUOTA = "QUOTA"
+
+
+class _EnumCoded(askpool.AskpoolError):
+    code = _Quota.QUOTA  # type: ignore[assignment]
+
+
+class _CodeRaises(askpool.AskpoolError):
+    @property
+    def code(self) -> str:  # type: ignore[override]  # read-only over an attribute
+        raise RuntimeError("no code today")
+
+
+class _Stop(BaseException):
+    pass
+
+
+class _StrRaisesBase(Exception):
+    def __str__(self) -> str:
+        raise _Stop()
+
+
+@pytest.mark.parametrize("awaits", [False, True])
+@pytest.mark.parametrize(
+    "make", [_EnumCoded, _CodeRaises, _StrRaisesBase], ids=["enum-code", "code-raises", "str-raises"]
+)
+async def test_an_exception_hard_to_describe_still_answers_and_the_slot_goes_on(
+    make: Callable[[str], BaseException], awaits: bool
+) -> None:
+    # Before: after an await, describing such an exception raised in the
+    # slot's task, which ended holding the request: it and every later
+    # request of the slot timed out. Before any await, the caller got an
+    # InternalError about a type cast.
+    async with Node() as node:
+        pool = node.pool("odd", concurrency=1)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if awaits:
+                await asyncio.sleep(0)
+            if msg == "raise":
+                raise make("over quota")
+            return msg
+
+        with pytest.raises(askpool.HandlerError) as info:
+            await node.ask("odd", "raise", timeout=2)
+        assert info.value.type_name == make.__name__
+        for i in range(3):
+            assert await node.ask("odd", i, timeout=2) == i
+
+
 async def test_decode_failure_is_poison_and_lands_in_the_dlq() -> None:
     payload = {"garbled": True}
     runs = 0
@@ -558,6 +611,15 @@ async def test_an_oversize_byte_payload_is_refused_before_anything_is_sent() -> 
                 await node.ask("p", big, timeout=5)
             with pytest.raises(askpool.OversizePayloadError):
                 await node.tell("p", big)
+        assert runs == 0
+        assert node.stats()["pending"] == 0
+        # A released memoryview cannot be sized or read: refused as bad input,
+        # named request id or not (before: asked unsized, or a ValueError).
+        released = memoryview(b"x" * 9)
+        released.release()
+        for request_id in (None, "0" * 31 + "5"):
+            with pytest.raises(askpool.InvalidArgumentError, match="memoryview"):
+                await node.ask("p", released, timeout=5, request_id=request_id)
         assert runs == 0
         assert node.stats()["pending"] == 0
         assert await node.ask("p", b"12345678", timeout=5) == 8

@@ -2,7 +2,7 @@
 //! future bridging onto the asyncio loop's thread, error mapping. The
 //! ergonomic API is the `askpool` package around it.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use pyo3::prelude::*;
 
@@ -16,19 +16,75 @@ mod send;
 mod stats;
 mod task;
 
-static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+/// The runtime of this process (see [`runtime`]); null until first used,
+/// and again in a child process after `os.fork()`.
+static RUNTIME: AtomicPtr<tokio::runtime::Runtime> = AtomicPtr::new(std::ptr::null_mut());
+/// How many times this process is a fork's child (see [`forks`]).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+/// Set by the wrapper's `atexit` hook: the interpreter is shutting down.
+static EXITING: AtomicBool = AtomicBool::new(false);
 
 /// The runtime behind timers and `ask_sync`; its one worker thread never
 /// runs Python.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("askpool-runtime")
-            .enable_time()
-            .build()
-            .expect("a tokio runtime can start")
-    })
+    let current = RUNTIME.load(Ordering::Acquire);
+    if current.is_null() {
+        return start_runtime();
+    }
+    // SAFETY: a runtime, once stored, is leaked: never freed.
+    unsafe { &*current }
+}
+
+#[cold]
+fn start_runtime() -> &'static tokio::runtime::Runtime {
+    static STARTING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    let _one = STARTING.lock();
+    let current = RUNTIME.load(Ordering::Acquire);
+    if !current.is_null() {
+        // SAFETY: as in `runtime`.
+        return unsafe { &*current };
+    }
+    let started = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("askpool-runtime")
+        .enable_time()
+        .build()
+        .expect("a tokio runtime can start");
+    let leaked: &'static tokio::runtime::Runtime = Box::leak(Box::new(started));
+    RUNTIME.store(std::ptr::from_ref(leaked).cast_mut(), Ordering::Release);
+    leaked
+}
+
+/// How many forks made this process (0 in the process that imported the
+/// module): a `Node` made before a fork belongs to its parent.
+pub(crate) fn forks() -> u64 {
+    FORKS.load(Ordering::Acquire)
+}
+
+/// Whether the interpreter is shutting down (see [`_interpreter_exiting`]).
+pub(crate) fn interpreter_exiting() -> bool {
+    EXITING.load(Ordering::Acquire)
+}
+
+/// `os.register_at_fork(after_in_child=...)`: the child has only the thread
+/// that forked, so the runtime's worker and timer threads are gone and no
+/// timer of it would ever fire. The child starts a runtime of its own on
+/// first use; the parent's is left as it is (dropping it would wait for
+/// threads that do not exist here), and the parent's `Node`s refuse work.
+#[pyfunction]
+fn _after_fork_in_child() {
+    FORKS.fetch_add(1, Ordering::AcqRel);
+    RUNTIME.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// The wrapper's `atexit` hook. Once the interpreter finalizes, a thread
+/// that takes the GIL back is ended by CPython (`pthread_exit`), and that
+/// unwinding through this extension's frames aborts the process: a daemon
+/// thread still blocked in `ask_sync` then never takes it back (it waits
+/// on, as CPython 3.14 lets such threads wait, until the process exits).
+#[pyfunction]
+fn _interpreter_exiting() {
+    EXITING.store(true, Ordering::Release);
 }
 
 /// Panics inside the extension (for the test that a panic surfaces as an
@@ -71,6 +127,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_panic, m)?)?;
     m.add_function(wrap_pyfunction!(_live_pools, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_in_next_dispatch, m)?)?;
+    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;
     Ok(())
 }
 

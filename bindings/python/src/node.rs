@@ -57,9 +57,28 @@ pub(crate) struct NativeNode {
     /// reusing its name saves a UTF-8 copy and an allocation per ask. Holding
     /// the object keeps its address from being reused by another.
     last_pool: Mutex<Option<(Py<PyString>, PoolName)>>,
+    /// `crate::forks()` when it was made.
+    forks: u64,
 }
 
 impl NativeNode {
+    /// Refuses work in a child process of a fork made after this node: its
+    /// timers ran on the parent's runtime, whose threads the child lacks,
+    /// so an ask would never time out there.
+    fn check_process(&self, py: Python<'_>) -> PyResult<()> {
+        if self.forks == crate::forks() {
+            return Ok(());
+        }
+        Err(errors::exception(
+            py,
+            &AskError::FailedPrecondition {
+                message:
+                    "this Node was made before os.fork(); make a new Node in the child process"
+                        .into(),
+            },
+        ))
+    }
+
     fn pool_name(&self, pool: &Bound<'_, PyString>) -> PyResult<PoolName> {
         let mut last = self.last_pool.lock();
         if let Some((object, name)) = last.as_ref() {
@@ -93,6 +112,7 @@ impl NativeNode {
         timeout: Option<f64>,
         options: Option<AskOptions>,
     ) -> PyResult<Handle> {
+        self.check_process(pool.py())?;
         let (preferred_worker, request_id, correlation_id, causation_id, fingerprint) =
             options.unwrap_or_default();
         let mut options = shared_options(
@@ -132,7 +152,7 @@ fn shared_options(
         None => None,
     };
     Ok(askpool::AskOptions {
-        payload_size: payload_size(py, msg),
+        payload_size: payload_size(py, msg)?,
         fingerprint,
         timeout: timeout.map(|t| to_py(seconds("timeout", t))).transpose()?,
         request_id,
@@ -149,18 +169,33 @@ fn shared_options(
 /// The size in bytes of a byte payload (`bytes`, `bytearray`,
 /// `memoryview`): the payloads the node's `max_payload_bytes` applies to.
 /// Other objects pass by reference and have no size.
-fn payload_size(py: Python<'_>, msg: &Py<PyAny>) -> Option<usize> {
+fn payload_size(py: Python<'_>, msg: &Py<PyAny>) -> PyResult<Option<usize>> {
     let msg = msg.bind(py);
     if let Ok(bytes) = msg.cast::<PyBytes>() {
-        return Some(bytes.as_bytes().len());
+        return Ok(Some(bytes.as_bytes().len()));
     }
     if let Ok(array) = msg.cast::<PyByteArray>() {
-        return Some(array.len());
+        return Ok(Some(array.len()));
     }
     if msg.is_instance_of::<PyMemoryView>() {
-        return msg.getattr(intern!(py, "nbytes")).ok()?.extract().ok();
+        let size = msg
+            .getattr(intern!(py, "nbytes"))
+            .and_then(|n| n.extract())
+            .map_err(|e| unreadable_view(py, &e))?;
+        return Ok(Some(size));
     }
-    None
+    Ok(None)
+}
+
+/// A `memoryview` payload that cannot be read (released): refused as bad
+/// input, whether or not the ask names its request id.
+fn unreadable_view(py: Python<'_>, error: &PyErr) -> PyErr {
+    errors::exception(
+        py,
+        &AskError::InvalidArgument {
+            message: format!("the payload memoryview cannot be read: {error}"),
+        },
+    )
 }
 
 /// The fingerprint of a byte payload's bytes; `None` for other objects.
@@ -175,7 +210,9 @@ fn payload_fingerprint(py: Python<'_>, msg: &Py<PyAny>) -> PyResult<Option<Paylo
     if msg.is_instance_of::<PyMemoryView>() {
         // No buffer protocol in the stable ABI of 3.9: a copy, only for asks
         // that name their request id.
-        let bytes = msg.call_method0(intern!(py, "tobytes"))?;
+        let bytes = msg
+            .call_method0(intern!(py, "tobytes"))
+            .map_err(|e| unreadable_view(py, &e))?;
         let bytes = bytes.cast::<PyBytes>()?;
         return Ok(Some(askpool_dedup::fingerprint(bytes.as_bytes())));
     }
@@ -239,6 +276,7 @@ impl NativeNode {
         Ok(Self {
             node: Node::with_config(config),
             last_pool: Mutex::new(None),
+            forks: crate::forks(),
         })
     }
 
@@ -285,8 +323,17 @@ impl NativeNode {
         // before the ask's timeout.
         let result = loop {
             let slice = py.detach(|| {
-                crate::runtime()
-                    .block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut handle).await })
+                let slice = crate::runtime()
+                    .block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut handle).await });
+                if crate::interpreter_exiting() {
+                    // Taking the GIL back now could abort the process (see
+                    // `_interpreter_exiting`): this thread waits for the
+                    // process to end instead.
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                slice
             });
             match slice {
                 Ok(result) => break result,
@@ -316,6 +363,7 @@ impl NativeNode {
         correlation_id: Option<&str>,
         causation_id: Option<&str>,
     ) -> PyResult<()> {
+        self.check_process(py)?;
         let options = shared_options(py, &msg, timeout, request_id, correlation_id, causation_id)?;
         let tell = self.node.tell(pool, Obj::new(msg)).options(options);
         let done = target.clone_ref(py);
@@ -344,6 +392,7 @@ impl NativeNode {
         reply_cache: Option<usize>,
         reply_ttl: Option<f64>,
     ) -> PyResult<NativePool> {
+        self.check_process(py)?;
         let mut builder = self.node.pool(name).concurrency(concurrency);
         if let Some(n) = max_in_flight {
             builder = builder.max_in_flight(n);
@@ -375,6 +424,7 @@ impl NativeNode {
         msg: Py<PyAny>,
         request_id: Option<&str>,
     ) -> PyResult<String> {
+        self.check_process(py)?;
         let id = request_id
             .map(|id| to_py(parse::<RequestId>("request_id", id)))
             .transpose()?;
@@ -415,6 +465,7 @@ impl NativeNode {
         promises: &NativePromises,
         id: &str,
     ) -> PyResult<()> {
+        self.check_process(py)?;
         driver.eager(py, || {
             let handle = py.detach(|| {
                 let _runtime = crate::runtime().enter();
@@ -471,6 +522,7 @@ impl NativeNode {
         target: Py<PyAny>,
         request_id: &str,
     ) -> PyResult<NativeAsk> {
+        self.check_process(py)?;
         let id = to_py(parse::<RequestId>("request_id", request_id))?;
         driver.eager(py, || {
             let handle = to_py(self.node.replay_dead_letter(id))?;
