@@ -281,3 +281,53 @@ async def test_wait_cancelled_awaited_on_another_loop_wakes_there() -> None:
         other.call_soon_threadsafe(other.stop)
         thread.join(5)
         other.close()
+
+
+async def test_create_task_and_task_groups_take_ask_handles_as_coroutines() -> None:
+    # Before: `asyncio.create_task(node.ask(...))` raised "a coroutine was
+    # expected" after the ask was already sent, as did TaskGroup.create_task.
+    seen: list[bool] = []
+    started = asyncio.Event()
+    async with Node() as node:
+        pool = node.pool("echo", concurrency=4)
+
+        @pool.handler
+        async def echo(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            if msg == "boom":
+                raise KeyError("boom")
+            return msg
+
+        await _hosted_waiter(node, "waits", seen, started)
+        assert asyncio.iscoroutine(node.ask("echo", 0, timeout=5))
+        assert await asyncio.create_task(node.ask("echo", 1, timeout=5)) == 1
+        told: str = await asyncio.create_task(node.tell("echo", 2))  # type: ignore[arg-type]
+        assert isinstance(told, str) and len(told) == 32
+        with pytest.raises(askpool.HandlerError, match="boom"):
+            await asyncio.create_task(node.ask("echo", "boom", timeout=5))
+        task_group = getattr(asyncio, "TaskGroup", None)
+        if task_group is not None:  # 3.11+
+            async with task_group() as group:
+                tasks = [group.create_task(node.ask("echo", i, timeout=5)) for i in range(5)]
+            assert [t.result() for t in tasks] == list(range(5))
+        # Cancelling the task cancels its ask: the handler sees the cancel.
+        waiting = asyncio.create_task(node.ask("waits", 1, timeout=30))
+        await started.wait()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        for _ in range(500):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [True]
+        # A task cancelled before its first step cancels the ask it was given.
+        queued = asyncio.create_task(node.ask("waits", 2, timeout=30))
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        for _ in range(500):
+            if node.stats()["pending"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert node.stats()["pending"] == 0
