@@ -287,6 +287,11 @@ class Slot:
                 # one's entry stays.
                 if _running.get(self) is reply:
                     del _running[self]
+            # Let go of the request before waiting for the next: the future
+            # its handler first awaited (with its result) and its context
+            # (its variables' values) would stay alive for as long as the
+            # slot stays idle.
+            del job, coro, first, context, reply, thrown
             if _cancel_standing(me):
                 # A cancel its handler did not take back: asyncio.run
                 # shutting down, or a handler's own. The task ends here (the

@@ -241,36 +241,7 @@ def _check_pool_name(name: object) -> None:
         raise InvalidArgumentError(f"a pool name is 1 to 255 bytes, not {size}")
 
 
-class _Taskable:
-    """The coroutine protocol on an asyncio future of this package, so that
-    ``asyncio.create_task(node.ask(...))`` and ``TaskGroup.create_task``
-    take it as they take a coroutine (they refuse a bare future): the task
-    driving it waits for it, as ``await`` does, and cancelling the task
-    cancels it (for an ask, the protocol cancel goes to the pool)."""
-
-    __slots__ = ()
-
-    def send(self, value: None) -> Any:
-        fut: asyncio.Future[Any] = self  # type: ignore[assignment]
-        if not fut.done():
-            # What `Future.__await__` yields: the task waits for this future.
-            fut._asyncio_future_blocking = True
-            return fut
-        raise StopIteration(fut.result())
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        fut: asyncio.Future[Any] = self  # type: ignore[assignment]
-        fut.cancel()
-        if val is None:
-            val = typ if isinstance(typ, BaseException) else typ()
-        raise val
-
-    def close(self) -> None:
-        fut: asyncio.Future[Any] = self  # type: ignore[assignment]
-        fut.cancel()
-
-
-class AskHandle(_Taskable, asyncio.Future[Any]):
+class AskHandle(asyncio.Future[Any]):
     """An ask in flight: an asyncio future of the reply. Cancelling it (or
     the task awaiting it) sends the protocol cancel to the pool."""
 
@@ -332,16 +303,7 @@ def _unwrapped(fn: Any) -> object:
         return fn
 
 
-_DEFAULT_CREATE_FUTURE = asyncio.BaseEventLoop.create_future
-
-
-class _TellFuture(_Taskable, asyncio.Future[str]):
-    """A tell's future: its request id once the pool accepted it."""
-
-    __slots__ = ()
-
-
-class DurableHandle(_Taskable, asyncio.Future[Any]):
+class DurableHandle(asyncio.Future[Any]):
     """A durable ask in flight: an asyncio future of the reply, with the id
     of the promise that records it."""
 
@@ -702,8 +664,7 @@ class Node:
         causation_id: Optional[str] = None,
     ) -> asyncio.Future[str]:
         """A one-way message: the future gives its request id once the pool
-        accepted it; nothing comes back after that. ``asyncio.create_task``
-        takes it as it takes a coroutine."""
+        accepted it; nothing comes back after that."""
         _check_seconds_type("timeout", timeout)
         _valid_names(
             ("a pool name", pool),
@@ -712,13 +673,7 @@ class Node:
             ("causation_id", causation_id),
         )
         loop, driver = self._here("Node.tell")
-        # A loop with futures of its own gets one of them (the extension
-        # completes it through its methods); else one a task can be made of.
-        target: asyncio.Future[str] = (
-            _TellFuture(loop=loop)
-            if type(loop).create_future is _DEFAULT_CREATE_FUTURE
-            else loop.create_future()
-        )
+        target: asyncio.Future[str] = loop.create_future()
         self._native.tell(
             driver, target, pool, msg, timeout, request_id, correlation_id, causation_id
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import contextlib
+import contextvars
 import gc
 import os
 import sys
@@ -357,3 +358,37 @@ def test_pools_whose_loops_ended_are_let_go_by_a_long_lived_node() -> None:
     gc.collect()
     assert len(node._pools) == 0
     node.close()
+
+
+async def test_an_idle_slot_holds_nothing_of_its_last_request() -> None:
+    # Before: while waiting for its next request, a slot's task kept the
+    # last one's job in its locals: the future its handler first awaited
+    # (with its result) and its context (its variables' values).
+    variable: contextvars.ContextVar[object] = contextvars.ContextVar("variable")
+
+    class Big:
+        pass
+
+    refs: dict[str, weakref.ref[Big]] = {}
+    async with Node() as node:
+        pool = node.pool("p", concurrency=1)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            loop = asyncio.get_running_loop()
+            awaited: asyncio.Future[Big] = loop.create_future()
+            result, value = Big(), Big()
+            refs["result"], refs["variable"] = weakref.ref(result), weakref.ref(value)
+            variable.set(value)
+            loop.call_soon(awaited.set_result, result)
+            del result, value
+            await awaited
+            return "done"
+
+        assert await node.ask("p", 1, timeout=5) == "done"
+        await asyncio.sleep(0.05)
+        gc.collect()
+        assert {name: ref() is None for name, ref in refs.items()} == {
+            "result": True,
+            "variable": True,
+        }

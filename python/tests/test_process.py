@@ -139,3 +139,46 @@ def test_a_fork_child_makes_its_own_node_and_refuses_the_parents() -> None:
     assert "timed out after 1 s" in out, out
     assert "child exit 0" in out, out
     assert "parent still asks" in out, out
+
+
+def test_ask_sync_from_an_exit_hook_still_answers() -> None:
+    # atexit hooks run last registered first: one registered before askpool
+    # was imported runs after askpool's own hook. Its ask_sync, in the main
+    # thread, must still be answered (a first fix parked every thread once
+    # the interpreter was exiting, and the process never exited).
+    done = _run(
+        """
+        import atexit, asyncio, threading
+
+        def goodbye():
+            print("atexit ->", node.ask_sync("p", "bye", timeout=5), flush=True)
+
+        atexit.register(goodbye)
+        import askpool
+
+        node = askpool.Node()
+        ready = threading.Event()
+
+        def host():
+            async def main():
+                pool = node.pool("p")
+
+                @pool.handler
+                async def handle(msg, ctx):
+                    await asyncio.sleep(0)
+                    return msg
+
+                ready.set()
+                await asyncio.sleep(100)
+
+            asyncio.run(main())
+
+        threading.Thread(target=host, daemon=True).start()
+        ready.wait()
+        print("during ->", node.ask_sync("p", "hi", timeout=5), flush=True)
+        """,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "during -> hi" in done.stdout
+    assert "atexit -> bye" in done.stdout, done.stdout + done.stderr

@@ -24,6 +24,12 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 /// Set by the wrapper's `atexit` hook: the interpreter is shutting down.
 static EXITING: AtomicBool = AtomicBool::new(false);
 
+thread_local! {
+    /// This thread ran the `atexit` hooks (the main thread): it finalizes
+    /// the interpreter itself, so it may always take the GIL back.
+    static RUNS_THE_EXIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// The runtime behind timers and `ask_sync`; its one worker thread never
 /// runs Python.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
@@ -61,9 +67,15 @@ pub(crate) fn forks() -> u64 {
     FORKS.load(Ordering::Acquire)
 }
 
-/// Whether the interpreter is shutting down (see [`_interpreter_exiting`]).
-pub(crate) fn interpreter_exiting() -> bool {
-    EXITING.load(Ordering::Acquire)
+/// Whether a thread blocked without the GIL must not take it back: the
+/// interpreter is shutting down (see [`_interpreter_exiting`]) and this is
+/// not the thread that shuts it down. By then every thread but the main
+/// one is a daemon thread (`threading` joined the others before the
+/// `atexit` hooks ran), which CPython ends if it takes the GIL back once
+/// finalization starts. The main thread, still running `atexit` hooks
+/// (one may call `ask_sync`), goes on as usual.
+pub(crate) fn must_not_return_to_python() -> bool {
+    EXITING.load(Ordering::Acquire) && !RUNS_THE_EXIT.with(std::cell::Cell::get)
 }
 
 /// `os.register_at_fork(after_in_child=...)`: the child has only the thread
@@ -84,6 +96,7 @@ fn _after_fork_in_child() {
 /// on, as CPython 3.14 lets such threads wait, until the process exits).
 #[pyfunction]
 fn _interpreter_exiting() {
+    RUNS_THE_EXIT.with(|runs| runs.set(true));
     EXITING.store(true, Ordering::Release);
 }
 

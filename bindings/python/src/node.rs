@@ -325,7 +325,7 @@ impl NativeNode {
             let slice = py.detach(|| {
                 let slice = crate::runtime()
                     .block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut handle).await });
-                if crate::interpreter_exiting() {
+                if crate::must_not_return_to_python() {
                     // Taking the GIL back now could abort the process (see
                     // `_interpreter_exiting`): this thread waits for the
                     // process to end instead.
