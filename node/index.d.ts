@@ -27,8 +27,9 @@ export interface NodeOptions {
    * Largest byte payload an ask, askHandle or tell may carry: an integer
    * number of bytes (default 16 777 216, 16 MiB); `null` lifts the bound.
    * Byte payloads (Buffer, Uint8Array and other typed arrays, DataView,
-   * ArrayBuffer) are sized by their `byteLength`: over the bound the call
-   * rejects with OversizePayloadError (OVERSIZE_PAYLOAD) and nothing is sent.
+   * ArrayBuffer, SharedArrayBuffer) are sized by their `byteLength`: over
+   * the bound the call rejects with OversizePayloadError (OVERSIZE_PAYLOAD)
+   * and nothing is sent.
    * Other payloads (objects, strings, numbers) pass by reference and are not
    * sized, so this bound does not apply to them.
    */
@@ -72,12 +73,15 @@ export interface AskOptions {
   /**
    * Guards a reused `requestId` against another payload: the pool refuses a
    * request whose fingerprint differs from the one that first used the id
-   * (PayloadMismatchError). A string (hashed as UTF-8) or bytes. Byte
-   * payloads (Buffer, Uint8Array, other typed arrays, ArrayBuffer) are
-   * fingerprinted by themselves when this is absent; any other payload (an
-   * object, a string, a number) is checked only with an explicit fingerprint.
+   * (PayloadMismatchError). A string (hashed as UTF-8) or bytes (a typed
+   * array, DataView, ArrayBuffer or SharedArrayBuffer). Byte payloads are
+   * fingerprinted by themselves when this is absent and a `requestId` is
+   * given; any other payload (an object, a string, a number) is checked only
+   * with an explicit fingerprint. Bytes whose ArrayBuffer was detached
+   * (transferred) have none to fingerprint: InvalidArgumentError, as for a
+   * fingerprint of any other type.
    */
-  fingerprint?: string | ArrayBufferView | ArrayBuffer;
+  fingerprint?: string | ArrayBufferView | ArrayBuffer | SharedArrayBuffer;
 }
 
 /** `correlationId` and `causationId` reach the handler as on an ask. */

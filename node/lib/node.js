@@ -4,6 +4,7 @@
 const native = require('./native');
 const errors = require('./errors');
 const { ObjectTable } = require('./table');
+const { isAnyArrayBuffer } = require('node:util').types;
 
 const {
   fromInfo,
@@ -157,12 +158,48 @@ function waitAborted(signal) {
   return new AskCancelledError('ask cancelled: the wait was aborted', { cause: signal.reason });
 }
 
-// What the addon hashes into a payload fingerprint: a string or bytes.
-function fingerprintOf(value) {
-  if (typeof value === 'string' || value instanceof Uint8Array) return value;
-  if (ArrayBuffer.isView(value)) return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
-  if (value instanceof ArrayBuffer) return new Uint8Array(value);
-  throw new InvalidArgumentError('invalid argument: fingerprint must be a string, a Uint8Array or other bytes');
+// What a value is, for a message, read without touching it (no getter or
+// Proxy trap runs).
+function kindOf(value) {
+  if (value === null) return 'null';
+  const type = typeof value;
+  if (type === 'object') return 'an object';
+  return type === 'undefined' ? 'undefined' : `a ${type}`;
+}
+
+// What the addon hashes into a payload fingerprint: a string, or the bytes
+// of a typed array, DataView, ArrayBuffer or SharedArrayBuffer. `what`
+// names the value in an error, which `hint` ends.
+function fingerprintOf(value, what, hint = 'there is nothing to fingerprint') {
+  if (typeof value === 'string') return value;
+  if (!isBytes(value)) {
+    throw new InvalidArgumentError(
+      `invalid argument: ${what} must be a string or bytes (a typed array, DataView, ArrayBuffer ` +
+        `or SharedArrayBuffer), not ${kindOf(value)}`,
+    );
+  }
+  const view = ArrayBuffer.isView(value);
+  if (isDetached(view ? value.buffer : value)) {
+    throw new InvalidArgumentError(
+      `invalid argument: ${what} is a detached ArrayBuffer or a view over one (its bytes were ` +
+        `transferred away): ${hint}`,
+    );
+  }
+  if (value instanceof Uint8Array) return value;
+  return view ? new Uint8Array(value.buffer, value.byteOffset, value.byteLength) : new Uint8Array(value);
+}
+
+// Node 22 has ArrayBuffer#detached; before it, a detached buffer is one of
+// length 0 that no view can be made over.
+function isDetached(buffer) {
+  if (typeof buffer.detached === 'boolean') return buffer.detached;
+  if (buffer.byteLength !== 0) return false;
+  try {
+    new Uint8Array(buffer);
+    return false;
+  } catch {
+    return true;
+  }
 }
 
 // Byte payloads asked under a given request id are fingerprinted by
@@ -171,14 +208,12 @@ function fingerprintOf(value) {
 // need `fingerprint`.
 // They are also sized (their byteLength): over the node's maxPayloadBytes an
 // ask or tell fails at once (OVERSIZE_PAYLOAD). Other payloads are not sized.
+// Told by their internal slots, not `instanceof`: a SharedArrayBuffer or a
+// buffer of another realm (vm, a worker's message) is bytes too, and a Proxy
+// (a revoked one too) is an object like any other, passed through untouched
+// with none of its traps run.
 function isBytes(msg) {
-  try {
-    return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
-  } catch {
-    // `instanceof` ran a trap that threw (a revoked Proxy): not bytes, an
-    // object like any other, passed through untouched.
-    return false;
-  }
+  return typeof msg === 'object' && msg !== null && (ArrayBuffer.isView(msg) || isAnyArrayBuffer(msg));
 }
 
 // An option the addon takes as a `type` ('string' or 'number'), or absent
@@ -220,9 +255,14 @@ function nativeAskOptions(o, msg) {
     maxAttempts: typed(o.maxAttempts, 'number', 'maxAttempts'),
     fingerprint:
       given !== undefined
-        ? fingerprintOf(given)
+        ? fingerprintOf(given, 'fingerprint')
         : bytes && requestId !== undefined
-          ? fingerprintOf(msg)
+          ? fingerprintOf(
+              msg,
+              'the payload',
+              'a byte payload asked under a requestId is fingerprinted by its bytes ' +
+                '(give a fingerprint option to ask it anyway)',
+            )
           : undefined,
     payloadSize: bytes ? msg.byteLength : undefined,
   };

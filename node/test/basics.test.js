@@ -1,6 +1,7 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
+const vm = require('node:vm');
 const { Node, InternalError, PayloadMismatchError, OversizePayloadError, FailedPreconditionError } = require('..');
 
 test('a reply comes back, and both objects pass by identity', async () => {
@@ -539,9 +540,11 @@ test('asking ever new pool names keeps the name table bounded', async () => {
 
 test('an option getter that asks another name does not redirect a scratch-referenced ask', async () => {
   // Past 1,024 names an ask's pool reference stands for its name only
-  // until the next poolRef call. The options (and a Proxy message's traps)
-  // are read after it: a getter that asked another name re-pointed it, and
-  // the outer ask went to the other pool.
+  // until the next poolRef call. The options are read after it: a getter
+  // that asked another name re-pointed it, and the outer ask went to the
+  // other pool. (A Proxy message's getPrototypeOf trap did too, when bytes
+  // were told by `instanceof`; now a message is never inspected through
+  // its traps, so none runs.)
   const node = new Node();
   for (let i = 0; i < 1030; i++) {
     await assert.rejects(node.ask(`gone-${i}`, i), { code: 'NO_ROUTE' });
@@ -557,16 +560,20 @@ test('an option getter that asks another name does not redirect a scratch-refere
   };
   assert.equal(await node.ask('late-a', 1, options), 'a');
   assert.equal(await node.askHandle('late-a', 1, options).result, 'a');
+  let traps = 0;
   const msg = new Proxy(
     {},
     {
       getPrototypeOf() {
+        traps++;
         inner.push(node.ask('late-b', 0));
         return Object.prototype;
       },
     },
   );
   assert.equal(await node.ask('late-a', msg), 'a');
+  assert.equal(await node.ask('late-a', msg, options), 'a');
+  assert.equal(traps, 0, 'no trap of the message ran');
   assert.deepEqual(await Promise.all(inner), ['b', 'b', 'b']);
   await node.close();
 });
@@ -712,5 +719,45 @@ test('ids and counters a Python user has: callerId, correlationId, Pool.stats(),
   assert.equal(s.lateOutcomes, 0);
   pool.close();
   assert.throws(() => pool.stats(), { code: 'FAILED_PRECONDITION' });
+  await node.close();
+});
+
+test('a SharedArrayBuffer is bytes: sized against maxPayloadBytes and fingerprinted, bare or under a view', async () => {
+  const node = new Node({ maxPayloadBytes: 1_000 });
+  let runs = 0;
+  node.pool('p').handle((m) => {
+    runs++;
+    return m;
+  });
+  const filled = (n, byte) => {
+    const sab = new SharedArrayBuffer(n);
+    new Uint8Array(sab).fill(byte);
+    return sab;
+  };
+  for (const big of [new SharedArrayBuffer(1_001), new Uint8Array(new SharedArrayBuffer(1_001))]) {
+    const what = big.constructor.name;
+    await assert.rejects(node.ask('p', big), OversizePayloadError, what);
+    await assert.rejects(node.ask('p', big, { timeoutMs: 5_000 }), OversizePayloadError, what);
+    await assert.rejects(node.tell('p', big), OversizePayloadError, what);
+  }
+  assert.equal(runs, 0);
+  const small = filled(1_000, 1);
+  assert.equal(await node.ask('p', small), small, 'at the bound it goes through, by reference');
+  // As a fingerprint: its bytes, as any other bytes.
+  const requestId = '000000000000000000000000000000f4';
+  const first = { n: 1 };
+  assert.equal(await node.ask('p', first, { requestId, fingerprint: filled(4, 7) }), first);
+  assert.equal(await node.ask('p', { n: 2 }, { requestId, fingerprint: new Uint8Array(4).fill(7) }), first);
+  await assert.rejects(node.ask('p', { n: 3 }, { requestId, fingerprint: filled(4, 8) }), PayloadMismatchError);
+  // A bare one asked under a request id is fingerprinted by its bytes.
+  const tellId = '000000000000000000000000000000f5';
+  assert.equal(await node.tell('p', filled(8, 1), { requestId: tellId }), tellId);
+  await assert.rejects(node.tell('p', filled(8, 2), { requestId: tellId }), PayloadMismatchError);
+  assert.equal(runs, 3);
+  // Bytes of another realm are bytes too; a Proxy over an ArrayBuffer is an
+  // object like any other, passed by reference with none of its traps run.
+  await assert.rejects(node.ask('p', vm.runInNewContext('new ArrayBuffer(1001)')), OversizePayloadError);
+  const proxied = new Proxy(new ArrayBuffer(2_000), {});
+  assert.equal(await node.ask('p', proxied, { requestId: '000000000000000000000000000000f6' }), proxied);
   await node.close();
 });
