@@ -349,6 +349,12 @@ export class DurableAsk<Reply = any> implements PromiseLike<Reply> {
   finally(onFinally?: (() => void) | null): Promise<Reply>;
 }
 
+/**
+ * A pool to ask: its name, or a Pool of the node asking. Another node's
+ * Pool (or any other object) is InvalidArgumentError; a Pool closed with
+ * `pool.close()` is NoRouteError, even once a new pool took its name (ask
+ * that one by name or through its own Pool).
+ */
 export type PoolRef = string | Pool;
 
 export class Node {

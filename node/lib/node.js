@@ -14,6 +14,7 @@ const {
   AskTimeoutError,
   FailedPreconditionError,
   InvalidArgumentError,
+  NoRouteError,
   UnavailableError,
 } = errors;
 
@@ -439,6 +440,10 @@ class Context {
   }
 }
 
+// The node and state of a Pool, or undefined for anything else (read
+// through the brand check, which no getter or Proxy trap can fake).
+let poolState;
+
 /** A pool hosted by a node. */
 class Pool {
   #node;
@@ -446,6 +451,9 @@ class Pool {
   // The addon reuses a closed pool's id for the next pool: a closed Pool
   // must never pass its id again.
   #closed = false;
+  static {
+    poolState = (p) => (#node in p ? { node: p.#node, closed: p.#closed } : undefined);
+  }
   /** @internal */
   constructor(node, id, name) {
     this.#node = node;
@@ -885,12 +893,31 @@ class Node {
     }
   }
 
+  // Routing is by name, so a Pool stands for its name only while it is this
+  // node's and open: another node's Pool, or a closed one whose name a new
+  // pool took, would silently reach a pool the caller never meant.
   #poolName(pool) {
-    const name = typeof pool === 'string' ? pool : pool?.name;
-    if (typeof name !== 'string') {
-      throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
+    if (typeof pool === 'string') return pool;
+    const state = typeof pool === 'object' && pool !== null ? poolState(pool) : undefined;
+    if (state === undefined) {
+      throw new InvalidArgumentError(
+        `invalid argument: a pool is a name (a string) or a Pool of this node, not ${kindOf(pool)}`,
+      );
     }
-    return name;
+    if (state.node !== this) {
+      throw new InvalidArgumentError(
+        `invalid argument: Pool ${JSON.stringify(pool.name)} belongs to another node: ` +
+          'ask it through that node, or name the pool',
+      );
+    }
+    // Once the node closed, every ask is UNAVAILABLE, as by name.
+    if (state.closed && !this.#closed) {
+      throw new NoRouteError(
+        `no route to pool ${JSON.stringify(pool.name)}: this Pool was closed ` +
+          '(a pool declared since under its name is another pool: ask that one by name or through its Pool)',
+      );
+    }
+    return pool.name;
   }
 
   // Taken right before the addon call that uses it: a scratch reference

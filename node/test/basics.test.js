@@ -1,8 +1,19 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
 const vm = require('node:vm');
-const { Node, InternalError, PayloadMismatchError, OversizePayloadError, FailedPreconditionError } = require('..');
+const {
+  Node,
+  InternalError,
+  InvalidArgumentError,
+  NoRouteError,
+  PayloadMismatchError,
+  OversizePayloadError,
+  FailedPreconditionError,
+} = require('..');
 
 test('a reply comes back, and both objects pass by identity', async () => {
   const node = new Node();
@@ -720,6 +731,60 @@ test('ids and counters a Python user has: callerId, correlationId, Pool.stats(),
   pool.close();
   assert.throws(() => pool.stats(), { code: 'FAILED_PRECONDITION' });
   await node.close();
+});
+
+test("a pool is a name or an open Pool of this node: another node's Pool, a closed Pool, other objects are refused", async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-poolref-'));
+  const a = new Node();
+  const b = new Node().openPromises(path.join(dir, 'p.db'));
+  try {
+    const ran = [];
+    const poolOfA = a.pool('p').handle(() => ran.push('a p'));
+    b.pool('p').handle(() => ran.push('b p'));
+    const old = b.pool('q').handle(() => ran.push('old q'));
+    old.close();
+    // The name (and maybe the id) of the closed pool, taken by another.
+    const fresh = b.pool('q').handle(() => 'new q');
+    function p() {}
+    const calls = {
+      ask: (pool) => b.ask(pool, 1),
+      'ask with options': (pool) => b.ask(pool, 1, { timeoutMs: 5_000 }),
+      askHandle: (pool) => b.askHandle(pool, 1).result,
+      tell: (pool) => b.tell(pool, 1),
+      askDurable: (pool) => b.askDurable(pool, 1).result,
+    };
+    const refused = (Class, pattern) => (e) => {
+      assert.ok(e instanceof Class, `${e?.name}: ${e?.message}`);
+      assert.match(e.message, pattern);
+      return true;
+    };
+    for (const [name, call] of Object.entries(calls)) {
+      await assert.rejects(call(poolOfA), refused(InvalidArgumentError, /Pool "p" belongs to another node/), name);
+      await assert.rejects(call(old), refused(NoRouteError, /pool "q": this Pool was closed/), name);
+      for (const other of [p, { name: 'p' }, new Proxy(fresh, {}), null, undefined, 7]) {
+        await assert.rejects(
+          call(other),
+          refused(InvalidArgumentError, /a pool is a name \(a string\) or a Pool of this node/),
+          `${name} ${typeof other}`,
+        );
+      }
+    }
+    assert.deepEqual(ran, [], 'no handler ran for a refused pool argument');
+    assert.equal(b.stats().objects, 0, 'a refused message is not held');
+    assert.equal(b.stats().outstanding, 0);
+    // Through its own Pool, and by name, the new pool answers.
+    assert.equal(await b.ask(fresh, 1), 'new q');
+    assert.equal(await b.ask('q', 1), 'new q');
+    assert.equal(await a.ask(poolOfA, 1), 1);
+    // A closed node: UNAVAILABLE, for a closed Pool as by name.
+    await b.close();
+    await assert.rejects(b.ask(old, 1), { code: 'UNAVAILABLE' });
+    await assert.rejects(b.ask(fresh, 1), { code: 'UNAVAILABLE' });
+  } finally {
+    await a.close();
+    await b.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test('a SharedArrayBuffer is bytes: sized against maxPayloadBytes and fingerprinted, bare or under a view', async () => {
