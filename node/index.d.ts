@@ -84,8 +84,22 @@ export interface AskOptions {
   fingerprint?: string | ArrayBufferView | ArrayBuffer | SharedArrayBuffer;
 }
 
-/** `correlationId` and `causationId` reach the handler as on an ask. */
-export type TellOptions = Omit<AskOptions, 'signal' | 'preferredWorker'>;
+/**
+ * A tell's options: an ask's, but for `preferredWorker` (a tell has none).
+ * `correlationId` and `causationId` reach the handler as on an ask.
+ */
+export interface TellOptions extends Omit<AskOptions, 'signal' | 'preferredWorker'> {
+  /**
+   * Aborted before the tell is sent, it rejects with AskCancelledError and
+   * nothing is sent; aborted while the tell waits for the pool to accept it
+   * (a pool that refuses it with BUFFER_FULL is asked again until the
+   * timeout or `maxAttempts`), the tell is cancelled and rejects the same
+   * way, the signal's `reason` as its `cause`. Once the pool accepted it
+   * the tell stands (its promise resolves): a later abort changes nothing.
+   * One signal may serve any number of tells and asks.
+   */
+  signal?: AbortSignal;
+}
 
 export type AckStage =
   | 'SENT'

@@ -16,9 +16,10 @@ export declare class Core {
   /** The correlation id of a running ask or tell. */
   correlationId(task: number): string
   /**
-   * Cancels a running ask (a protocol cancel goes to the pool); it ends
-   * with `ASK_CANCELLED` at the next drain, or with its reply if that had
-   * arrived. Nothing if it already ended.
+   * Cancels a running ask or tell (a protocol cancel goes to the pool);
+   * it ends with `ASK_CANCELLED` at the next drain, or with its outcome
+   * if that had arrived (a reply, a tell's acceptance). Nothing if it
+   * already ended.
    */
   cancel(task: number): void
   /** Opens the stage stream of a running ask; returns its stream id. */

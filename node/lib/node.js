@@ -242,14 +242,16 @@ function wellFormed(s, name) {
 }
 
 // Each option read once, checked, into a plain object the addon converts
-// without fail.
-function nativeAskOptions(o, msg) {
+// without fail. A tell has no preferred worker (the core drops it): not
+// read for a tell, which a mistyped one would refuse over an option it
+// does not have.
+function nativeAskOptions(o, msg, tell) {
   const given = o.fingerprint;
   const bytes = isBytes(msg);
   const requestId = typed(o.requestId, 'string', 'requestId');
   return {
     timeoutMs: typed(o.timeoutMs, 'number', 'timeoutMs'),
-    preferredWorker: typed(o.preferredWorker, 'string', 'preferredWorker'),
+    preferredWorker: tell ? undefined : typed(o.preferredWorker, 'string', 'preferredWorker'),
     requestId,
     correlationId: typed(o.correlationId, 'string', 'correlationId'),
     causationId: typed(o.causationId, 'string', 'causationId'),
@@ -956,7 +958,7 @@ class Node {
       // An ask with no options and no bytes takes the fast path, which
       // reads none.
       const fast = kind !== 2 && options === undefined && !isBytes(msg);
-      if (!fast) o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+      if (!fast) o = nativeAskOptions(options ?? NO_OPTIONS, msg, kind === 2);
       // After the options are read: an ask refused for its signal still
       // has the request id it was given, and reading them ran the caller's
       // code (a getter, a Proxy trap), which may have aborted the signal

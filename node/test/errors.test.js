@@ -342,6 +342,8 @@ test('an ask refused for a mistyped option or a throwing getter holds nothing, a
   ];
   for (const [name, call] of calls) {
     for (const o of mistyped) {
+      // A tell has no preferred worker (TellOptions): not an option of it.
+      if (name === 'tell' && 'preferredWorker' in o) continue;
       await assert.rejects(call(o), { code: 'INVALID_ARGUMENT' }, `${name} ${Object.keys(o)}`);
     }
     for (const option of ['signal', 'timeoutMs', 'requestId', 'fingerprint']) {
@@ -354,6 +356,7 @@ test('an ask refused for a mistyped option or a throwing getter holds nothing, a
   assert.equal(node.stats().objects, 0, 'no refused message stays in the object table');
   assert.equal(node.stats().outstanding, 0);
   assert.equal(await node.ask('p', 1, { timeoutMs: 1000 }), 1);
+  assert.match(await node.tell('p', { big: 'payload' }, getterThrows('preferredWorker')), /^[0-9a-f]{32}$/);
   await node.close();
 });
 
