@@ -387,7 +387,8 @@ export class Node {
    * (awaited, it resolves like `ask`; FailedPreconditionError if there is
    * no such letter). A replay that fails puts the letter back (its pool is
    * gone: NO_ROUTE). Replaying a durable ask's letter records its outcome
-   * in the ask's promise.
+   * in the ask's promise. Once the node is closed it rejects with
+   * UnavailableError.
    */
   replayDeadLetter<Reply = any>(requestId: string): AskHandle<Reply>;
   purgeDeadLetters(): number;
@@ -395,13 +396,18 @@ export class Node {
   /**
    * Opens (or creates) the SQLite file of durable asks and promises.
    * `timeoutMs`: how long a durable ask's promise stays pending at most
-   * (default one hour); at least 1, else `InvalidArgumentError`.
+   * (default one hour); at least 1, else `InvalidArgumentError`. Once the
+   * node is closed: UnavailableError, and no file is opened or made.
    */
   openPromises(path: string | URL, options?: { timeoutMs?: number }): this;
   /** An ask recorded as a durable promise; message and reply are stored as JSON. */
   askDurable<Reply = any>(pool: PoolRef, msg: unknown, options?: { id?: string }): DurableAsk<Reply>;
   /** The outcome of a durable ask by id: stored, or asked again if pending. */
   awaitDurable<Reply = any>(id: string): Promise<Reply>;
+  /**
+   * Durable promises in the file opened by `openPromises`; once the node is
+   * closed, every call throws UnavailableError (`await` rejects with it).
+   */
   readonly promises: DurablePromises;
   stats(): NodeStats;
   close(): Promise<void>;

@@ -85,7 +85,10 @@ export declare class Core {
   /** Panics, so tests can show a panic reaches JS as an error. */
   debugPanic(): void
   isClosed(): boolean
-  /** Opens (or creates) the SQLite promise store at `path`. */
+  /**
+   * Opens (or creates) the SQLite promise store at `path`;
+   * `UNAVAILABLE` (and no file made) once the node is closed.
+   */
   openPromises(path: string, timeoutMs?: number | undefined | null): void
   /**
    * A durable ask of the object in slot `msg`, stored as `bytes`, under

@@ -188,6 +188,9 @@ impl Core {
     /// promise (the core's replay hook).
     #[napi(catch_unwind)]
     pub fn replay_dead_letter(&mut self, request_id: String) -> Result<u32> {
+        // The core would look for the letter and answer FAILED_PRECONDITION
+        // (or send the replay nowhere); a closed node asks nothing.
+        self.refuse_when_closed()?;
         let id: RequestId = parse_id("requestId", &request_id)?;
         let handle = {
             let _enter = self.rt.enter();
