@@ -41,9 +41,20 @@ export interface PoolOptions {
   concurrency?: number;
   /** Admitted, unfinished requests before BUFFER_FULL (default 10 000). */
   maxInFlight?: number;
-  /** Replies cached for duplicates (default 100 000). */
+  /**
+   * Replies cached for duplicates (default 100 000). The cache holds each
+   * reply object itself, by reference, until it is evicted; its bounds are
+   * this count and `dedupTtlMs`, not bytes. A pool whose replies are large
+   * (big Buffers, long arrays) keeps up to this many of them alive, each for
+   * up to `dedupTtlMs`: give it a smaller `dedupMax` or `dedupTtlMs`. A
+   * closed pool (or a closed node) lets go of its cached replies at once.
+   */
   dedupMax?: number;
-  /** How long a reply stays cached (default 120 000); 0 keeps none, so a duplicate arriving after the reply runs the handler again. */
+  /**
+   * How long a reply stays cached, in milliseconds (default 120 000),
+   * holding the reply object alive meanwhile (see `dedupMax`); 0 keeps
+   * none, so a duplicate arriving after the reply runs the handler again.
+   */
   dedupTtlMs?: number;
   processingTimeoutMs?: number;
 }
