@@ -27,8 +27,9 @@ export interface NodeOptions {
    * Largest byte payload an ask, askHandle or tell may carry: an integer
    * number of bytes (default 16 777 216, 16 MiB); `null` lifts the bound.
    * Byte payloads (Buffer, Uint8Array and other typed arrays, DataView,
-   * ArrayBuffer) are sized by their `byteLength`: over the bound the call
-   * rejects with OversizePayloadError (OVERSIZE_PAYLOAD) and nothing is sent.
+   * ArrayBuffer, SharedArrayBuffer) are sized by their `byteLength`: over
+   * the bound the call rejects with OversizePayloadError (OVERSIZE_PAYLOAD)
+   * and nothing is sent.
    * Other payloads (objects, strings, numbers) pass by reference and are not
    * sized, so this bound does not apply to them.
    */
@@ -40,9 +41,20 @@ export interface PoolOptions {
   concurrency?: number;
   /** Admitted, unfinished requests before BUFFER_FULL (default 10 000). */
   maxInFlight?: number;
-  /** Replies cached for duplicates (default 100 000). */
+  /**
+   * Replies cached for duplicates (default 100 000). The cache holds each
+   * reply object itself, by reference, until it is evicted; its bounds are
+   * this count and `dedupTtlMs`, not bytes. A pool whose replies are large
+   * (big Buffers, long arrays) keeps up to this many of them alive, each for
+   * up to `dedupTtlMs`: give it a smaller `dedupMax` or `dedupTtlMs`. A
+   * closed pool (or a closed node) lets go of its cached replies at once.
+   */
   dedupMax?: number;
-  /** How long a reply stays cached (default 120 000); 0 keeps none, so a duplicate arriving after the reply runs the handler again. */
+  /**
+   * How long a reply stays cached, in milliseconds (default 120 000),
+   * holding the reply object alive meanwhile (see `dedupMax`); 0 keeps
+   * none, so a duplicate arriving after the reply runs the handler again.
+   */
   dedupTtlMs?: number;
   processingTimeoutMs?: number;
 }
@@ -72,16 +84,33 @@ export interface AskOptions {
   /**
    * Guards a reused `requestId` against another payload: the pool refuses a
    * request whose fingerprint differs from the one that first used the id
-   * (PayloadMismatchError). A string (hashed as UTF-8) or bytes. Byte
-   * payloads (Buffer, Uint8Array, other typed arrays, ArrayBuffer) are
-   * fingerprinted by themselves when this is absent; any other payload (an
-   * object, a string, a number) is checked only with an explicit fingerprint.
+   * (PayloadMismatchError). A string (hashed as UTF-8) or bytes (a typed
+   * array, DataView, ArrayBuffer or SharedArrayBuffer). Byte payloads are
+   * fingerprinted by themselves when this is absent and a `requestId` is
+   * given; any other payload (an object, a string, a number) is checked only
+   * with an explicit fingerprint. Bytes whose ArrayBuffer was detached
+   * (transferred) have none to fingerprint: InvalidArgumentError, as for a
+   * fingerprint of any other type.
    */
-  fingerprint?: string | ArrayBufferView | ArrayBuffer;
+  fingerprint?: string | ArrayBufferView | ArrayBuffer | SharedArrayBuffer;
 }
 
-/** `correlationId` and `causationId` reach the handler as on an ask. */
-export type TellOptions = Omit<AskOptions, 'signal' | 'preferredWorker'>;
+/**
+ * A tell's options: an ask's, but for `preferredWorker` (a tell has none).
+ * `correlationId` and `causationId` reach the handler as on an ask.
+ */
+export interface TellOptions extends Omit<AskOptions, 'signal' | 'preferredWorker'> {
+  /**
+   * Aborted before the tell is sent, it rejects with AskCancelledError and
+   * nothing is sent; aborted while the tell waits for the pool to accept it
+   * (a pool that refuses it with BUFFER_FULL is asked again until the
+   * timeout or `maxAttempts`), the tell is cancelled and rejects the same
+   * way, the signal's `reason` as its `cause`. Once the pool accepted it
+   * the tell stands (its promise resolves): a later abort changes nothing.
+   * One signal may serve any number of tells and asks.
+   */
+  signal?: AbortSignal;
+}
 
 export type AckStage =
   | 'SENT'
@@ -345,6 +374,12 @@ export class DurableAsk<Reply = any> implements PromiseLike<Reply> {
   finally(onFinally?: (() => void) | null): Promise<Reply>;
 }
 
+/**
+ * A pool to ask: its name, or a Pool of the node asking. Another node's
+ * Pool (or any other object) is InvalidArgumentError; a Pool closed with
+ * `pool.close()` is NoRouteError, even once a new pool took its name (ask
+ * that one by name or through its own Pool).
+ */
 export type PoolRef = string | Pool;
 
 export class Node {
@@ -363,7 +398,8 @@ export class Node {
    * (awaited, it resolves like `ask`; FailedPreconditionError if there is
    * no such letter). A replay that fails puts the letter back (its pool is
    * gone: NO_ROUTE). Replaying a durable ask's letter records its outcome
-   * in the ask's promise.
+   * in the ask's promise. Once the node is closed it rejects with
+   * UnavailableError.
    */
   replayDeadLetter<Reply = any>(requestId: string): AskHandle<Reply>;
   purgeDeadLetters(): number;
@@ -371,13 +407,18 @@ export class Node {
   /**
    * Opens (or creates) the SQLite file of durable asks and promises.
    * `timeoutMs`: how long a durable ask's promise stays pending at most
-   * (default one hour); at least 1, else `InvalidArgumentError`.
+   * (default one hour); at least 1, else `InvalidArgumentError`. Once the
+   * node is closed: UnavailableError, and no file is opened or made.
    */
   openPromises(path: string | URL, options?: { timeoutMs?: number }): this;
   /** An ask recorded as a durable promise; message and reply are stored as JSON. */
   askDurable<Reply = any>(pool: PoolRef, msg: unknown, options?: { id?: string }): DurableAsk<Reply>;
   /** The outcome of a durable ask by id: stored, or asked again if pending. */
   awaitDurable<Reply = any>(id: string): Promise<Reply>;
+  /**
+   * Durable promises in the file opened by `openPromises`; once the node is
+   * closed, every call throws UnavailableError (`await` rejects with it).
+   */
   readonly promises: DurablePromises;
   stats(): NodeStats;
   close(): Promise<void>;

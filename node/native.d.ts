@@ -16,9 +16,10 @@ export declare class Core {
   /** The correlation id of a running ask or tell. */
   correlationId(task: number): string
   /**
-   * Cancels a running ask (a protocol cancel goes to the pool); it ends
-   * with `ASK_CANCELLED` at the next drain, or with its reply if that had
-   * arrived. Nothing if it already ended.
+   * Cancels a running ask or tell (a protocol cancel goes to the pool);
+   * it ends with `ASK_CANCELLED` at the next drain, or with its outcome
+   * if that had arrived (a reply, a tell's acceptance). Nothing if it
+   * already ended.
    */
   cancel(task: number): void
   /** Opens the stage stream of a running ask; returns its stream id. */
@@ -84,7 +85,10 @@ export declare class Core {
   /** Panics, so tests can show a panic reaches JS as an error. */
   debugPanic(): void
   isClosed(): boolean
-  /** Opens (or creates) the SQLite promise store at `path`. */
+  /**
+   * Opens (or creates) the SQLite promise store at `path`;
+   * `UNAVAILABLE` (and no file made) once the node is closed.
+   */
   openPromises(path: string, timeoutMs?: number | undefined | null): void
   /**
    * A durable ask of the object in slot `msg`, stored as `bytes`, under

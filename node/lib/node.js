@@ -4,6 +4,7 @@
 const native = require('./native');
 const errors = require('./errors');
 const { ObjectTable } = require('./table');
+const { isAnyArrayBuffer } = require('node:util').types;
 
 const {
   fromInfo,
@@ -13,6 +14,7 @@ const {
   AskTimeoutError,
   FailedPreconditionError,
   InvalidArgumentError,
+  NoRouteError,
   UnavailableError,
 } = errors;
 
@@ -157,12 +159,48 @@ function waitAborted(signal) {
   return new AskCancelledError('ask cancelled: the wait was aborted', { cause: signal.reason });
 }
 
-// What the addon hashes into a payload fingerprint: a string or bytes.
-function fingerprintOf(value) {
-  if (typeof value === 'string' || value instanceof Uint8Array) return value;
-  if (ArrayBuffer.isView(value)) return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
-  if (value instanceof ArrayBuffer) return new Uint8Array(value);
-  throw new InvalidArgumentError('invalid argument: fingerprint must be a string, a Uint8Array or other bytes');
+// What a value is, for a message, read without touching it (no getter or
+// Proxy trap runs).
+function kindOf(value) {
+  if (value === null) return 'null';
+  const type = typeof value;
+  if (type === 'object') return 'an object';
+  return type === 'undefined' ? 'undefined' : `a ${type}`;
+}
+
+// What the addon hashes into a payload fingerprint: a string, or the bytes
+// of a typed array, DataView, ArrayBuffer or SharedArrayBuffer. `what`
+// names the value in an error, which `hint` ends.
+function fingerprintOf(value, what, hint = 'there is nothing to fingerprint') {
+  if (typeof value === 'string') return value;
+  if (!isBytes(value)) {
+    throw new InvalidArgumentError(
+      `invalid argument: ${what} must be a string or bytes (a typed array, DataView, ArrayBuffer ` +
+        `or SharedArrayBuffer), not ${kindOf(value)}`,
+    );
+  }
+  const view = ArrayBuffer.isView(value);
+  if (isDetached(view ? value.buffer : value)) {
+    throw new InvalidArgumentError(
+      `invalid argument: ${what} is a detached ArrayBuffer or a view over one (its bytes were ` +
+        `transferred away): ${hint}`,
+    );
+  }
+  if (value instanceof Uint8Array) return value;
+  return view ? new Uint8Array(value.buffer, value.byteOffset, value.byteLength) : new Uint8Array(value);
+}
+
+// Node 22 has ArrayBuffer#detached; before it, a detached buffer is one of
+// length 0 that no view can be made over.
+function isDetached(buffer) {
+  if (typeof buffer.detached === 'boolean') return buffer.detached;
+  if (buffer.byteLength !== 0) return false;
+  try {
+    new Uint8Array(buffer);
+    return false;
+  } catch {
+    return true;
+  }
 }
 
 // Byte payloads asked under a given request id are fingerprinted by
@@ -171,14 +209,12 @@ function fingerprintOf(value) {
 // need `fingerprint`.
 // They are also sized (their byteLength): over the node's maxPayloadBytes an
 // ask or tell fails at once (OVERSIZE_PAYLOAD). Other payloads are not sized.
+// Told by their internal slots, not `instanceof`: a SharedArrayBuffer or a
+// buffer of another realm (vm, a worker's message) is bytes too, and a Proxy
+// (a revoked one too) is an object like any other, passed through untouched
+// with none of its traps run.
 function isBytes(msg) {
-  try {
-    return ArrayBuffer.isView(msg) || msg instanceof ArrayBuffer;
-  } catch {
-    // `instanceof` ran a trap that threw (a revoked Proxy): not bytes, an
-    // object like any other, passed through untouched.
-    return false;
-  }
+  return typeof msg === 'object' && msg !== null && (ArrayBuffer.isView(msg) || isAnyArrayBuffer(msg));
 }
 
 // An option the addon takes as a `type` ('string' or 'number'), or absent
@@ -206,23 +242,30 @@ function wellFormed(s, name) {
 }
 
 // Each option read once, checked, into a plain object the addon converts
-// without fail.
-function nativeAskOptions(o, msg) {
+// without fail. A tell has no preferred worker (the core drops it): not
+// read for a tell, which a mistyped one would refuse over an option it
+// does not have.
+function nativeAskOptions(o, msg, tell) {
   const given = o.fingerprint;
   const bytes = isBytes(msg);
   const requestId = typed(o.requestId, 'string', 'requestId');
   return {
     timeoutMs: typed(o.timeoutMs, 'number', 'timeoutMs'),
-    preferredWorker: typed(o.preferredWorker, 'string', 'preferredWorker'),
+    preferredWorker: tell ? undefined : typed(o.preferredWorker, 'string', 'preferredWorker'),
     requestId,
     correlationId: typed(o.correlationId, 'string', 'correlationId'),
     causationId: typed(o.causationId, 'string', 'causationId'),
     maxAttempts: typed(o.maxAttempts, 'number', 'maxAttempts'),
     fingerprint:
       given !== undefined
-        ? fingerprintOf(given)
+        ? fingerprintOf(given, 'fingerprint')
         : bytes && requestId !== undefined
-          ? fingerprintOf(msg)
+          ? fingerprintOf(
+              msg,
+              'the payload',
+              'a byte payload asked under a requestId is fingerprinted by its bytes ' +
+                '(give a fingerprint option to ask it anyway)',
+            )
           : undefined,
     payloadSize: bytes ? msg.byteLength : undefined,
   };
@@ -399,6 +442,10 @@ class Context {
   }
 }
 
+// The node and state of a Pool, or undefined for anything else (read
+// through the brand check, which no getter or Proxy trap can fake).
+let poolState;
+
 /** A pool hosted by a node. */
 class Pool {
   #node;
@@ -406,6 +453,9 @@ class Pool {
   // The addon reuses a closed pool's id for the next pool: a closed Pool
   // must never pass its id again.
   #closed = false;
+  static {
+    poolState = (p) => (#node in p ? { node: p.#node, closed: p.#closed } : undefined);
+  }
   /** @internal */
   constructor(node, id, name) {
     this.#node = node;
@@ -845,12 +895,31 @@ class Node {
     }
   }
 
+  // Routing is by name, so a Pool stands for its name only while it is this
+  // node's and open: another node's Pool, or a closed one whose name a new
+  // pool took, would silently reach a pool the caller never meant.
   #poolName(pool) {
-    const name = typeof pool === 'string' ? pool : pool?.name;
-    if (typeof name !== 'string') {
-      throw new InvalidArgumentError('invalid argument: a pool is a name or a Pool');
+    if (typeof pool === 'string') return pool;
+    const state = typeof pool === 'object' && pool !== null ? poolState(pool) : undefined;
+    if (state === undefined) {
+      throw new InvalidArgumentError(
+        `invalid argument: a pool is a name (a string) or a Pool of this node, not ${kindOf(pool)}`,
+      );
     }
-    return name;
+    if (state.node !== this) {
+      throw new InvalidArgumentError(
+        `invalid argument: Pool ${JSON.stringify(pool.name)} belongs to another node: ` +
+          'ask it through that node, or name the pool',
+      );
+    }
+    // Once the node closed, every ask is UNAVAILABLE, as by name.
+    if (state.closed && !this.#closed) {
+      throw new NoRouteError(
+        `no route to pool ${JSON.stringify(pool.name)}: this Pool was closed ` +
+          '(a pool declared since under its name is another pool: ask that one by name or through its Pool)',
+      );
+    }
+    return pool.name;
   }
 
   // Taken right before the addon call that uses it: a scratch reference
@@ -889,7 +958,7 @@ class Node {
       // An ask with no options and no bytes takes the fast path, which
       // reads none.
       const fast = kind !== 2 && options === undefined && !isBytes(msg);
-      if (!fast) o = nativeAskOptions(options ?? NO_OPTIONS, msg);
+      if (!fast) o = nativeAskOptions(options ?? NO_OPTIONS, msg, kind === 2);
       // After the options are read: an ask refused for its signal still
       // has the request id it was given, and reading them ran the caller's
       // code (a getter, a Proxy trap), which may have aborted the signal

@@ -1,7 +1,19 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { Node, InternalError, PayloadMismatchError, OversizePayloadError, FailedPreconditionError } = require('..');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const vm = require('node:vm');
+const {
+  Node,
+  InternalError,
+  InvalidArgumentError,
+  NoRouteError,
+  PayloadMismatchError,
+  OversizePayloadError,
+  FailedPreconditionError,
+} = require('..');
 
 test('a reply comes back, and both objects pass by identity', async () => {
   const node = new Node();
@@ -539,9 +551,11 @@ test('asking ever new pool names keeps the name table bounded', async () => {
 
 test('an option getter that asks another name does not redirect a scratch-referenced ask', async () => {
   // Past 1,024 names an ask's pool reference stands for its name only
-  // until the next poolRef call. The options (and a Proxy message's traps)
-  // are read after it: a getter that asked another name re-pointed it, and
-  // the outer ask went to the other pool.
+  // until the next poolRef call. The options are read after it: a getter
+  // that asked another name re-pointed it, and the outer ask went to the
+  // other pool. (A Proxy message's getPrototypeOf trap did too, when bytes
+  // were told by `instanceof`; now a message is never inspected through
+  // its traps, so none runs.)
   const node = new Node();
   for (let i = 0; i < 1030; i++) {
     await assert.rejects(node.ask(`gone-${i}`, i), { code: 'NO_ROUTE' });
@@ -557,16 +571,20 @@ test('an option getter that asks another name does not redirect a scratch-refere
   };
   assert.equal(await node.ask('late-a', 1, options), 'a');
   assert.equal(await node.askHandle('late-a', 1, options).result, 'a');
+  let traps = 0;
   const msg = new Proxy(
     {},
     {
       getPrototypeOf() {
+        traps++;
         inner.push(node.ask('late-b', 0));
         return Object.prototype;
       },
     },
   );
   assert.equal(await node.ask('late-a', msg), 'a');
+  assert.equal(await node.ask('late-a', msg, options), 'a');
+  assert.equal(traps, 0, 'no trap of the message ran');
   assert.deepEqual(await Promise.all(inner), ['b', 'b', 'b']);
   await node.close();
 });
@@ -712,5 +730,99 @@ test('ids and counters a Python user has: callerId, correlationId, Pool.stats(),
   assert.equal(s.lateOutcomes, 0);
   pool.close();
   assert.throws(() => pool.stats(), { code: 'FAILED_PRECONDITION' });
+  await node.close();
+});
+
+test("a pool is a name or an open Pool of this node: another node's Pool, a closed Pool, other objects are refused", async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-poolref-'));
+  const a = new Node();
+  const b = new Node().openPromises(path.join(dir, 'p.db'));
+  try {
+    const ran = [];
+    const poolOfA = a.pool('p').handle(() => ran.push('a p'));
+    b.pool('p').handle(() => ran.push('b p'));
+    const old = b.pool('q').handle(() => ran.push('old q'));
+    old.close();
+    // The name (and maybe the id) of the closed pool, taken by another.
+    const fresh = b.pool('q').handle(() => 'new q');
+    function p() {}
+    const calls = {
+      ask: (pool) => b.ask(pool, 1),
+      'ask with options': (pool) => b.ask(pool, 1, { timeoutMs: 5_000 }),
+      askHandle: (pool) => b.askHandle(pool, 1).result,
+      tell: (pool) => b.tell(pool, 1),
+      askDurable: (pool) => b.askDurable(pool, 1).result,
+    };
+    const refused = (Class, pattern) => (e) => {
+      assert.ok(e instanceof Class, `${e?.name}: ${e?.message}`);
+      assert.match(e.message, pattern);
+      return true;
+    };
+    for (const [name, call] of Object.entries(calls)) {
+      await assert.rejects(call(poolOfA), refused(InvalidArgumentError, /Pool "p" belongs to another node/), name);
+      await assert.rejects(call(old), refused(NoRouteError, /pool "q": this Pool was closed/), name);
+      for (const other of [p, { name: 'p' }, new Proxy(fresh, {}), null, undefined, 7]) {
+        await assert.rejects(
+          call(other),
+          refused(InvalidArgumentError, /a pool is a name \(a string\) or a Pool of this node/),
+          `${name} ${typeof other}`,
+        );
+      }
+    }
+    assert.deepEqual(ran, [], 'no handler ran for a refused pool argument');
+    assert.equal(b.stats().objects, 0, 'a refused message is not held');
+    assert.equal(b.stats().outstanding, 0);
+    // Through its own Pool, and by name, the new pool answers.
+    assert.equal(await b.ask(fresh, 1), 'new q');
+    assert.equal(await b.ask('q', 1), 'new q');
+    assert.equal(await a.ask(poolOfA, 1), 1);
+    // A closed node: UNAVAILABLE, for a closed Pool as by name.
+    await b.close();
+    await assert.rejects(b.ask(old, 1), { code: 'UNAVAILABLE' });
+    await assert.rejects(b.ask(fresh, 1), { code: 'UNAVAILABLE' });
+  } finally {
+    await a.close();
+    await b.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a SharedArrayBuffer is bytes: sized against maxPayloadBytes and fingerprinted, bare or under a view', async () => {
+  const node = new Node({ maxPayloadBytes: 1_000 });
+  let runs = 0;
+  node.pool('p').handle((m) => {
+    runs++;
+    return m;
+  });
+  const filled = (n, byte) => {
+    const sab = new SharedArrayBuffer(n);
+    new Uint8Array(sab).fill(byte);
+    return sab;
+  };
+  for (const big of [new SharedArrayBuffer(1_001), new Uint8Array(new SharedArrayBuffer(1_001))]) {
+    const what = big.constructor.name;
+    await assert.rejects(node.ask('p', big), OversizePayloadError, what);
+    await assert.rejects(node.ask('p', big, { timeoutMs: 5_000 }), OversizePayloadError, what);
+    await assert.rejects(node.tell('p', big), OversizePayloadError, what);
+  }
+  assert.equal(runs, 0);
+  const small = filled(1_000, 1);
+  assert.equal(await node.ask('p', small), small, 'at the bound it goes through, by reference');
+  // As a fingerprint: its bytes, as any other bytes.
+  const requestId = '000000000000000000000000000000f4';
+  const first = { n: 1 };
+  assert.equal(await node.ask('p', first, { requestId, fingerprint: filled(4, 7) }), first);
+  assert.equal(await node.ask('p', { n: 2 }, { requestId, fingerprint: new Uint8Array(4).fill(7) }), first);
+  await assert.rejects(node.ask('p', { n: 3 }, { requestId, fingerprint: filled(4, 8) }), PayloadMismatchError);
+  // A bare one asked under a request id is fingerprinted by its bytes.
+  const tellId = '000000000000000000000000000000f5';
+  assert.equal(await node.tell('p', filled(8, 1), { requestId: tellId }), tellId);
+  await assert.rejects(node.tell('p', filled(8, 2), { requestId: tellId }), PayloadMismatchError);
+  assert.equal(runs, 3);
+  // Bytes of another realm are bytes too; a Proxy over an ArrayBuffer is an
+  // object like any other, passed by reference with none of its traps run.
+  await assert.rejects(node.ask('p', vm.runInNewContext('new ArrayBuffer(1001)')), OversizePayloadError);
+  const proxied = new Proxy(new ArrayBuffer(2_000), {});
+  assert.equal(await node.ask('p', proxied, { requestId: '000000000000000000000000000000f6' }), proxied);
   await node.close();
 });

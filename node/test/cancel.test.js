@@ -372,3 +372,46 @@ test("a handler's cancel: signal aborted when first read, cancelled kept once se
   assert.equal(ctxOf.cancelled, true);
   await node.close();
 });
+
+test("a tell's signal: aborted before, nothing is sent; aborted while the pool refuses it (BUFFER_FULL), it is cancelled", async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('full', { maxInFlight: 1 }).handle(() => {
+    runs++;
+    return new Promise(() => {});
+  });
+  node.pool('free').handle(() => {
+    runs++;
+  });
+  const blocker = node.ask('full', 0, { maxAttempts: 1 }).catch((e) => e);
+  await tick();
+  assert.equal(runs, 1);
+  const early = new AbortController();
+  early.abort(new Error('not wanted'));
+  const refused = await node.tell('free', 1, { signal: early.signal }).catch((e) => e);
+  assert.ok(refused instanceof AskCancelledError, `${refused?.name}: ${refused?.message}`);
+  assert.equal(refused.cause.message, 'not wanted');
+  // The pool refuses it, and the tell retries until its timeout: the abort
+  // ends it there.
+  const controller = new AbortController();
+  const started = Date.now();
+  const told = node.tell('full', 2, { signal: controller.signal, timeoutMs: 3_000 }).catch((e) => e);
+  setTimeout(() => controller.abort(new Error('stop')), 20);
+  const cancelled = await told;
+  assert.ok(cancelled instanceof AskCancelledError, `${cancelled?.name}: ${cancelled?.message}`);
+  assert.equal(cancelled.code, 'ASK_CANCELLED');
+  assert.equal(cancelled.cause.message, 'stop', "the signal's reason is the cause");
+  assert.ok(Date.now() - started < 2_000, `cancelled at once, not at the timeout (${Date.now() - started} ms)`);
+  assert.equal(node.stats().outstanding, 1, 'only the blocking ask is left');
+  // A tell the pool took before the abort reached it stands: it resolves,
+  // and its handler runs.
+  const late = new AbortController();
+  const taken = node.tell('free', 3, { signal: late.signal });
+  late.abort(new Error('too late'));
+  assert.match(await taken, /^[0-9a-f]{32}$/);
+  await tick();
+  assert.equal(runs, 2);
+  assert.equal(node.stats().pools.find((p) => p.name === 'full').admitted, 1, 'the cancelled tell was never admitted');
+  await node.close();
+  assert.equal((await blocker).code, 'UNAVAILABLE');
+});

@@ -1,7 +1,7 @@
 'use strict';
 const test = require('node:test');
 const assert = require('node:assert/strict');
-const { Node, BufferFullError, AskTimeoutError } = require('..');
+const { Node, BufferFullError, AskTimeoutError, UnavailableError } = require('..');
 
 // Refused until its time ran out: the last refusal, or the deadline if it
 // came first on a loaded machine (both are retryable: dead-lettered).
@@ -153,4 +153,29 @@ test('replayDeadLetter gives an AskHandle: ids, stages, cancel; a missing letter
   release('x');
   await blocker2;
   await node.close();
+});
+
+test('a closed node refuses replayDeadLetter with UNAVAILABLE, for any id; its letters can still be read', async () => {
+  const node = new Node({ breaker: false });
+  let runs = 0;
+  node.pool('narrow', { maxInFlight: 1 }).handle((m) => {
+    runs++;
+    return m.block ? new Promise(() => {}) : m;
+  });
+  const blocker = node.ask('narrow', { block: true }).catch((e) => e);
+  await assert.rejects(node.ask('narrow', { n: 1 }, { maxAttempts: 1 }), refusedToTheEnd);
+  const [letter] = node.deadLetters();
+  await node.close();
+  const handle = node.replayDeadLetter(letter.requestId);
+  assert.equal(handle.requestId, letter.requestId);
+  const unavailable = (e) => e instanceof UnavailableError && e.code === 'UNAVAILABLE';
+  await assert.rejects(handle.result, unavailable);
+  // Whether the queue holds the id or not: the node is closed, not the letter missing.
+  await assert.rejects(node.replayDeadLetter('0123456789abcdef0123456789abcdef').result, unavailable);
+  assert.deepEqual(
+    node.deadLetters().map((l) => l.requestId),
+    [letter.requestId],
+  );
+  assert.equal(runs, 1, 'only the blocking ask ran');
+  assert.equal((await blocker).code, 'UNAVAILABLE');
 });

@@ -5,7 +5,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { execFileSync } = require('node:child_process');
-const { Node, AskError, InvalidArgumentError, FailedPreconditionError } = require('..');
+const { Node, AskError, InvalidArgumentError, FailedPreconditionError, UnavailableError } = require('..');
 
 function tempFile() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-durable-'));
@@ -323,6 +323,42 @@ test('a durable ask asked again with the same message, keys in another order, is
     assert.equal(runs, 1);
     await assert.rejects(node.askDurable('p', { a: 1, b: 3 }, { id }).result, { code: 'PAYLOAD_MISMATCH' });
     await node.close();
+  } finally {
+    tmp.done();
+  }
+});
+
+test('a closed node refuses openPromises and its promises with UNAVAILABLE, and makes no file', async () => {
+  const tmp = tempFile();
+  const unavailable = (e) => e instanceof UnavailableError && e.code === 'UNAVAILABLE';
+  try {
+    const never = new Node();
+    await never.close();
+    assert.throws(() => never.openPromises(tmp.file), unavailable);
+    assert.equal(fs.existsSync(tmp.file), false, 'no file was made');
+    assert.throws(() => never.promises.create('x'), unavailable);
+    // A node that had a store: nothing reads or writes it once closed.
+    const node = new Node().openPromises(tmp.file);
+    node.promises.create('kept');
+    await node.close();
+    const calls = {
+      openPromises: () => node.openPromises(tmp.file),
+      create: () => node.promises.create('new'),
+      get: () => node.promises.get('kept'),
+      resolve: () => node.promises.resolve('kept', 1),
+      reject: () => node.promises.reject('kept', 1),
+      cancel: () => node.promises.cancel('kept'),
+      prune: () => node.promises.prune({ olderThanMs: 1 }),
+    };
+    for (const [name, call] of Object.entries(calls)) assert.throws(call, unavailable, name);
+    await assert.rejects(node.promises.await('kept', { timeoutMs: 1_000 }), unavailable);
+    const reader = new Node().openPromises(tmp.file);
+    try {
+      assert.equal(reader.promises.get('kept').state, 'PENDING', 'the closed node settled nothing');
+      assert.throws(() => reader.promises.get('new'), InvalidArgumentError, 'nor created anything');
+    } finally {
+      await reader.close();
+    }
   } finally {
     tmp.done();
   }

@@ -342,6 +342,8 @@ test('an ask refused for a mistyped option or a throwing getter holds nothing, a
   ];
   for (const [name, call] of calls) {
     for (const o of mistyped) {
+      // A tell has no preferred worker (TellOptions): not an option of it.
+      if (name === 'tell' && 'preferredWorker' in o) continue;
       await assert.rejects(call(o), { code: 'INVALID_ARGUMENT' }, `${name} ${Object.keys(o)}`);
     }
     for (const option of ['signal', 'timeoutMs', 'requestId', 'fingerprint']) {
@@ -354,6 +356,7 @@ test('an ask refused for a mistyped option or a throwing getter holds nothing, a
   assert.equal(node.stats().objects, 0, 'no refused message stays in the object table');
   assert.equal(node.stats().outstanding, 0);
   assert.equal(await node.ask('p', 1, { timeoutMs: 1000 }), 1);
+  assert.match(await node.tell('p', { big: 'payload' }, getterThrows('preferredWorker')), /^[0-9a-f]{32}$/);
   await node.close();
 });
 
@@ -599,5 +602,65 @@ test('ask, askHandle and tell options that are not an object are INVALID_ARGUMEN
   await assert.rejects(node.askHandle('p', 1, 'fast'), { code: 'INVALID_ARGUMENT' });
   await assert.rejects(node.tell('p', 1, 7), { code: 'INVALID_ARGUMENT' });
   assert.equal(node.stats().objects, 0, 'nothing held');
+  await node.close();
+});
+
+test('a detached buffer or a revoked Proxy as a fingerprint, or a detached payload under a requestId: INVALID_ARGUMENT, nothing held', async () => {
+  const node = new Node();
+  let runs = 0;
+  node.pool('p').handle((m) => {
+    runs++;
+    return m;
+  });
+  // A buffer (and a view made over it before) whose bytes were transferred.
+  const detach = (buffer) => {
+    structuredClone(buffer, { transfer: [buffer] });
+    return buffer;
+  };
+  const buffer = new ArrayBuffer(8);
+  const view = new Float64Array(buffer);
+  const dataView = new DataView(buffer, 2);
+  detach(buffer);
+  const revoked = Proxy.revocable({}, {});
+  revoked.revoke();
+  const requestId = '0123456789abcdef0123456789abcdef';
+  const payloadDetached = /the payload is a detached ArrayBuffer or a view over one .*give a fingerprint option/;
+  const fingerprintDetached = /fingerprint is a detached ArrayBuffer or a view over one/;
+  const cases = [
+    [buffer, { requestId }, payloadDetached],
+    [view, { requestId }, payloadDetached],
+    [dataView, { requestId }, payloadDetached],
+    [{}, { requestId, fingerprint: buffer }, fingerprintDetached],
+    [{}, { fingerprint: view }, fingerprintDetached],
+    [{}, { requestId, fingerprint: revoked.proxy }, /fingerprint must be a string or bytes .*not an object/],
+    [{}, { fingerprint: new Proxy(new Uint8Array(4), {}) }, /fingerprint must be a string or bytes/],
+  ];
+  const calls = [
+    ['ask', (msg, o) => node.ask('p', msg, o)],
+    ['askHandle', (msg, o) => node.askHandle('p', msg, o).result],
+    ['tell', (msg, o) => node.tell('p', msg, o)],
+  ];
+  for (const [name, call] of calls) {
+    for (const [msg, options, message] of cases) {
+      await assert.rejects(
+        call(msg, options),
+        (e) => {
+          assert.ok(e instanceof InvalidArgumentError, `${name}: ${e?.name}: ${e?.message}`);
+          assert.equal(e.code, 'INVALID_ARGUMENT');
+          assert.match(e.message, message);
+          return true;
+        },
+        `${name} ${Object.keys(options)}`,
+      );
+    }
+  }
+  await new Promise((r) => setImmediate(r));
+  assert.equal(runs, 0, 'nothing was sent');
+  assert.equal(node.stats().objects, 0, 'no refused message stays in the object table');
+  assert.equal(node.stats().outstanding, 0);
+  // Without a request id (nothing to fingerprint), or with a fingerprint of
+  // its own, a detached buffer is a payload like any other: passed by reference.
+  assert.equal(await node.ask('p', buffer), buffer);
+  assert.equal(await node.ask('p', view, { requestId, fingerprint: 'view' }), view);
   await node.close();
 });

@@ -10,6 +10,14 @@ const { execFileSync } = require('node:child_process');
 const root = path.join(__dirname, '..');
 const npm = process.platform === 'win32' ? 'npm.cmd' : 'npm';
 
+test("askpool/package.json can be required (tools read a package's version from it)", () => {
+  // The package requiring itself by name goes through its exports, as an
+  // installed one does.
+  const pkg = require('askpool/package.json');
+  assert.equal(pkg, require('../package.json'));
+  assert.equal(pkg.name, 'askpool');
+});
+
 test('npm pack, install into a fresh directory, require and import', () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-pack-'));
   try {
@@ -32,6 +40,7 @@ test('npm pack, install into a fresh directory, require and import', () => {
       { cwd: app, encoding: 'utf8' },
     );
     const cjs = `const { Node } = require('askpool');
+      if (require('askpool/package.json').name !== 'askpool') throw new Error('askpool/package.json');
       const node = new Node();
       node.pool('p').handle((m) => m + 1);
       node.ask('p', 1).then((r) => { console.log('cjs', r); return node.close(); });`;

@@ -1,8 +1,11 @@
 //! The caller's side: asks, tells, cancellation, stage streams, the DLQ.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::str::FromStr;
+use std::task::{Context, Poll, Waker};
 
-use askpool::{PayloadFingerprint, RequestId, RetryPolicy, WorkerId};
+use askpool::{AskError, CancelReason, PayloadFingerprint, RequestId, RetryPolicy, WorkerId};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
@@ -110,16 +113,35 @@ impl Core {
         }
     }
 
-    /// Cancels a running ask (a protocol cancel goes to the pool); it ends
-    /// with `ASK_CANCELLED` at the next drain, or with its reply if that had
-    /// arrived. Nothing if it already ended.
+    /// Cancels a running ask or tell (a protocol cancel goes to the pool);
+    /// it ends with `ASK_CANCELLED` at the next drain, or with its outcome
+    /// if that had arrived (a reply, a tell's acceptance). Nothing if it
+    /// already ended.
     #[napi(catch_unwind)]
     pub fn cancel(&mut self, task: u32) {
         let _enter = self.rt.enter();
-        if let Some(Task::Ask(h)) = self.task_mut(task) {
-            h.cancel();
-            self.wake_task(task);
+        let Some(slot) = self.task_mut(task) else {
+            return;
+        };
+        match slot {
+            Task::Ask(h) => h.cancel(),
+            Task::Tell(h) => {
+                // A TellHandle has no cancel(): dropping it cancels a tell
+                // the pool has not taken. Polled first, so that a tell the
+                // pool took (its Ack arrived, not drained yet) still
+                // resolves, as an ask whose reply arrived does.
+                let polled = Pin::new(h).poll(&mut Context::from_waker(Waker::noop()));
+                let outcome = match polled {
+                    Poll::Ready(result) => result.map(drop),
+                    Poll::Pending => Err(AskError::AskCancelled {
+                        reason: CancelReason::Caller,
+                    }),
+                };
+                *slot = Task::TellEnded(outcome);
+            }
+            _ => return,
         }
+        self.wake_task(task);
     }
 
     /// Opens the stage stream of a running ask; returns its stream id.
@@ -166,6 +188,9 @@ impl Core {
     /// promise (the core's replay hook).
     #[napi(catch_unwind)]
     pub fn replay_dead_letter(&mut self, request_id: String) -> Result<u32> {
+        // The core would look for the letter and answer FAILED_PRECONDITION
+        // (or send the replay nowhere); a closed node asks nothing.
+        self.refuse_when_closed()?;
         let id: RequestId = parse_id("requestId", &request_id)?;
         let handle = {
             let _enter = self.rt.enter();

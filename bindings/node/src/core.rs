@@ -67,6 +67,8 @@ type PullFuture = Pin<Box<dyn Future<Output = (Worker<Tok, Tok>, Option<Request<
 pub(crate) enum Task {
     Ask(AskHandle<Tok, Tok>),
     Tell(TellHandle<Tok, Tok>),
+    /// A tell its caller cancelled: its outcome, reported at the next drain.
+    TellEnded(std::result::Result<(), AskError>),
     Durable(DurableHandle<Tok>),
     /// A worker waiting for its next request.
     Pull {
@@ -709,7 +711,7 @@ impl Core {
         let error = panic_error(panic.as_ref());
         let task = slot.task;
         match &task {
-            Task::Ask(_) | Task::Tell(_) | Task::Durable(_) => {
+            Task::Ask(_) | Task::Tell(_) | Task::TellEnded(_) | Task::Durable(_) => {
                 self.push_error(out, id, error);
             }
             Task::Stage { stream } => {
@@ -756,6 +758,14 @@ impl Core {
                 self.tasks.remove(id);
                 match result {
                     Ok(_) => out.push(event::TELL_OK, id, 0, 0),
+                    Err(error) => self.push_error(out, id, error),
+                }
+            }
+            Task::TellEnded(outcome) => {
+                let outcome = std::mem::replace(outcome, Ok(()));
+                self.tasks.remove(id);
+                match outcome {
+                    Ok(()) => out.push(event::TELL_OK, id, 0, 0),
                     Err(error) => self.push_error(out, id, error),
                 }
             }

@@ -47,7 +47,11 @@ fn promise_error(e: askpool_promises::PromiseError) -> napi::Error {
 }
 
 impl Core {
+    /// The store: `UNAVAILABLE` once the node is closed, for promises as for
+    /// durable asks (a closed node's `promises` must not go on writing a
+    /// file another node may have opened since).
     fn promises(&self) -> Result<&DurablePromises> {
+        self.refuse_when_closed()?;
         self.promises.as_ref().ok_or_else(|| {
             errors::throw(AskError::FailedPrecondition {
                 message: "no promise store: call openPromises(path) first".into(),
@@ -58,9 +62,11 @@ impl Core {
 
 #[napi]
 impl Core {
-    /// Opens (or creates) the SQLite promise store at `path`.
+    /// Opens (or creates) the SQLite promise store at `path`;
+    /// `UNAVAILABLE` (and no file made) once the node is closed.
     #[napi(catch_unwind)]
     pub fn open_promises(&mut self, path: String, timeout_ms: Option<f64>) -> Result<()> {
+        self.refuse_when_closed()?;
         let timeout = crate::core::opt_millis("timeoutMs", timeout_ms)?;
         if let (Some(t), Some(ms)) = (timeout, timeout_ms) {
             if t < DurablePromises::MIN_TIMEOUT {

@@ -13,6 +13,7 @@ import {
   type ErrorCode,
   type DurableAsk,
   type DurablePromise,
+  type TellOptions,
 } from '../../index.js';
 
 interface Order {
@@ -83,8 +84,13 @@ export async function usage(): Promise<void> {
   const caused: string = await node.tell('orders', new Uint8Array([1]), {
     causationId: requestId,
     correlationId: requestId,
+    signal: controller.signal,
   });
   void caused;
+  const shared: TellOptions = { fingerprint: new SharedArrayBuffer(4), signal: AbortSignal.timeout(1_000) };
+  await node.tell(pool, new SharedArrayBuffer(8), shared);
+  // @ts-expect-error a tell has no preferred worker
+  await node.tell('orders', 1, { preferredWorker: 'w0' });
   const unbounded = new Node({ maxPayloadBytes: null });
   const bounded = new Node({ maxPayloadBytes: 1 << 20 });
   await Promise.all([unbounded.close(), bounded.close()]);
