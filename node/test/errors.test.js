@@ -302,7 +302,10 @@ test('timeoutMs and defaultTimeoutMs: one message, in the JS option names, sayin
   }
   // What the message says is accepted is: a fraction of a millisecond too,
   // and one under a nanosecond (a nanosecond, not the core's refusal).
-  assert.equal(await node.ask('p', 'ok', { timeoutMs: 0.5 }), 'ok');
+  // Accepted, not refused: half a millisecond may pass before the pool
+  // answers on a loaded machine, so a timeout is as good an outcome here.
+  const half = await node.ask('p', 'ok', { timeoutMs: 0.5 }).catch((e) => e);
+  assert.ok(half === 'ok' || half.code === 'ASK_TIMEOUT', String(half));
   const tiny = await node.ask('p', 'ok', { timeoutMs: 1e-7 }).catch((e) => e);
   assert.ok(tiny === 'ok' || tiny.code === 'ASK_TIMEOUT', String(tiny));
   new Node({ defaultTimeoutMs: 1e-7 }).close();

@@ -16,12 +16,37 @@ import pytest
 def _run(script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory() as where:
         return subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(script)],
+            [sys.executable, "-c", textwrap.dedent(script).replace("# HOST\n", _HOST)],
             capture_output=True,
             text=True,
             timeout=timeout,
             cwd=where,  # not python/: `-c` would import the sources, not the wheel
         )
+
+
+#: A Node whose pool "p" is served by a daemon thread's event loop; its
+#: handler sleeps SLEEP seconds, then answers with the message. `_run` puts
+#: it in a script in place of a `# HOST` line.
+_HOST = """
+node = askpool.Node()
+ready = threading.Event()
+
+def host():
+    async def main():
+        pool = node.pool("p")
+
+        @pool.handler
+        async def handle(msg, ctx):
+            await asyncio.sleep(SLEEP)
+            return msg
+
+        ready.set()
+        await asyncio.sleep(100)
+
+    asyncio.run(main())
+
+threading.Thread(target=host, daemon=True).start()
+"""
 
 
 def test_exit_with_a_daemon_thread_in_ask_sync_is_clean() -> None:
@@ -31,23 +56,8 @@ def test_exit_with_a_daemon_thread_in_ask_sync_is_clean() -> None:
     done = _run(
         """
         import asyncio, threading, time, askpool
-        node = askpool.Node()
-        ready = threading.Event()
-
-        def host():
-            async def main():
-                pool = node.pool("p")
-
-                @pool.handler
-                async def handle(msg, ctx):
-                    await asyncio.sleep(100)
-
-                ready.set()
-                await asyncio.sleep(100)
-
-            asyncio.run(main())
-
-        threading.Thread(target=host, daemon=True).start()
+        SLEEP = 100
+        # HOST
         ready.wait()
         threading.Thread(target=lambda: node.ask_sync("p", 1, timeout=60), daemon=True).start()
         time.sleep(0.3)
@@ -156,24 +166,8 @@ def test_ask_sync_from_an_exit_hook_still_answers() -> None:
         atexit.register(goodbye)
         import askpool
 
-        node = askpool.Node()
-        ready = threading.Event()
-
-        def host():
-            async def main():
-                pool = node.pool("p")
-
-                @pool.handler
-                async def handle(msg, ctx):
-                    await asyncio.sleep(0)
-                    return msg
-
-                ready.set()
-                await asyncio.sleep(100)
-
-            asyncio.run(main())
-
-        threading.Thread(target=host, daemon=True).start()
+        SLEEP = 0
+        # HOST
         ready.wait()
         print("during ->", node.ask_sync("p", "hi", timeout=5), flush=True)
         """,
