@@ -24,7 +24,7 @@ data class StageEvent(
 /** Stage events an ask keeps for a collector that is not reading, as the core does. */
 internal const val MAX_UNREAD_STAGE_EVENTS = 64
 
-/** An ask in flight, from [Node.send]. */
+/** An ask in flight, from [Node.send] or [Node.replayDeadLetterHandle]. */
 class AskHandle internal constructor(private val node: Node) : Completion {
     internal var token = 0L
 
@@ -32,7 +32,10 @@ class AskHandle internal constructor(private val node: Node) : Completion {
     lateinit var requestId: String
         internal set
 
-    /** Its correlation id: the one given ([AskOptions.correlationId]), else the request id. */
+    /**
+     * Its correlation id: the one given ([AskOptions.correlationId]), else
+     * the request id; a replay's is its dead letter's.
+     */
     lateinit var correlationId: String
         internal set
 
@@ -120,6 +123,14 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         cancel()
         throw e
     }
+
+    /**
+     * Waits until the ask has ended, however it ended. Unlike [await],
+     * cancelling the waiting coroutine leaves the ask running: a
+     * `withTimeoutOrNull { join() }` waits a while and gives nothing up
+     * (a replayed dead letter included).
+     */
+    suspend fun join() = result.join()
 
     /**
      * Cancels the ask: [await] throws [AskException.AskCancelled] unless it

@@ -280,16 +280,37 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     /** The dead-letter queue, oldest first. */
     fun deadLetters(): List<DeadLetter> = call { native.deadLetters() }.map { DeadLetter.of(it) }
 
-    /** Takes a dead letter out and asks it again with its request id. */
+    /**
+     * Takes a dead letter out and asks it again with its ids; suspends until
+     * the reply. Cancelling the calling coroutine (a `withTimeout` around
+     * it included) gives the letter up, as [AskHandle.cancel] does: to wait
+     * a while and keep it, see [replayDeadLetterHandle].
+     */
     suspend fun replayDeadLetter(requestId: String): Any? {
         currentCoroutineContext().ensureActive()
+        return replayDeadLetterHandle(requestId).await()
+    }
+
+    /**
+     * Takes a dead letter out, asks it again with its ids (its pool may
+     * answer from its reply cache without running the handler) and returns
+     * at once with the replay's [AskHandle]: its [AskHandle.requestId] and
+     * [AskHandle.correlationId] are the letter's, [AskHandle.stages] its
+     * ACK lifecycle, [AskHandle.await] its reply. A replay that fails,
+     * however it fails, puts the letter back with its new error; one
+     * cancelled ([AskHandle.cancel], or the coroutine awaiting it) gives the
+     * letter up. Throws [AskException.FailedPrecondition] if there is no
+     * dead letter with that id.
+     */
+    fun replayDeadLetterHandle(requestId: String): AskHandle {
         checkOpen()
+        checkUnicode(requestId)
         val handle = AskHandle(this)
         val token = completions.register(handle)
         handle.token = token
         val start = startOrForget(token) { native.replayDeadLetter(requestId, token) }
         handle.started(start.requestId, start.correlationId, start.stagesKept)
-        return handle.await()
+        return handle
     }
 
     /**
