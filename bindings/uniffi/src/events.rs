@@ -3,7 +3,8 @@
 //! the `kotlin` bench's floors), so the two events every ask produces (a
 //! request for a host handler, a host-object reply) go through this queue
 //! instead: one JVM thread blocks in [`askpool_hot_wait`] and takes them in
-//! batches of plain integers. Everything rarer still uses the foreign traits.
+//! batches of plain integers, and so do tells accepted. Everything rarer
+//! still uses the foreign traits.
 
 use std::cell::RefCell;
 use std::panic::catch_unwind;
@@ -16,6 +17,8 @@ use crate::payload::HostRef;
 
 pub const REPLY: i64 = 1;
 pub const HANDLE: i64 = 2;
+/// The handle word of a reply of nothing (Kotlin's `null`): a tell accepted.
+pub const NO_OBJECT: i64 = 0;
 /// Or'ed into an event's kind when a hot call holds its object until
 /// `askpool_hot_release`; a hot call with no such event needs no release.
 pub const HELD_FLAG: i64 = 0x100;

@@ -22,7 +22,8 @@ pub struct Stage {
 #[uniffi::export(with_foreign)]
 pub trait AskListener: Send + Sync {
     fn on_reply_bytes(&self, token: i64, data: Vec<u8>);
-    /// A tell was accepted by its pool.
+    /// A tell was accepted by its pool. The runtime reports that as an
+    /// event (`events::TOLD`); only the bench's callback floor calls this.
     fn on_told(&self, token: i64);
     fn on_failure(&self, token: i64, failure: Failure);
     fn on_stage(&self, token: i64, stage: Stage);

@@ -16,17 +16,19 @@ mod node;
 mod payload;
 mod promises;
 mod runtime;
+mod stages;
 
 pub use error::{CancelCause, Failure, Fault, NativeError};
 pub use handler::RequestInfo;
 pub use host::{AskListener, HostHandler, Stage};
 pub use node::{
-    default_max_payload_bytes, node_ask, AskArgs, DeadLetterInfo, NativeNode, NativeStats,
-    NodeOptions, PoolOptions,
+    default_max_payload_bytes, node_ask, AskArgs, AskStart, DeadLetterInfo, NativeNode,
+    NativeStats, NodeOptions, PoolOptions,
 };
 pub use payload::{live_host_refs, take_released, Payload};
 pub use promises::{promise_waits_in_flight, NativePromises, PromiseFault, PromiseRecord};
 pub use runtime::runtime_worker_threads;
+pub use stages::{kept_stage_records, open_stages};
 
 uniffi::setup_scaffolding!();
 

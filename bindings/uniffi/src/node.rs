@@ -12,14 +12,14 @@ use askpool::{
     AskError, AskHandle, DedupConfig, Node, NodeConfig, PoolConfig, PoolName, RequestId,
     RetryPolicy, WorkerId, WorkerPool,
 };
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::FxHashMap;
 use tokio::sync::oneshot;
 
 use crate::error::{Failure, NativeError};
 use crate::events;
-use crate::host::{AskListener, HostHandler, Stage};
+use crate::host::{AskListener, HostHandler};
 use crate::payload::{released_len, Msg, Payload};
 use crate::runtime::runtime;
 use askpool::shard::ShardedMap;
@@ -60,10 +60,31 @@ pub struct AskArgs {
     /// given request id is fingerprinted by its own bytes.
     pub fingerprint: Option<Vec<u8>>,
     pub max_attempts: Option<u32>,
-    /// Stream the ask's stages to `AskListener::on_stage`.
+    /// Keep the ask's stage record for [`crate::open_stages`] (an ask only).
     pub stages: bool,
     /// A tell: done when the pool accepts it.
     pub one_way: bool,
+}
+
+/// What the host learns when an ask, a tell or a replay starts.
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct AskStart {
+    pub request_id: String,
+    pub correlation_id: String,
+    /// Whether its stage record is kept under its token
+    /// ([`crate::open_stages`]); never for a tell, nor on a node that does
+    /// not track stages.
+    pub stages_kept: bool,
+}
+
+impl AskStart {
+    fn of(ids: askpool::AskIds, stages_kept: bool) -> Self {
+        Self {
+            request_id: ids.request_id.to_string(),
+            correlation_id: ids.correlation_id.to_string(),
+            stages_kept,
+        }
+    }
 }
 
 #[derive(Clone, Debug, uniffi::Record)]
@@ -116,6 +137,9 @@ pub struct NativeNode {
     node: Node<Msg, Msg>,
     listener: Arc<dyn AskListener>,
     id: i64,
+    /// The node's `track_stages`: without it a stage record is empty, so
+    /// none is kept.
+    track_stages: bool,
     /// Cancel switches of running asks, by the caller's token.
     asks: AskSwitches,
     /// Pool names interned for the primitive-only ask path: ids by name
@@ -155,6 +179,15 @@ impl AskSwitches {
 enum Started {
     Ask(AskHandle<Msg, Msg>),
     Tell(askpool::TellHandle<Msg, Msg>),
+}
+
+impl Started {
+    fn ids(&self) -> &askpool::AskIds {
+        match self {
+            Started::Ask(h) => h.ids(),
+            Started::Tell(h) => h.ids(),
+        }
+    }
 }
 
 fn millis(ms: u64) -> Duration {
@@ -202,6 +235,7 @@ impl NativeNode {
             node: Node::with_config(config),
             listener,
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+            track_stages: options.track_stages,
             asks: AskSwitches::default(),
             pool_ids: Mutex::default(),
             pool_names: ArcSwap::default(),
@@ -274,14 +308,14 @@ impl NativeNode {
         id
     }
 
-    /// An ask (or a tell) with every option; returns its request id.
+    /// An ask (or a tell) with every option.
     pub fn ask_with(
         self: Arc<Self>,
         pool: String,
         payload: Payload,
         args: AskArgs,
         token: i64,
-    ) -> Result<String, NativeError> {
+    ) -> Result<AskStart, NativeError> {
         // Only a given request id can be reused: a generated one needs no digest.
         let fingerprint = match (&args.fingerprint, &payload) {
             (Some(bytes), _) => Some(askpool_dedup::fingerprint(bytes)),
@@ -329,12 +363,9 @@ impl NativeNode {
         } else {
             Started::Ask(self.node.ask(pool.as_str(), msg).options(options).send())
         };
-        let id = match &started {
-            Started::Ask(h) => h.request_id(),
-            Started::Tell(h) => h.request_id(),
-        };
-        self.drive(started, token, args.stages);
-        Ok(id.to_string())
+        let ids = *started.ids();
+        let stages_kept = self.start(started, token, args.stages);
+        Ok(AskStart::of(ids, stages_kept))
     }
 
     /// Cancels the ask started under `token`; its outcome (`AskCancelled`,
@@ -361,18 +392,19 @@ impl NativeNode {
             .collect()
     }
 
-    /// Asks a dead letter again (same request id); the outcome goes to the
-    /// listener under `token`.
+    /// Asks a dead letter again (same ids); the outcome goes to the
+    /// listener under `token`, and its stage record is kept.
     pub fn replay_dead_letter(
         self: Arc<Self>,
         request_id: String,
         token: i64,
-    ) -> Result<(), NativeError> {
+    ) -> Result<AskStart, NativeError> {
         let id: RequestId = parse_id("request id", &request_id)?;
         let _rt = runtime().enter();
         let handle = self.node.replay_dead_letter(id)?;
-        self.drive(Started::Ask(handle), token, false);
-        Ok(())
+        let ids = *handle.ids();
+        let stages_kept = self.start(Started::Ask(handle), token, true);
+        Ok(AskStart::of(ids, stages_kept))
     }
 
     pub fn purge_dead_letters(&self) -> u64 {
@@ -463,26 +495,43 @@ pub fn default_max_payload_bytes() -> u64 {
 #[uniffi::export]
 pub fn node_ask(node: i64, pool: i64, handle: i64, timeout_ms: u64, token: i64) -> u64 {
     let _rt = runtime().enter();
-    ask_in_runtime(node, pool, handle, timeout_ms, token)
+    ask_in_runtime(node, pool, handle, timeout_ms, token, 0).map_or(u64::MAX, |s| s.released)
+}
+
+/// `flags` of [`ask_in_runtime`]: a tell (done when its pool accepts it).
+pub(crate) const ONE_WAY: i64 = 1;
+/// `flags` of [`ask_in_runtime`]: keep the ask's stage record.
+pub(crate) const KEEP_STAGES: i64 = 2;
+
+/// What [`ask_in_runtime`] started.
+pub(crate) struct HotStart {
+    /// Released handles waiting in `take_released`.
+    pub released: u64,
+    pub request_id: RequestId,
+    pub stages_kept: bool,
 }
 
 /// [`node_ask`] on a thread already in the runtime's context (a hot call
-/// enters it once for everything it runs).
+/// enters it once for everything it runs), an ask or a tell (`flags`).
+/// `None` if the node is shut down.
 pub(crate) fn ask_in_runtime(
     node: i64,
     pool: i64,
     handle: i64,
     timeout_ms: u64,
     token: i64,
-) -> u64 {
+    flags: i64,
+) -> Option<HotStart> {
     let msg = Msg::host(handle);
     let nodes = NODES.load();
-    let Some(node) = nodes.get(&node) else {
-        return u64::MAX;
-    };
-    node.ask(pool, msg, timeout_ms, token);
+    let node = nodes.get(&node)?;
+    let (request_id, stages_kept) = node.ask(pool, msg, timeout_ms, token, flags);
     drop(nodes);
-    released_len() as u64
+    Some(HotStart {
+        released: released_len() as u64,
+        request_id,
+        stages_kept,
+    })
 }
 
 /// Most pool names a node gives ids to (see [`NativeNode::pool_id`]).
@@ -497,7 +546,16 @@ impl NativeNode {
         Arc::clone(&self.listener)
     }
 
-    fn ask(self: &Arc<Self>, pool: i64, msg: Msg, timeout_ms: u64, token: i64) {
+    /// An ask or a tell (`flags`) by pool id; its request id, and whether
+    /// its stage record was kept.
+    fn ask(
+        self: &Arc<Self>,
+        pool: i64,
+        msg: Msg,
+        timeout_ms: u64,
+        token: i64,
+        flags: i64,
+    ) -> (RequestId, bool) {
         let name = usize::try_from(pool)
             .ok()
             .and_then(|i| self.pool_names.load().get(i).cloned());
@@ -508,31 +566,45 @@ impl NativeNode {
             // Callbacks come from runtime threads only (they stay attached).
             let listener = Arc::clone(&self.listener);
             runtime().spawn(async move { listener.on_failure(token, Failure::from(&error)) });
-            return;
+            return (RequestId::from_u128(0), false);
         };
-        let mut ask = self.node.ask(name, msg);
-        if timeout_ms > 0 {
-            ask = ask.timeout(millis(timeout_ms));
-        }
-        self.drive(Started::Ask(ask.send()), token, false);
+        let timeout = (timeout_ms > 0).then(|| millis(timeout_ms));
+        let started = if flags & ONE_WAY != 0 {
+            let mut tell = self.node.tell(name, msg);
+            if let Some(timeout) = timeout {
+                tell = tell.timeout(timeout);
+            }
+            Started::Tell(tell.send())
+        } else {
+            let mut ask = self.node.ask(name, msg);
+            if let Some(timeout) = timeout {
+                ask = ask.timeout(timeout);
+            }
+            Started::Ask(ask.send())
+        };
+        let request_id = started.ids().request_id;
+        let stages_kept = self.start(started, token, flags & KEEP_STAGES != 0);
+        (request_id, stages_kept)
+    }
+
+    /// Keeps the stage record of an ask if asked to (see `crate::stages`),
+    /// then drives it; returns whether the record was kept.
+    fn start(self: &Arc<Self>, started: Started, token: i64, keep_stages: bool) -> bool {
+        let stages_kept = match &started {
+            Started::Ask(h) if keep_stages && self.track_stages => {
+                crate::stages::keep(token, h.stage_source(), Arc::clone(&self.listener));
+                true
+            }
+            _ => false,
+        };
+        self.drive(started, token, stages_kept);
+        stages_kept
     }
 
     /// Runs an ask to its end on the runtime and reports the outcome.
-    fn drive(self: &Arc<Self>, started: Started, token: i64, stages: bool) {
+    fn drive(self: &Arc<Self>, started: Started, token: i64, stages_kept: bool) {
         let (cancel_tx, cancel_rx) = oneshot::channel();
         self.asks.insert(token, cancel_tx);
-        if stages {
-            if let Started::Ask(h) = &started {
-                let mut stream = h.stages();
-                let listener = Arc::clone(&self.listener);
-                runtime().spawn(async move {
-                    while let Some(event) = stream.next().await {
-                        listener.on_stage(token, stage_of(&event));
-                    }
-                    listener.on_stages_end(token);
-                });
-            }
-        }
         // One count on the node, not one each on its map and listener: every
         // asking thread writes these counts.
         let node = Arc::clone(self);
@@ -545,8 +617,14 @@ impl NativeNode {
             match outcome {
                 Ok(Some(Msg::Host(r))) => events::push(events::REPLY, token, 0, r),
                 Ok(Some(Msg::Bytes(b))) => node.listener.on_reply_bytes(token, b.to_vec()),
-                Ok(None) => node.listener.on_told(token),
+                // A reply of nothing, not `on_told`: a uniffi callback cost
+                // a tell more than the rest of it.
+                Ok(None) => events::push_unheld(events::REPLY, token, 0, events::NO_OBJECT),
                 Err(e) => node.listener.on_failure(token, Failure::from(&e)),
+            }
+            // After the outcome, which nothing here may keep from its caller.
+            if stages_kept {
+                crate::stages::ended(token);
             }
         });
     }
@@ -575,16 +653,6 @@ async fn finish(started: Started, cancel: oneshot::Receiver<()>) -> Result<Optio
                 Err(_) => h.await.map(|_| None),
             },
         },
-    }
-}
-
-fn stage_of(e: &askpool::StageEvent) -> Stage {
-    Stage {
-        stage: e.stage.as_str().to_owned(),
-        since_previous_micros: e.since_previous.as_micros() as u64,
-        since_sent_micros: e.since_sent.as_micros() as u64,
-        progress: e.progress.as_ref().map(|p| p.fraction),
-        note: e.progress.as_ref().map(|p| p.note.clone()),
     }
 }
 

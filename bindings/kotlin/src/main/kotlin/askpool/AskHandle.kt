@@ -7,6 +7,7 @@ import kotlinx.coroutines.channels.Channel
 import kotlinx.coroutines.flow.Flow
 import kotlinx.coroutines.flow.flow
 import java.util.concurrent.atomic.AtomicBoolean
+import java.util.concurrent.atomic.AtomicLong
 import kotlin.time.Duration
 import kotlin.time.Duration.Companion.microseconds
 
@@ -23,7 +24,7 @@ data class StageEvent(
 /** Stage events an ask keeps for a collector that is not reading, as the core does. */
 internal const val MAX_UNREAD_STAGE_EVENTS = 64
 
-/** An ask in flight, from [Node.send]. */
+/** An ask in flight, from [Node.send] or [Node.replayDeadLetterHandle]. */
 class AskHandle internal constructor(private val node: Node) : Completion {
     internal var token = 0L
 
@@ -31,9 +32,32 @@ class AskHandle internal constructor(private val node: Node) : Completion {
     lateinit var requestId: String
         internal set
 
-    /** Its correlation id: the one given ([AskOptions.correlationId]), else the request id. */
+    /**
+     * Its correlation id: the one given ([AskOptions.correlationId]), else
+     * the request id; a replay's is its dead letter's.
+     */
     lateinit var correlationId: String
         internal set
+
+    /**
+     * The token the native side keeps this ask's stage record under until
+     * [stages] is collected (opening a stream for every ask cost a callback
+     * per stage, read or not); 0 once opened or let go, or if none was kept.
+     */
+    private val stageRecord = AtomicLong()
+
+    /** Lets the record go if this handle is collected before its stages are. */
+    @Volatile private var recordRelease: java.lang.ref.Cleaner.Cleanable? = null
+
+    /** Takes what starting the ask reported. */
+    internal fun started(requestId: String, correlationId: String, stagesKept: Boolean) {
+        this.requestId = requestId
+        this.correlationId = correlationId
+        if (stagesKept) {
+            stageRecord.set(token)
+            recordRelease = Node.CLEANER.register(this, ReleaseStageRecord(stageRecord))
+        }
+    }
 
     private val result = CompletableDeferred<Any?>()
     // Bounded as the core bounds a stream nobody reads: the events are
@@ -57,6 +81,7 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         if (!stagesTaken.compareAndSet(false, true)) {
             throw AskException.InvalidArgument("the stages of an ask can be collected once")
         }
+        openStages()
         while (true) {
             val (batch, ended) = synchronized(unread) {
                 val batch = unread.toList()
@@ -69,6 +94,28 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         }
     }
 
+    /** Streams the kept record's stages here; ends the stages at once if there is none. */
+    private fun openStages() {
+        val record = stageRecord.getAndSet(0L)
+        // Nothing left for the cleaner to let go: unregistered.
+        recordRelease?.clean()
+        if (record == 0L) {
+            stagesEnd()
+            return
+        }
+        Completions.openStream(record, this)
+        val opened = try {
+            AskException.native { askpool.ffi.openStages(record) }
+        } catch (e: Throwable) {
+            Completions.closeStream(record)
+            throw e
+        }
+        if (!opened) {
+            Completions.closeStream(record)
+            stagesEnd()
+        }
+    }
+
     /** The reply. Cancelling the awaiting coroutine cancels the ask. */
     suspend fun await(): Any? = try {
         result.await()
@@ -76,6 +123,14 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         cancel()
         throw e
     }
+
+    /**
+     * Waits until the ask has ended, however it ended. Unlike [await],
+     * cancelling the waiting coroutine leaves the ask running: a
+     * `withTimeoutOrNull { join() }` waits a while and gives nothing up
+     * (a replayed dead letter included).
+     */
+    suspend fun join() = result.join()
 
     /**
      * Cancels the ask: [await] throws [AskException.AskCancelled] unless it
@@ -116,5 +171,15 @@ class AskHandle internal constructor(private val node: Node) : Completion {
     override fun stagesEnd() {
         synchronized(unread) { stagesEnded = true }
         stageSignal.trySend(Unit)
+    }
+}
+
+/** Holds the record's cell, never the [AskHandle]: a cleaning action must not reach its object. */
+private class ReleaseStageRecord(private val record: AtomicLong) : Runnable {
+    override fun run() {
+        val token = record.getAndSet(0L)
+        if (token != 0L && Hot.askpool_hot_stages_free(token) == Hot.PANICKED.toInt()) {
+            System.err.println("askpool: panic in askpool_hot_stages_free (caught); see above")
+        }
     }
 }

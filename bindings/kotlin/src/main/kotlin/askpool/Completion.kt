@@ -22,11 +22,7 @@ internal interface Completion {
  */
 internal class Completions : AskListener {
 
-    fun register(completion: Completion, stages: Boolean = false): Long {
-        val token = waiting.put(completion)
-        if (stages) streams[token] = completion
-        return token
-    }
+    fun register(completion: Completion): Long = waiting.put(completion)
 
     /** An ask whose outcome resumes [cont] directly (no [Completion] object). */
     fun register(cont: CancellableContinuation<Any?>): Long = waiting.put(cont)
@@ -70,6 +66,16 @@ internal class Completions : AskListener {
         // A waiter is a Completion or, for a plain ask, the caller's continuation.
         private val waiting = Slots<Any>()
         private val streams = ConcurrentHashMap<Long, Completion>()
+
+        /** Stage events under [token] go to [completion], until their end. */
+        fun openStream(token: Long, completion: Completion) {
+            streams[token] = completion
+        }
+
+        /** A stream [openStream] opened that will get no events after all. */
+        fun closeStream(token: Long) {
+            streams.remove(token)
+        }
 
         /** A host-object reply (its object, or why it could not be looked up). */
         fun reply(token: Long, value: Any?, missing: AskException?) {

@@ -28,13 +28,14 @@ internal object Hot {
     }
 
     @JvmStatic external fun askpool_hot_ask(
-        node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long, buf: Pointer, cap: Int,
+        node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long, flags: Long, buf: Pointer, cap: Int,
     ): Long
     @JvmStatic external fun askpool_hot_reply(request: Long, handle: Long, buf: Pointer, cap: Int): Int
     @JvmStatic external fun askpool_hot_release(): Int
     @JvmStatic external fun askpool_hot_probe(x: Long): Long
     @JvmStatic external fun askpool_hot_wait(buf: Pointer, cap: Int, timeoutMs: Int): Int
     @JvmStatic external fun askpool_hot_take_released(buf: Pointer, cap: Int): Int
+    @JvmStatic external fun askpool_hot_stages_free(token: Long): Int
 
     /** [ask]'s result when the node is closed (nothing will be reported). */
     const val CLOSED = -1L
@@ -44,6 +45,15 @@ internal object Hot {
 
     private const val KIND_REPLY = 1L
     private const val KIND_HANDLE = 2L
+
+    /** [ask]'s flags: a tell (done when the pool accepts it). */
+    const val ONE_WAY = 1L
+
+    /** [ask]'s flags: keep the ask's stage record for `openStages`. */
+    const val KEEP_STAGES = 2L
+
+    /** Words a hot call writes before its events (see [Started]). */
+    private const val HEADER = 4
 
     /** In a hot call's event kind: Rust holds the object until [askpool_hot_release]. */
     private const val HELD = 0x100L
@@ -61,7 +71,7 @@ internal object Hot {
 
         /** Made on first use: runtime threads that only call back never need one. */
         val buf: Memory
-            get() = memory ?: Memory((1 + HOT_CAP * 4L) * 8).also {
+            get() = memory ?: Memory((HEADER + HOT_CAP * 4L) * 8).also {
                 memory = it
                 longs = it.getByteBuffer(0, it.size()).order(ByteOrder.nativeOrder()).asLongBuffer()
             }
@@ -94,26 +104,57 @@ internal object Hot {
     /** Whether this thread is inside a hot call (callbacks then come from a JVM thread). */
     fun inCall(): Boolean = inboxes.get().inCall
 
+    /** What a hot start reports besides its events. */
+    class Started {
+        /** 32 hex digits. */
+        var requestId = ""
+        var stagesKept = false
+    }
+
     /**
-     * Starts an ask; returns how many released handles wait to be drained,
-     * [CLOSED] if the node is closed, or [PANICKED] (the ask may have
-     * started: the caller fails its waiter, then cancels it). [here] is the
-     * caller's dispatcher: a request for a pool on that same dispatcher
-     * starts on this thread.
+     * Starts an ask, or a tell ([flags]); returns how many released handles
+     * wait to be drained, [CLOSED] if the node is closed, or [PANICKED] (the
+     * ask may have started: the caller fails its waiter, then cancels it).
+     * [started], if given, gets the ask's id before any event is taken on.
+     * [here] is the caller's dispatcher: a request for a pool on that same
+     * dispatcher starts on this thread.
      */
-    fun ask(node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long, here: ContinuationInterceptor?): Long {
+    fun ask(
+        node: Long, pool: Long, handle: Long, timeoutMs: Long, token: Long, flags: Long,
+        started: Started?, here: ContinuationInterceptor?,
+    ): Long {
         val inbox = inboxes.get()
         val buf = inbox.buf
         inbox.inCall = true
         val n = try {
-            askpool_hot_ask(node, pool, handle, timeoutMs, token, buf, HOT_CAP)
+            askpool_hot_ask(node, pool, handle, timeoutMs, token, flags, buf, HOT_CAP)
         } finally {
             inbox.inCall = false
         }
         if (n < 0) return n
-        val released = inbox.longs.get(0)
+        val longs = inbox.longs
+        val released = longs.get(0)
+        // Read now: a handler the events below start may make hot calls
+        // of its own on this thread, which reuse the buffer.
+        if (started != null) {
+            started.requestId = hex(longs.get(1), longs.get(2))
+            started.stagesKept = longs.get(3) != 0L
+        }
         take(inbox, n.toInt(), here)
         return released
+    }
+
+    private val DIGITS = "0123456789abcdef".toCharArray()
+
+    /** A 128-bit id as the core prints it: 32 lowercase hex digits. */
+    private fun hex(high: Long, low: Long): String {
+        val out = CharArray(32)
+        for (i in 0 until 16) {
+            val shift = 60 - 4 * i
+            out[i] = DIGITS[((high ushr shift) and 15).toInt()]
+            out[16 + i] = DIGITS[((low ushr shift) and 15).toInt()]
+        }
+        return String(out)
     }
 
     /** Replies to a request; [here] is the handler's dispatcher. */
@@ -143,7 +184,7 @@ internal object Hot {
         val objects = if (nested) arrayOfNulls(n) else inbox.objects
         val missing = if (nested) arrayOfNulls(n) else inbox.missing
         try {
-            inbox.longs.get(1, words, 0, n * 4)
+            inbox.longs.get(HEADER, words, 0, n * 4)
             var held = false
             for (i in 0 until n) {
                 held = held || words[4 * i] and HELD != 0L

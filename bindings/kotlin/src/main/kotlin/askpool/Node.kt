@@ -165,9 +165,9 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         // cross as bytes, sized against [NodeOptions.maxPayloadBytes].
         if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
         checkOpen()
-        val poolId = poolIds[pool] ?: call { native.poolId(pool) }.also { if (it >= 0) poolIds[pool] = it }
         // A name the native side gives no id (past its bound, or no pool
         // name at all) is asked by name.
+        val poolId = poolIdOf(pool)
         if (poolId < 0) return send(pool, msg, options).await()
         val timeoutMs = options.timeout?.let { millis(it) } ?: 0
         return suspendCancellableCoroutine { cont ->
@@ -176,28 +176,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             // thread): then `cont` is resumed before this block returns and
             // the caller does not suspend at all.
             val here = cont.context[ContinuationInterceptor]
-            val pendingReleases = try {
-                Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token, here)
-            } catch (e: Throwable) {
-                // The ask may have started: its waiter fails here, once
-                // (whichever of this and a reply takes it first wins), and
-                // the cancel makes the runtime forget it.
-                completions.failNow(token, e as? AskException ?: AskException.Internal(e.toString()))
-                cancelAsk(token)
-                return@suspendCancellableCoroutine
-            }
-            when {
-                pendingReleases == Hot.CLOSED -> {
-                    completions.failNow(token, closedError())
-                    return@suspendCancellableCoroutine
-                }
-                pendingReleases == Hot.PANICKED -> {
-                    completions.failNow(token, AskException.Internal("panic in askpool (ask); see stderr"))
-                    cancelAsk(token)
-                    return@suspendCancellableCoroutine
-                }
-                pendingReleases >= DRAIN_BATCH -> HandleTable.drainQuietly()
-            }
+            if (startHot(poolId, msg, timeoutMs, token, 0, null, here) != null) return@suspendCancellableCoroutine
             // Also when `cont` was cancelled meanwhile: a caller cancelled
             // while its handler ran above gets the handler called at once. A
             // caller whose reply came within the call has nothing to cancel.
@@ -205,18 +184,63 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         }
     }
 
+    /** The id the native side gives [pool] for the hot path; -1 for none. */
+    private fun poolIdOf(pool: String): Long =
+        poolIds[pool] ?: call { native.poolId(pool) }.also { if (it >= 0) poolIds[pool] = it }
+
+    /**
+     * Starts an ask of [msg] (a tell with [Hot.ONE_WAY]) under [token], whose
+     * waiter is registered, as a hot call: a generated call and a callback
+     * for the outcome cost as much as thirty asks. Returns null, or the
+     * error the waiter was failed with (nothing more will be reported).
+     */
+    private fun startHot(
+        poolId: Long, msg: Any?, timeoutMs: Long, token: Long, flags: Long,
+        started: Hot.Started?, here: ContinuationInterceptor?,
+    ): AskException? {
+        val pendingReleases = try {
+            Hot.ask(id, poolId, HandleTable.put(msg), timeoutMs, token, flags, started, here)
+        } catch (e: Throwable) {
+            // The ask may have started: its waiter fails here, once
+            // (whichever of this and a reply takes it first wins), and
+            // the cancel makes the runtime forget it.
+            val error = e as? AskException ?: AskException.Internal(e.toString())
+            completions.failNow(token, error)
+            cancelAsk(token)
+            return error
+        }
+        when (pendingReleases) {
+            Hot.CLOSED -> return closedError().also { completions.failNow(token, it) }
+            Hot.PANICKED -> {
+                val error = AskException.Internal("panic in askpool (ask); see stderr")
+                completions.failNow(token, error)
+                cancelAsk(token)
+                return error
+            }
+        }
+        if (pendingReleases >= DRAIN_BATCH) HandleTable.drainQuietly()
+        return null
+    }
+
     /** Asks and returns at once with the ask's [AskHandle]. */
     fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
         checkOpen()
         checkUnicode(pool, options.preferredWorker, options.requestId, options.correlationId, options.causationId)
         val handle = AskHandle(this)
-        val token = completions.register(handle, stages = true)
+        val token = completions.register(handle)
         handle.token = token
-        handle.requestId = startOrForget(token) {
-            native.askWith(pool, payloadOf(msg), options.toArgs(stages = true, oneWay = false), token)
+        val poolId = if (options.simple && msg !is ByteArray) poolIdOf(pool) else -1
+        if (poolId >= 0) {
+            val started = Hot.Started()
+            val timeoutMs = options.timeout?.let { millis(it) } ?: 0
+            startHot(poolId, msg, timeoutMs, token, Hot.KEEP_STAGES, started, null)?.let { throw it }
+            handle.started(started.requestId, started.requestId, started.stagesKept)
+        } else {
+            val start = startOrForget(token) {
+                native.askWith(pool, payloadOf(msg), options.toArgs(stages = true, oneWay = false), token)
+            }
+            handle.started(start.requestId, start.correlationId, start.stagesKept)
         }
-        // As the core reads it: hex, in lowercase.
-        handle.correlationId = options.correlationId?.lowercase() ?: handle.requestId
         return handle
     }
 
@@ -228,29 +252,65 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         currentCoroutineContext().ensureActive()
         checkOpen()
         checkUnicode(pool, options.requestId, options.correlationId, options.causationId)
-        val handle = AskHandle(this)
-        val token = completions.register(handle)
-        handle.token = token
-        val args = options.toArgs()
-        val id = startOrForget(token) { native.askWith(pool, payloadOf(msg), args, token) }
-        handle.requestId = id
-        handle.await()
-        return id
+        val poolId = if (options.simple && msg !is ByteArray) poolIdOf(pool) else -1
+        val started = Hot.Started()
+        // Waited for as an ask's reply is (a tell's outcome is a reply of
+        // nothing): an AskHandle's completion hopped to Dispatchers.IO.
+        suspendCancellableCoroutine { cont ->
+            val token = completions.register(cont)
+            if (poolId >= 0) {
+                val timeoutMs = options.timeout?.let { millis(it) } ?: 0
+                val here = cont.context[ContinuationInterceptor]
+                if (startHot(poolId, msg, timeoutMs, token, Hot.ONE_WAY, started, here) != null) {
+                    return@suspendCancellableCoroutine
+                }
+            } else {
+                val args = options.toArgs()
+                started.requestId = try {
+                    startOrForget(token) { native.askWith(pool, payloadOf(msg), args, token) }.requestId
+                } catch (e: AskException) {
+                    return@suspendCancellableCoroutine // its waiter failed with it
+                }
+            }
+            if (!cont.isCompleted || cont.isCancelled) cont.invokeOnCancellation { cancelAsk(token) }
+        }
+        return started.requestId
     }
 
     /** The dead-letter queue, oldest first. */
     fun deadLetters(): List<DeadLetter> = call { native.deadLetters() }.map { DeadLetter.of(it) }
 
-    /** Takes a dead letter out and asks it again with its request id. */
+    /**
+     * Takes a dead letter out and asks it again with its ids; suspends until
+     * the reply. Cancelling the calling coroutine (a `withTimeout` around
+     * it included) gives the letter up, as [AskHandle.cancel] does: to wait
+     * a while and keep it, see [replayDeadLetterHandle].
+     */
     suspend fun replayDeadLetter(requestId: String): Any? {
         currentCoroutineContext().ensureActive()
+        return replayDeadLetterHandle(requestId).await()
+    }
+
+    /**
+     * Takes a dead letter out, asks it again with its ids (its pool may
+     * answer from its reply cache without running the handler) and returns
+     * at once with the replay's [AskHandle]: its [AskHandle.requestId] and
+     * [AskHandle.correlationId] are the letter's, [AskHandle.stages] its
+     * ACK lifecycle, [AskHandle.await] its reply. A replay that fails,
+     * however it fails, puts the letter back with its new error; one
+     * cancelled ([AskHandle.cancel], or the coroutine awaiting it) gives the
+     * letter up. Throws [AskException.FailedPrecondition] if there is no
+     * dead letter with that id.
+     */
+    fun replayDeadLetterHandle(requestId: String): AskHandle {
         checkOpen()
+        checkUnicode(requestId)
         val handle = AskHandle(this)
         val token = completions.register(handle)
         handle.token = token
-        handle.requestId = requestId
-        startOrForget(token) { native.replayDeadLetter(requestId, token) }
-        return handle.await()
+        val start = startOrForget(token) { native.replayDeadLetter(requestId, token) }
+        handle.started(start.requestId, start.correlationId, start.stagesKept)
+        return handle
     }
 
     /**
@@ -352,7 +412,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     internal companion object {
         const val DRAIN_BATCH = 256L
 
-        private val CLEANER: java.lang.ref.Cleaner = java.lang.ref.Cleaner.create()
+        val CLEANER: java.lang.ref.Cleaner = java.lang.ref.Cleaner.create()
 
         fun payloadOf(msg: Any?): Payload =
             if (msg is ByteArray) Payload.Bytes(msg) else Payload.Host(HandleTable.put(msg))

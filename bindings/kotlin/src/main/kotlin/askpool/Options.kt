@@ -162,6 +162,11 @@ data class TellOptions(
         maxAttempts?.let { requireAtLeast("maxAttempts", it.toLong(), 1) }
     }
 
+    /** Whether the primitive-only fast path can carry these options. */
+    internal val simple: Boolean
+        get() = requestId == null && correlationId == null && causationId == null &&
+            fingerprint == null && maxAttempts == null
+
     /** The same arguments as an ask with these options, one-way. */
     internal fun toArgs() = AskOptions(
         timeout = timeout,
