@@ -165,12 +165,27 @@ class AskHandle internal constructor(private val node: Node) : Completion {
             }
             unread.addLast(event)
         }
-        stageSignal.trySend(Unit)
+        signalStages()
     }
 
     override fun stagesEnd() {
         synchronized(unread) { stagesEnded = true }
-        stageSignal.trySend(Unit)
+        signalStages()
+    }
+
+    // As for `complete`: an unconfined collector resumes on the thread that
+    // signals, which must not be a library thread.
+    private fun signalStages() {
+        JvmThreads.offLibraryThread(null) { stageSignal.trySend(Unit) }
+    }
+
+    /**
+     * The ask never started (its start panicked or threw): the stage record
+     * the native side may have kept for it is let go now, as no handle
+     * will ever be returned to collect it or be collected with it.
+     */
+    internal fun dropStageRecord(token: Long) {
+        ReleaseStageRecord(AtomicLong(token)).run()
     }
 }
 

@@ -226,14 +226,19 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
         checkOpen()
         checkUnicode(pool, options.preferredWorker, options.requestId, options.correlationId, options.causationId)
+        // Before the handle is registered: a node closing now throws here
+        // with nothing left waiting for an outcome.
+        val poolId = if (options.simple && msg !is ByteArray) poolIdOf(pool) else -1
         val handle = AskHandle(this)
         val token = completions.register(handle)
         handle.token = token
-        val poolId = if (options.simple && msg !is ByteArray) poolIdOf(pool) else -1
         if (poolId >= 0) {
             val started = Hot.Started()
             val timeoutMs = options.timeout?.let { millis(it) } ?: 0
-            startHot(poolId, msg, timeoutMs, token, Hot.KEEP_STAGES, started, null)?.let { throw it }
+            startHot(poolId, msg, timeoutMs, token, Hot.KEEP_STAGES, started, null)?.let {
+                handle.dropStageRecord(token)
+                throw it
+            }
             handle.started(started.requestId, started.requestId, started.stagesKept)
         } else {
             val start = startOrForget(token) {
@@ -260,8 +265,10 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             val token = completions.register(cont)
             if (poolId >= 0) {
                 val timeoutMs = options.timeout?.let { millis(it) } ?: 0
-                val here = cont.context[ContinuationInterceptor]
-                if (startHot(poolId, msg, timeoutMs, token, Hot.ONE_WAY, started, here) != null) {
+                // No dispatcher to start the handler on here (as for send):
+                // a tell returns once the pool accepted it, never after the
+                // handler's first step, which could wait on the caller.
+                if (startHot(poolId, msg, timeoutMs, token, Hot.ONE_WAY, started, null) != null) {
                     return@suspendCancellableCoroutine
                 }
             } else {
