@@ -223,6 +223,7 @@ export class Context {
 export type Handler<Msg, Reply> = (msg: Msg, ctx: Context) => Reply | PromiseLike<Reply>;
 
 export class Pool<Msg = any, Reply = any> {
+  #private;
   private constructor();
   readonly name: string;
   /**

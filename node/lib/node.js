@@ -217,6 +217,12 @@ function isBytes(msg) {
   return typeof msg === 'object' && msg !== null && (ArrayBuffer.isView(msg) || isAnyArrayBuffer(msg));
 }
 
+// A byte payload's size. One over a detached buffer has none: a detached
+// DataView's byteLength throws (a typed array's reads 0).
+function byteSize(msg) {
+  return isDetached(ArrayBuffer.isView(msg) ? msg.buffer : msg) ? 0 : msg.byteLength;
+}
+
 // An option the addon takes as a `type` ('string' or 'number'), or absent
 // (undefined, null). Checked here, before the message enters the object
 // table: a value the addon's conversion refused would leave it there.
@@ -267,7 +273,7 @@ function nativeAskOptions(o, msg, tell) {
                 '(give a fingerprint option to ask it anyway)',
             )
           : undefined,
-    payloadSize: bytes ? msg.byteLength : undefined,
+    payloadSize: bytes ? byteSize(msg) : undefined,
   };
 }
 

@@ -415,3 +415,33 @@ test("a tell's signal: aborted before, nothing is sent; aborted while the pool r
   await node.close();
   assert.equal((await blocker).code, 'UNAVAILABLE');
 });
+
+test("a tell aborted once its re-send came due is not sent by the abort", async () => {
+  // The abort looked at the tell by polling it, which made the re-send that
+  // had come due: the pool, free again, took the tell the caller gave up,
+  // its handler ran and the tell resolved.
+  const node = new Node({ breaker: false });
+  const ran = [];
+  let release;
+  node.pool('full', { maxInFlight: 1 }).handle((m) => {
+    ran.push(m);
+    if (m === 'blocker') return new Promise((r) => (release = r));
+  });
+  const blocker = node.ask('full', 'blocker');
+  await tick();
+  const controller = new AbortController();
+  const told = node
+    .tell('full', 'told', { signal: controller.signal, timeoutMs: 10_000 })
+    .then((id) => `resolved ${id}`, (e) => e.code);
+  await new Promise((r) => setTimeout(r, 30)); // refused, waiting to re-send
+  release('done');
+  await blocker; // the pool has room again
+  const until = Date.now() + 1_500; // the re-send comes due; no drain runs
+  while (Date.now() < until);
+  controller.abort(new Error('stop'));
+  assert.equal(await told, 'ASK_CANCELLED');
+  await tick();
+  assert.deepEqual(ran, ['blocker']);
+  assert.equal(node.stats().pools.find((p) => p.name === 'full').admitted, 1);
+  await node.close();
+});

@@ -665,5 +665,9 @@ test('a detached buffer or a revoked Proxy as a fingerprint, or a detached paylo
   // its own, a detached buffer is a payload like any other: passed by reference.
   assert.equal(await node.ask('p', buffer), buffer);
   assert.equal(await node.ask('p', view, { requestId, fingerprint: 'view' }), view);
+  // A detached DataView too, whose byteLength throws where a typed
+  // array's reads 0 (it was a raw TypeError with no code).
+  assert.equal(await node.ask('p', dataView), dataView);
+  assert.match(await node.tell('p', dataView), /^[0-9a-f]{32}$/);
   await node.close();
 });

@@ -126,10 +126,11 @@ impl Core {
         match slot {
             Task::Ask(h) => h.cancel(),
             Task::Tell(h) => {
-                // A TellHandle has no cancel(): dropping it cancels a tell
-                // the pool has not taken. Polled first, so that a tell the
-                // pool took (its Ack arrived, not drained yet) still
-                // resolves, as an ask whose reply arrived does.
+                // A tell the pool took (its Ack arrived, not drained yet)
+                // still resolves, as an ask whose reply arrived does; else
+                // it ends cancelled. `cancel` runs no re-send that came due
+                // (a poll would, and could have the tell accepted now).
+                h.cancel();
                 let polled = Pin::new(h).poll(&mut Context::from_waker(Waker::noop()));
                 let outcome = match polled {
                     Poll::Ready(result) => result.map(drop),

@@ -512,6 +512,10 @@ impl Core {
         let _enter = self.rt.enter();
         self.node.shutdown();
         self.pools.clear();
+        // Every call on the store is refused from now on: its file is let
+        // go now, not when this object is collected (a closed node kept
+        // the file and its -wal and -shm open for as long as it was held).
+        self.promises = None;
         // Requests still with a handler: their answers will not be sent (the
         // wrapper drops them once closed); dropping the responders cancels
         // them now.

@@ -936,6 +936,14 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> TellHandle<M, R> {
         self.inner.request_id()
     }
 
+    /// Gives the tell up: it resolves to `AskCancelled` unless the pool's
+    /// acceptance already arrived (which stands). Looks only at what has
+    /// arrived: a re-send that came due is not made now (polling instead
+    /// could send the very tell being given up, and have it accepted).
+    pub fn cancel(&mut self) {
+        self.inner.cancel();
+    }
+
     pub fn ids(&self) -> &AskIds {
         self.inner.ids()
     }

@@ -91,6 +91,10 @@ export async function usage(): Promise<void> {
   await node.tell(pool, new SharedArrayBuffer(8), shared);
   // @ts-expect-error a tell has no preferred worker
   await node.tell('orders', 1, { preferredWorker: 'w0' });
+  // An object shaped like a Pool is no Pool (the runtime refuses it too).
+  const lookalike = { name: 'orders', handle: pool.handle, stats: pool.stats, close: pool.close };
+  // @ts-expect-error only a Pool of a node, or a pool's name
+  void node.ask(lookalike, 1).catch(() => undefined);
   const unbounded = new Node({ maxPayloadBytes: null });
   const bounded = new Node({ maxPayloadBytes: 1 << 20 });
   await Promise.all([unbounded.close(), bounded.close()]);

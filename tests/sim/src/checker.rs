@@ -120,11 +120,22 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
     // Each ask: exactly one outcome, within its deadline, and a right one.
     let mut timeouts: FxHashMap<Key, u32> = FxHashMap::default();
     let mut payloads: FxHashMap<Key, Vec<(u64, u64)>> = FxHashMap::default();
-    for ask in &log.asks {
+    // Each ask's lifetime in the log's order: (ask, issued, ended).
+    let mut lifetimes: FxHashMap<Key, Vec<(usize, u64, u64)>> = FxHashMap::default();
+    for (no, ask) in log.asks.iter().enumerate() {
         payloads
             .entry(ask.key)
             .or_default()
             .push((ask.issued_seq, ask.payload));
+        let ended = if ask.end.is_some() {
+            ask.ended_seq
+        } else {
+            u64::MAX
+        };
+        lifetimes
+            .entry(ask.key)
+            .or_default()
+            .push((no, ask.issued_seq, ended));
     }
     for (no, ask) in log.asks.iter().enumerate() {
         let Some(end) = &ask.end else {
@@ -191,7 +202,14 @@ pub fn check(log: &Log, slack: Duration) -> Vec<Violation> {
                 message,
                 ..
             } => {
-                if ask.outstanding_at_issue == 0 {
+                // Refused as already pending: another ask of its id lived
+                // at some time during this one. Not only at its issue: the
+                // workload logs an ask's issue before it sends it, so one
+                // issued just after (on another thread) may be sent first.
+                let overlapped = lifetimes[&ask.key].iter().any(|&(other, issued, ended)| {
+                    other != no && issued < ask.ended_seq && ended > ask.issued_seq
+                });
+                if !overlapped {
                     v(
                         "errors have a cause",
                         format!("ask {no} refused ({message}) with no other ask of its id pending"),

@@ -38,9 +38,6 @@ pub struct AskRecord {
     pub issued_at: Duration,
     pub issued_seq: u64,
     pub timeout: Duration,
-    /// Asks of the same caller and request id still outstanding when this
-    /// one was issued (the runtime refuses a second pending ask per id).
-    pub outstanding_at_issue: u32,
     /// How it ended; `None` while it has not.
     pub end: Option<AskEnd>,
     pub ended_at: Duration,
@@ -176,19 +173,15 @@ impl History {
         let mut log = self.log.lock();
         log.seq += 1;
         let seq = log.seq;
-        let outstanding = log
-            .outstanding
+        *log.outstanding
             .entry((key.caller, key.request))
-            .or_default();
-        let before = *outstanding;
-        *outstanding += 1;
+            .or_default() += 1;
         log.asks.push(AskRecord {
             key,
             payload,
             issued_at: now,
             issued_seq: seq,
             timeout,
-            outstanding_at_issue: before,
             end: None,
             ended_at: Duration::ZERO,
             ended_seq: 0,

@@ -172,7 +172,24 @@ fn refusals_need_a_cause() {
         exec: None,
         message: "already pending".into(),
     };
-    h.end(no, pending, None, ms(1));
+    h.end(no, pending.clone(), None, ms(1));
+    assert_eq!(broken(&h), vec!["errors have a cause"]);
+
+    // Another ask of the id issued after this one but sent first (the log
+    // holds an ask's issue before its send): it was pending during this
+    // one, which is cause enough (a real-clock run reported this once).
+    let h = History::new();
+    let refused = h.issue(key(1), 5, T, ms(0));
+    let first = h.issue(key(1), 5, T, ms(0));
+    h.end(refused, pending.clone(), None, ms(1));
+    h.end(first, AskEnd::LocalCancel, None, ms(2));
+    assert_eq!(broken(&h), Vec::<&str>::new());
+    // One that ended before this one was issued is no cause.
+    let h = History::new();
+    let earlier = h.issue(key(1), 5, T, ms(0));
+    h.end(earlier, AskEnd::LocalCancel, None, ms(1));
+    let refused = h.issue(key(1), 5, T, ms(2));
+    h.end(refused, pending, None, ms(3));
     assert_eq!(broken(&h), vec!["errors have a cause"]);
 }
 
