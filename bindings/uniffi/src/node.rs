@@ -647,11 +647,13 @@ async fn finish(started: Started, cancel: oneshot::Receiver<()>) -> Result<Optio
         Started::Tell(mut h) => tokio::select! {
             biased;
             r = &mut h => r.map(|_| None),
-            c = cancel => match c {
-                // Dropping an unaccepted tell cancels it.
-                Ok(()) => Err(AskError::AskCancelled { reason: askpool::CancelReason::Caller }),
-                Err(_) => h.await.map(|_| None),
-            },
+            c = cancel => {
+                // As for an ask: an acceptance that already arrived stands.
+                if c.is_ok() {
+                    h.cancel();
+                }
+                h.await.map(|_| None)
+            }
         },
     }
 }
