@@ -184,7 +184,7 @@ class AskHandle internal constructor(private val node: Node) : Completion {
      * the native side may have kept for it is let go now, as no handle
      * will ever be returned to collect it or be collected with it.
      */
-    internal fun dropStageRecord(token: Long) {
+    internal fun dropStageRecord() {
         ReleaseStageRecord(AtomicLong(token)).run()
     }
 }

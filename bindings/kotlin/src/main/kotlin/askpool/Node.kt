@@ -236,7 +236,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             val started = Hot.Started()
             val timeoutMs = options.timeout?.let { millis(it) } ?: 0
             startHot(poolId, msg, timeoutMs, token, Hot.KEEP_STAGES, started, null)?.let {
-                handle.dropStageRecord(token)
+                handle.dropStageRecord()
                 throw it
             }
             handle.started(started.requestId, started.requestId, started.stagesKept)
