@@ -37,8 +37,9 @@ enum Task {
         #[arg(long)]
         slow: bool,
     },
-    /// Run the demo: `askpool simulate` with moderate faults, then the
-    /// dead-letter / metrics walkthrough.
+    /// Run the demo: `askpool simulate` with moderate faults, the
+    /// dead-letter / metrics walkthrough, then durable asks surviving a
+    /// caller restart on a SQLite file (`target/demo/promises.db`).
     Demo,
     /// Run the deterministic fault simulation over many seeds (release
     /// build, paused clock, each seed twice).
@@ -318,7 +319,23 @@ fn demo() -> Result<(), String> {
         "askpool-tests",
         "--example",
         "demo",
-    ])
+    ])?;
+    // Durable asks on the embedded store, a SQLite file that outlives the
+    // caller, then that file as the CLI shows it.
+    let db = root().join("target/demo/promises.db");
+    let db = db.to_string_lossy();
+    cargo(&[
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "askpool-promises",
+        "--example",
+        "restart",
+        "--",
+        db.as_ref(),
+    ])?;
+    askpool_cli(&["promises", "list", "--db", db.as_ref()])
 }
 
 fn sim(seeds: u64, asks: u64, first_seed: u64, sabotage: Option<&str>) -> Result<(), String> {
