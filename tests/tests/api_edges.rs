@@ -185,6 +185,40 @@ async fn a_queue_behind_a_stuck_worker_stays_within_its_bound() {
     assert_eq!(ask.await.unwrap(), "seven");
 }
 
+/// Each inbox was kept within twice `max_in_flight`, but no bound held them
+/// together: 50 named workers that never pull held 100 times
+/// `max_in_flight` cancelled requests, payloads and all, for as long as
+/// they lived (a review measured 39,800 10 kB payloads with 200 workers).
+#[tokio::test(start_paused = true)]
+async fn the_inboxes_of_many_idle_workers_are_bounded_together() {
+    let node: TestNode = Node::with_config(NodeConfig {
+        breaker: None,
+        ..NodeConfig::default()
+    });
+    let max = 4;
+    let idle = node.pool("idle").max_in_flight(max).build().unwrap();
+    let workers: Vec<_> = (0..50)
+        .map(|w| idle.worker(format!("w{w}")).unwrap())
+        .collect();
+    for i in 0..2_000 {
+        let worker = format!("w{}", i % 50);
+        let err = (node.ask("idle", i).preferred_worker(worker.as_str()))
+            .timeout(Duration::from_millis(10))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::AskTimeout);
+    }
+    let stats = idle.stats();
+    assert!(stats.queued <= 2 * max, "{stats:?}");
+    assert_eq!(stats.in_flight, 0);
+    // A live request among them still reaches its worker.
+    let ask = node.ask("idle", 7).preferred_worker("w3").send();
+    let request = workers[3].next_request().await.unwrap();
+    assert_eq!(request.message, 7);
+    request.reply("seven".into());
+    assert_eq!(ask.await.unwrap(), "seven");
+}
+
 /// A closed pool's stats said `queued: 1` (more with named workers): the
 /// markers that stop its workers were counted as requests.
 #[tokio::test(start_paused = true)]

@@ -1297,6 +1297,16 @@ impl<S: DedupState> DedupTable<S> {
         self.expire(now, &guard);
     }
 
+    /// Removes terminal entries whose TTL passed by `now`, and tells when
+    /// the oldest one left expires (`None` when none is queued): what a
+    /// sweeper that runs while the table gets no traffic sleeps until
+    /// (TTL is otherwise applied only by the table's own operations).
+    pub fn sweep_expired(&self, now: Timestamp) -> Option<Timestamp> {
+        let guard = self.epoch.pin();
+        self.expire_slow(now.as_nanos(), &guard)
+            .map(Timestamp::from_nanos)
+    }
+
     pub fn stats(&self) -> DedupStats {
         DedupStats {
             in_progress: self.in_progress.load(Relaxed),
@@ -1424,7 +1434,7 @@ impl<S: DedupState> DedupTable<S> {
     /// Pops and evicts the entries whose TTL passed, then notes when the
     /// oldest one left is due.
     #[cold]
-    fn expire_slow(&self, now: u64, guard: &Guard) {
+    fn expire_slow(&self, now: u64, guard: &Guard) -> Option<u64> {
         let due = Cell::new(None);
         let take = |n: &Node<S>| {
             let expires = n.expires.load(Relaxed);
@@ -1440,6 +1450,7 @@ impl<S: DedupState> DedupTable<S> {
         if let Some(due) = due.get() {
             self.next_due.store(due, Relaxed);
         }
+        due.get()
     }
 
     /// Counts a node that became terminal and was queued since (the count

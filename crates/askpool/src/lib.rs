@@ -35,6 +35,7 @@ mod config;
 mod deadlines;
 mod dlq;
 mod expiry;
+mod idle_sweep;
 mod node;
 mod pending;
 mod pool;

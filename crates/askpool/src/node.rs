@@ -366,7 +366,9 @@ where
         self.shared.caller.set_late_hook(Some(Arc::new(hook)));
     }
 
-    /// Drops terminal dedup entries whose TTL has passed, in every pool.
+    /// Drops terminal dedup entries whose TTL has passed, in every pool,
+    /// now (each pool also does so by itself: on its own traffic, and by a
+    /// sweep while it has none).
     pub fn evict_expired(&self) {
         for pool in self.shared.pools.lock().values() {
             pool.evict_expired();
@@ -575,6 +577,11 @@ where
 
     pub fn stats(&self) -> PoolStats {
         self.shared.stats()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<PoolShared<M, R>> {
+        &self.shared
     }
 
     /// Closes the pool: it leaves the transport (new asks get `NoRoute`),

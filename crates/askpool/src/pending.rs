@@ -28,6 +28,7 @@ use crate::clock::{shard_of, NodeClock};
 use crate::deadlines::{DeadlineOwner, DeadlineQueue};
 use crate::dlq::DeadLetterQueue;
 use crate::expiry::ExpiryKey;
+use crate::idle_sweep::{IdleSweep, IdleSweepOwner};
 use crate::shard::ShardedMap;
 use crate::telemetry;
 use crate::transport::CallerEndpoint;
@@ -550,6 +551,13 @@ impl<R> TimedOutAsks<R> {
         }
         gone
     }
+
+    /// How long until the oldest record leaves by age (the capacity is
+    /// kept by `trim` at every record).
+    fn next_due(&self, now: Timestamp) -> Option<Duration> {
+        let &(_, at) = self.order.front()?;
+        Some((at + self.window).saturating_since(now))
+    }
 }
 
 /// The pending asks of a node by request id, in per-thread shards: the shard
@@ -632,6 +640,9 @@ pub(crate) struct CallerSide<M, R> {
     pub(crate) late_outcomes: AtomicU64,
     pub(crate) dlq: Mutex<DeadLetterQueue<M, R>>,
     timed_out: Mutex<TimedOutAsks<R>>,
+    /// Drops timed-out records past their window while no ask times out
+    /// (each new record trims the old ones too).
+    timed_out_sweep: IdleSweep,
     late_hook: RwLock<Option<LateHook<R>>>,
     clock: Arc<NodeClock>,
     /// Set as the node shuts down, before it leaves its transport: from
@@ -662,6 +673,7 @@ impl<M, R> CallerSide<M, R> {
                 records: FxHashMap::default(),
                 order: VecDeque::new(),
             }),
+            timed_out_sweep: IdleSweep::default(),
             late_hook: RwLock::new(None),
             clock,
             closed: AtomicBool::new(false),
@@ -681,6 +693,7 @@ impl<M, R> CallerSide<M, R> {
     /// hook, dead letters with their payloads and hooks, timed-out
     /// records), for a pool that outlives it still holds this caller side.
     pub(crate) fn forget(&self) {
+        self.timed_out_sweep.stop();
         let hook = self.late_hook.write().take();
         let letters = std::mem::replace(&mut *self.dlq.lock(), DeadLetterQueue::new(0));
         let records = {
@@ -732,7 +745,10 @@ impl<M, R> CallerSide<M, R> {
         pool: PoolName,
         slot: Arc<AskSlot<R>>,
         now: Timestamp,
-    ) {
+    ) where
+        M: Send + 'static,
+        R: Send + 'static,
+    {
         let gone = {
             let mut t = self.timed_out.lock();
             let replaced = t.records.insert(
@@ -745,9 +761,17 @@ impl<M, R> CallerSide<M, R> {
                 },
             );
             t.order.push_back((ids.request_id, now));
-            (replaced, t.trim(now))
+            (replaced, t.trim(now), t.window)
         };
+        let window = gone.2;
         drop(gone);
+        self.timed_out_sweep.arm(&self.weak_self, window);
+    }
+
+    /// Records held, without trimming them first (as `timed_out_len` does).
+    #[cfg(test)]
+    pub(crate) fn timed_out_held(&self) -> usize {
+        self.timed_out.lock().records.len()
     }
 
     pub(crate) fn timed_out_len(&self) -> usize {
@@ -850,6 +874,23 @@ impl<M, R> CallerSide<M, R> {
             });
         }
         drop(letter);
+    }
+}
+
+impl<M: Send + 'static, R: Send + 'static> IdleSweepOwner for CallerSide<M, R> {
+    fn idle_sweep(&self) -> &IdleSweep {
+        &self.timed_out_sweep
+    }
+    fn sweep_idle(&self) -> Option<Duration> {
+        let now = self.clock.now();
+        let (next, gone) = {
+            let mut t = self.timed_out.lock();
+            let gone = t.trim(now);
+            (t.next_due(now), gone)
+        };
+        // Outside the lock (see `trim`).
+        drop(gone);
+        next
     }
 }
 

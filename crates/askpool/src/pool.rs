@@ -7,7 +7,7 @@
 //! a worker; the queue is bounded by `max_in_flight`, enforced at admission.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::cancel::CancelSignal;
@@ -24,6 +24,7 @@ use crate::clock::NodeClock;
 use crate::config::PoolConfig;
 use crate::deadlines::{DeadlineOwner, DeadlineQueue};
 use crate::expiry::{Expiring, ExpiryKey};
+use crate::idle_sweep::{IdleSweep, IdleSweepOwner};
 use crate::pending::{AskSlot, CallerSide};
 use crate::queue::QueueSignal;
 use crate::shard::StripedCounter;
@@ -139,6 +140,8 @@ pub(crate) struct PoolShared<M, R> {
     /// `recv_async`, which allocates and unlinks a waiter hook on every wait.
     pub(crate) work: QueueSignal,
     pub(crate) workers: RwLock<FxHashMap<WorkerId, WorkerQueue<M>>>,
+    /// Items in all the workers' inboxes (see `drop_cancelled`).
+    pub(crate) inbox_items: Arc<AtomicUsize>,
     transport: Arc<dyn WorkerTransport<M, R>>,
     clock: Arc<NodeClock>,
     closed: AtomicBool,
@@ -153,6 +156,9 @@ pub(crate) struct PoolShared<M, R> {
     compacting: AtomicBool,
     /// Set when the pool closes: running handlers see it in their context.
     closing: CancelSignal,
+    /// Applies the reply cache's TTL while no request comes (the table
+    /// applies it on its own operations only).
+    ttl_sweep: IdleSweep,
     /// The pool's own node's caller, and its id, when the transport hands
     /// frames over directly: that caller's asks are answered straight into
     /// their slots (`Admitted::reply_to`). A pool kept after its node is
@@ -205,6 +211,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             queue_rx,
             work: QueueSignal::shared(),
             workers: RwLock::default(),
+            inbox_items: Arc::default(),
             transport,
             clock,
             closed: AtomicBool::new(false),
@@ -215,6 +222,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             flush_scheduled: AtomicBool::new(false),
             compacting: AtomicBool::new(false),
             closing: CancelSignal::default(),
+            ttl_sweep: IdleSweep::default(),
             local_caller,
             _live: LivePool::new(),
         })
@@ -320,6 +328,15 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// outcome the caller reconciles (SW4RM), not something to cut short.
     fn processing_deadline(&self, now: Timestamp) -> Option<Timestamp> {
         self.config.processing_timeout.map(|d| now + d)
+    }
+
+    /// A step just left a terminal entry in the reply cache: it goes at
+    /// its TTL even if no request comes to apply it (see `idle_sweep`).
+    fn cached_until_ttl(&self) {
+        let ttl = self.config.dedup.terminal_ttl;
+        if !ttl.is_zero() {
+            self.ttl_sweep.arm(&self.weak_self, ttl);
+        }
     }
 
     /// Cancels a running request whose processing deadline passed, unless
@@ -550,6 +567,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                     Ok(()) => {
                         // Under the read lock, as the push (see above).
                         self.drop_cancelled(&inbox.signal, &inbox.tx, &inbox.rx);
+                        self.drop_cancelled_in_inboxes(&workers);
                         return;
                     }
                     Err(Work::Item(back)) => item = back,
@@ -592,6 +610,31 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         if signal.len() < bound || self.compacting.swap(true, Ordering::Acquire) {
             return;
         }
+        Self::keep_live(signal, tx, rx);
+        self.compacting.store(false, Ordering::Release);
+    }
+
+    /// Keeps the workers' inboxes together within twice `max_in_flight`,
+    /// as `drop_cancelled` keeps each: with many workers that do not pull
+    /// (stuck, or pull workers nobody drives), each inbox could hold that
+    /// many cancelled requests, payloads and all, for as long as its
+    /// worker lives. Called under the registry's read lock (`workers`).
+    fn drop_cancelled_in_inboxes(&self, workers: &FxHashMap<WorkerId, WorkerQueue<M>>) {
+        let bound = self.config.max_in_flight.saturating_mul(2);
+        if self.inbox_items.load(Ordering::Relaxed) < bound
+            || self.compacting.swap(true, Ordering::Acquire)
+        {
+            return;
+        }
+        for inbox in workers.values() {
+            Self::keep_live(&inbox.signal, &inbox.tx, &inbox.rx);
+        }
+        self.compacting.store(false, Ordering::Release);
+    }
+
+    /// One pass over a queue: drops the cancelled requests it holds and puts
+    /// the others back in their order (after anything pushed meanwhile).
+    fn keep_live(signal: &QueueSignal, tx: &flume::Sender<Work<M>>, rx: &flume::Receiver<Work<M>>) {
         for _ in 0..signal.len() {
             match signal.take(rx) {
                 None => break,
@@ -601,7 +644,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 }
             }
         }
-        self.compacting.store(false, Ordering::Release);
     }
 
     /// Cancels every request in the shared queue (the pool is closed) and
@@ -636,6 +678,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let Some((action, running)) = self.step(ids.dedup_key(), now, event, None, only) else {
             return;
         };
+        self.cached_until_ttl();
         match action {
             InboundAction::SendCancelled(reason) => {
                 let counter = match only {
@@ -675,6 +718,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         };
+        self.cached_until_ttl();
         match action {
             InboundAction::SendReply(outcome) if meta.expects_reply => {
                 let reply = ToCaller::Reply {
@@ -739,6 +783,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         // replies of any size); a reply a running handler still gives is
         // recorded after this, one per worker at most.
         self.table.clear_terminal();
+        self.ttl_sweep.stop();
         // Handlers still running are not stopped, but told, as on a cancel:
         // nothing else would (the processing-timeout sweep just ended).
         self.closing.cancel();
@@ -746,6 +791,11 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
 
     pub(crate) fn closing(&self) -> &CancelSignal {
         &self.closing
+    }
+
+    #[cfg(test)]
+    pub(crate) fn ttl_sweep_armed(&self) -> bool {
+        self.ttl_sweep.is_armed()
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
@@ -795,6 +845,20 @@ impl<M: Send + 'static, R: Clone + Send + 'static> DeadlineOwner for PoolShared<
     }
     fn fire(&self, key: ExpiryKey, what: Expiring) {
         self.expire(key, what);
+    }
+}
+
+impl<M: Send + 'static, R: Clone + Send + 'static> IdleSweepOwner for PoolShared<M, R> {
+    fn idle_sweep(&self) -> &IdleSweep {
+        &self.ttl_sweep
+    }
+    fn sweep_idle(&self) -> Option<std::time::Duration> {
+        // A closed pool dropped its cache (`close`).
+        if self.is_closed() {
+            return None;
+        }
+        let now = self.clock.now();
+        (self.table.sweep_expired(now)).map(|due| due.saturating_since(now))
     }
 }
 

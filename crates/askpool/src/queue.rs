@@ -86,11 +86,16 @@ pub(crate) struct QueueSignal {
     /// list holds only other pulls of the same worker, which are rare).
     owner: Option<Arc<WorkerWake>>,
     owner_waiting: AtomicBool,
+    /// Items of every inbox of the pool (an inbox's only): each inbox is
+    /// kept within a bound of its own, and this keeps them all together
+    /// within one (`PoolShared::enqueue`).
+    group: Option<Arc<AtomicUsize>>,
 }
 
 impl QueueSignal {
-    fn new(list: usize, owner: Option<Arc<WorkerWake>>) -> Self {
+    fn new(list: usize, owner: Option<Arc<WorkerWake>>, group: Option<Arc<AtomicUsize>>) -> Self {
         Self {
+            group,
             len: AtomicUsize::new(0),
             idle: Mutex::default(),
             waiting: AtomicUsize::new(0),
@@ -102,12 +107,13 @@ impl QueueSignal {
 
     /// The signal of a pool's shared queue.
     pub(crate) fn shared() -> Self {
-        Self::new(SHARED, None)
+        Self::new(SHARED, None, None)
     }
 
-    /// The signal of the inbox of the worker that `owner` wakes.
-    pub(crate) fn inbox(owner: Arc<WorkerWake>) -> Self {
-        Self::new(INBOX, Some(owner))
+    /// The signal of the inbox of the worker that `owner` wakes, counted
+    /// in `group` with the other inboxes of its pool.
+    pub(crate) fn inbox(owner: Arc<WorkerWake>, group: Arc<AtomicUsize>) -> Self {
+        Self::new(INBOX, Some(owner), Some(group))
     }
 
     /// The inbox's worker's wake-up (none for a shared queue).
@@ -126,6 +132,9 @@ impl QueueSignal {
     pub(crate) fn push<T>(&self, tx: &flume::Sender<T>, item: T) -> Result<(), T> {
         tx.send(item).map_err(|flume::SendError(back)| back)?;
         self.len.fetch_add(1, Ordering::SeqCst);
+        if let Some(group) = &self.group {
+            group.fetch_add(1, Ordering::Relaxed);
+        }
         self.wake_one();
         Ok(())
     }
@@ -137,8 +146,16 @@ impl QueueSignal {
             return None;
         }
         let item = rx.try_recv().ok()?;
-        self.len.fetch_sub(1, Ordering::AcqRel);
+        self.taken();
         Some(item)
+    }
+
+    /// Counts an item taken off this queue's channel.
+    pub(crate) fn taken(&self) {
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        if let Some(group) = &self.group {
+            group.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Items pushed and not yet taken (a hint: see the module docs).
@@ -340,7 +357,7 @@ mod tests {
         let shared = QueueSignal::shared();
         let (stx, srx) = flume::unbounded::<u32>();
         let w2 = Arc::new(WorkerWake::default());
-        let inbox = QueueSignal::inbox(Arc::clone(&w2));
+        let inbox = QueueSignal::inbox(Arc::clone(&w2), Arc::default());
         let (itx, irx) = flume::unbounded::<u32>();
         let w1 = Arc::new(WorkerWake::default());
         let woke1 = Arc::new(Flag(AtomicBool::new(false)));

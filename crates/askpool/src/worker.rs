@@ -342,7 +342,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Worker<M, R> {
     pub(crate) fn register(pool: &Arc<PoolShared<M, R>>, id: WorkerId) -> Result<Self, AskError> {
         id.validate()?;
         let (tx, rx) = flume::unbounded();
-        let signal = Arc::new(QueueSignal::inbox(Arc::default()));
+        let signal = Arc::new(QueueSignal::inbox(
+            Arc::default(),
+            Arc::clone(&pool.inbox_items),
+        ));
         let mut workers = pool.workers.write();
         if workers.contains_key(&id) {
             return Err(AskError::InvalidArgument {
@@ -382,6 +385,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Worker<M, R> {
         // All of it: a request pushed after the pool's sentinel (a close
         // racing a preferring ask) is cancelled by `enqueue`, not dropped.
         while let Ok(work) = self.inbox.rx.try_recv() {
+            self.inbox.signal.taken();
             if let Work::Item(item) = work {
                 self.pool.enqueue(item);
             }

@@ -555,12 +555,14 @@ fn check_bounds(
         ));
     }
     // The workers of live pools were there before; each pool may also have
-    // started its processing-deadline sweeper, and each caller node its
-    // ask-deadline sweeper, which live as long as their pool or node.
+    // started its processing-deadline sweeper and its reply-cache TTL
+    // sweep, and each caller node its ask-deadline sweeper and its
+    // timed-out-records sweep, which live as long as their pool or node
+    // (the TTL and records sweeps until nothing is left to age out).
     let tasks = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
-    let allowed = baseline_tasks + cluster.cfg.pools as usize + cluster.cfg.callers as usize;
+    let allowed = baseline_tasks + 2 * (cluster.cfg.pools as usize + cluster.cfg.callers as usize);
     if tasks > allowed {
         v(format!(
             "{tasks} tasks alive after the run, at most {allowed} expected"
