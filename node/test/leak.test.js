@@ -58,3 +58,23 @@ test('nodes dropped without close are collected as they pile up, their reply cac
   assert.equal(made, 400);
   assert.ok(collected >= made / 2, `collected ${collected} of ${made}`);
 });
+
+test('replies cached past their TTL are let go while the node is idle', async () => {
+  // The reply cache applied its TTL only on the pool's next request, and a
+  // reply let go on a runtime thread freed its object only at the next call
+  // into the addon: 2,000 100 kB replies stayed alive 5 s past a 500 ms TTL.
+  const { Node } = require('..');
+  const node = new Node();
+  const pool = node.pool('ttl', { dedupTtlMs: 100 });
+  pool.handle(async (m) => ({ m }));
+  for (let i = 0; i < 50; i++) await node.ask('ttl', i);
+  assert.ok(node.stats().objects >= 50, 'the cache holds the replies');
+  const deadline = Date.now() + 20_000;
+  while (node.stats().objects > 0 && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  const stats = node.stats();
+  assert.equal(stats.pools[0].dedupTerminal, 0, 'evicted with no request after them');
+  assert.equal(stats.objects, 0, 'their objects released with no call into the addon');
+  await node.close();
+});

@@ -397,11 +397,12 @@ impl Core {
             Node::try_with_transport(Arc::new(askpool::InProcessTransport::new()), config)
                 .map_err(errors::throw)?
         };
+        let shared = Arc::new(Shared::new(wake));
         Ok(Self {
             rt,
             node,
-            shared: Arc::new(Shared::new(wake)),
-            freed: Arc::default(),
+            freed: Arc::new(FreeList::new(Arc::clone(&shared))),
+            shared,
             tasks: Slots::default(),
             requests: Slots::default(),
             streams: Streams::default(),

@@ -12,14 +12,36 @@ use std::sync::Arc;
 use askpool_promises::Durable;
 use parking_lot::Mutex;
 
+use crate::wake::Shared;
+
 /// Slots whose last `Tok` dropped, waiting for the JS thread to clear them.
-#[derive(Default)]
-pub struct FreeList(Mutex<Vec<u32>>);
+pub struct FreeList {
+    slots: Mutex<Vec<u32>>,
+    /// Told when a slot is freed on another thread: the JS thread then
+    /// drains soon. A slot freed while the node is idle (a
+    /// reply the cache let go at its TTL) would otherwise keep its object
+    /// until the next call into the addon.
+    js: Arc<Shared>,
+}
 
 impl FreeList {
+    pub fn new(js: Arc<Shared>) -> Self {
+        Self {
+            slots: Mutex::default(),
+            js,
+        }
+    }
+
+    fn push(&self, id: u32) {
+        self.slots.lock().push(id);
+        // Once per drain (a slot freed on the JS thread may be waiting
+        // already, for the drain after the call that freed it).
+        self.js.poke();
+    }
+
     /// Moves up to `max` freed slots into `out`.
     pub fn take_into(&self, out: &mut Vec<u32>, max: usize) {
-        let mut freed = self.0.lock();
+        let mut freed = self.slots.lock();
         let n = freed.len().min(max);
         let start = freed.len() - n;
         out.extend(freed.drain(start..));
@@ -35,7 +57,7 @@ struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some((id, freed)) = &self.slot {
-            freed.0.lock().push(*id);
+            freed.push(*id);
         }
     }
 }

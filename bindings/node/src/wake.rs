@@ -43,6 +43,12 @@ impl Shared {
 
     pub fn push_ready(&self, id: u32) {
         self.ready.lock().push(id);
+        self.poke();
+    }
+
+    /// Asks for a drain soon (a task made ready, a slot freed), once per
+    /// batch; on the JS thread the wrapper drains after every call anyway.
+    pub fn poke(&self) {
         if THREAD.with(|t| *t) == self.js_thread {
             return;
         }

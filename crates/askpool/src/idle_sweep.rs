@@ -30,8 +30,12 @@ pub(crate) trait IdleSweepOwner: Send + Sync + 'static {
 }
 
 /// Whether an owner's sweep task is running (or about to).
-#[derive(Default)]
 pub(crate) struct IdleSweep {
+    /// The runtime current when the owner was made, for an `arm` where
+    /// none is current: a binding answers requests from host threads
+    /// (an event loop, the JVM's) that enter its runtime only around some
+    /// calls.
+    runtime: Option<tokio::runtime::Handle>,
     armed: AtomicBool,
     /// Set by `stop`: no sweep starts again.
     stopped: AtomicBool,
@@ -40,18 +44,31 @@ pub(crate) struct IdleSweep {
 }
 
 impl IdleSweep {
+    /// A sweep for an owner made now (see `runtime`).
+    pub(crate) fn new() -> Self {
+        Self {
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            armed: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            stop: Arc::default(),
+        }
+    }
+
     /// Something of `owner` comes due `after` from now: starts the sweep
-    /// unless one runs. With no tokio runtime current nothing starts, and
-    /// the owner's own traffic trims it as before.
+    /// unless one runs, on the current runtime, else on the one current
+    /// when the owner was made. With neither nothing starts, and the
+    /// owner's own traffic trims it as before.
     pub(crate) fn arm<O: IdleSweepOwner>(&self, owner: &Weak<O>, after: Duration) {
         // A flag that is set is the common case (one load, on a line only
         // written when a sweep starts or ends).
         if self.armed.load(Ordering::SeqCst) || self.armed.swap(true, Ordering::SeqCst) {
             return;
         }
-        let runtime = tokio::runtime::Handle::try_current();
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.clone());
         match runtime {
-            Ok(runtime) if !self.stopped.load(Ordering::SeqCst) => {
+            Some(runtime) if !self.stopped.load(Ordering::SeqCst) => {
                 let armed = Armed {
                     owner: owner.clone(),
                     holds_flag: true,

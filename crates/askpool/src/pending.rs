@@ -673,7 +673,7 @@ impl<M, R> CallerSide<M, R> {
                 records: FxHashMap::default(),
                 order: VecDeque::new(),
             }),
-            timed_out_sweep: IdleSweep::default(),
+            timed_out_sweep: IdleSweep::new(),
             late_hook: RwLock::new(None),
             clock,
             closed: AtomicBool::new(false),

@@ -222,7 +222,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             flush_scheduled: AtomicBool::new(false),
             compacting: AtomicBool::new(false),
             closing: CancelSignal::default(),
-            ttl_sweep: IdleSweep::default(),
+            ttl_sweep: IdleSweep::new(),
             local_caller,
             _live: LivePool::new(),
         })
