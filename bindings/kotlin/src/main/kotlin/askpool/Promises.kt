@@ -146,9 +146,7 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
     suspend fun await(id: String): DurablePromise {
         if (closed) throw PromiseException.Closed()
         return try {
-            DurablePromise(native.wait(id))
-        } catch (e: PromiseFault.Store) {
-            throw PromiseException.of(e)
+            DurablePromise(wait(id))
         } catch (e: IllegalStateException) {
             if (closed) throw PromiseException.Closed()
             throw e
@@ -167,6 +165,9 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
         native.shutdown()
         native.close()
     }
+
+    /** Its errors mapped as every other call's (an id that is not Unicode included). */
+    private suspend fun wait(id: String): PromiseRecord = PromiseException.native { native.wait(id) }
 
     private inline fun <T> store(body: (NativePromises) -> T): T = held({ PromiseException.Closed() }, body)
 

@@ -1,13 +1,17 @@
 package askpool
 
+import kotlinx.coroutines.CompletableDeferred
 import kotlinx.coroutines.CoroutineStart
 import kotlinx.coroutines.async
+import kotlinx.coroutines.awaitCancellation
 import kotlinx.coroutines.cancelAndJoin
 import kotlinx.coroutines.delay
 import kotlinx.coroutines.launch
 import kotlinx.coroutines.runBlocking
 import kotlinx.coroutines.withTimeout
+import org.junit.jupiter.api.Assertions.assertArrayEquals
 import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertThrows
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
 import org.junit.jupiter.api.io.TempDir
@@ -51,4 +55,15 @@ class PromiseWaitTest {
         }
         noWaits()
     }
+
+    @Test
+    fun `an await of an id that is not Unicode is InvalidArgument, as every call's`() = runBlocking {
+        Promises.memory().use { p ->
+            val bad = "order-\uD800"
+            assertThrows(PromiseException.InvalidArgument::class.java) { p.get(bad) }
+            val e = runCatching { withTimeout(5_000) { p.await(bad) } }.exceptionOrNull()
+            assertTrue(e is PromiseException.InvalidArgument, "await: $e")
+        }
+    }
+
 }
