@@ -66,4 +66,42 @@ class PromiseWaitTest {
         }
     }
 
+    @Test
+    fun `cancelled awaitDurable calls leave no waiter behind`() = runBlocking {
+        Promises.memory().use { p ->
+            Node().use { node ->
+                node.pool("stuck") { _, _ -> awaitCancellation() }
+                val d = node.askDurable(p, "stuck", byteArrayOf(1))
+                val before = node.stats().awaitedOutcomes
+                repeat(20) {
+                    launch(start = CoroutineStart.UNDISPATCHED) { node.awaitDurable(p, d.id) }.cancelAndJoin()
+                }
+                // Each waited (a task and a waiter) until the ask's end, 30 s
+                // from now. The count is the process's: an earlier test's
+                // waiter may end meanwhile.
+                eventually("waiters left: ${node.stats().awaitedOutcomes - before}") {
+                    node.stats().awaitedOutcomes <= before
+                }
+            }
+        }
+    }
+
+    @Test
+    fun `a durable ask awaited again after a cancelled await gets its reply`() = runBlocking {
+        Promises.memory().use { p ->
+            Node().use { node ->
+                val gate = CompletableDeferred<Unit>()
+                node.pool("gated") { m, _ ->
+                    gate.await()
+                    m
+                }
+                val d = node.askDurable(p, "gated", byteArrayOf(7))
+                val first = launch(start = CoroutineStart.UNDISPATCHED) { d.await() }
+                first.cancelAndJoin()
+                gate.complete(Unit)
+                assertArrayEquals(byteArrayOf(7), withTimeout(10_000) { d.await() })
+                assertEquals(PromiseState.RESOLVED, p.get(d.id).state)
+            }
+        }
+    }
 }
