@@ -141,6 +141,9 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
 
     private val closingPool = Any()
 
+    /** Whether [pool] is the open pool of its name here. */
+    internal fun hosts(pool: Pool): Boolean = pools[pool.name] === pool
+
     /** Cancels the ask under [token]; nothing to do once the node is closed. Never throws. */
     internal fun cancelAsk(token: Long) {
         if (closed) return

@@ -208,8 +208,15 @@ class Pool internal constructor(
      * This pool's counters (its entry of [Node.stats]).
      * @throws AskException.FailedPrecondition once it or its node is closed.
      */
-    fun stats(): PoolStats = node.stats().pools.firstOrNull { it.name == name && !closed }
-        ?: throw AskException.FailedPrecondition("pool $name is closed")
+    fun stats(): PoolStats {
+        val stats = node.stats()
+        // Checked after the read: a pool the node still holds now was this
+        // one when its counters were read. Its name alone may be a newer
+        // pool's, made after this one closed.
+        if (!node.hosts(this)) throw AskException.FailedPrecondition("pool $name is closed")
+        return stats.pools.firstOrNull { it.name == name }
+            ?: throw AskException.FailedPrecondition("pool $name is closed")
+    }
 
     /**
      * Stops the pool: new asks get `NoRoute`, queued ones are cancelled.
