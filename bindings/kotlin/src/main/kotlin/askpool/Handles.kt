@@ -42,8 +42,11 @@ object HandleTable {
 
     internal fun get(handle: Long): Any? {
         if (handle == 0L) return null
-        return objects.get(handle) ?: throw AskException.Internal("host handle $handle is not in the handle table")
+        return find(handle) ?: throw AskException.Internal("host handle $handle is not in the handle table")
     }
+
+    /** The object under a non-zero [handle], or null if it was let go. */
+    internal fun find(handle: Long): Any? = objects.get(handle)
 
     /** Drops the objects Rust no longer holds. */
     fun drain() = Hot.drainReleased { objects.take(it) }

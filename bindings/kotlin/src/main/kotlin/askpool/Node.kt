@@ -287,8 +287,13 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         return started.requestId
     }
 
-    /** The dead-letter queue, oldest first. */
-    fun deadLetters(): List<DeadLetter> = call { native.deadLetters() }.map { DeadLetter.of(it) }
+    /**
+     * The dead-letter queue, oldest first. A letter dropped while this call
+     * returns (the queue full, a purge, a replay) may have lost its object
+     * before it is looked up here (the native list does not hold it): it
+     * is left out, as a listing made just after the drop would.
+     */
+    fun deadLetters(): List<DeadLetter> = call { native.deadLetters() }.mapNotNull { DeadLetter.of(it) }
 
     /**
      * Takes a dead letter out and asks it again with its ids; suspends until
@@ -501,17 +506,23 @@ data class DeadLetter(
     val reason: String,
 ) {
     internal companion object {
-        fun of(d: askpool.ffi.DeadLetterInfo) = DeadLetter(
-            requestId = d.requestId,
-            correlationId = d.correlationId,
-            pool = d.pool,
-            payload = when (val p = d.payload) {
-                is Payload.Host -> HandleTable.get(p.handle)
+        /** Null if its object was let go meanwhile (see [Node.deadLetters]). */
+        fun of(d: askpool.ffi.DeadLetterInfo): DeadLetter? {
+            val payload = when (val p = d.payload) {
+                // A stale handle finds nothing, never another object (a
+                // handle carries its slot's generation).
+                is Payload.Host -> if (p.handle == 0L) null else HandleTable.find(p.handle) ?: return null
                 is Payload.Bytes -> p.data
-            },
-            error = AskException.of(d.failure),
-            attempts = d.attempts.toInt(),
-            reason = d.reason,
-        )
+            }
+            return DeadLetter(
+                requestId = d.requestId,
+                correlationId = d.correlationId,
+                pool = d.pool,
+                payload = payload,
+                error = AskException.of(d.failure),
+                attempts = d.attempts.toInt(),
+                reason = d.reason,
+            )
+        }
     }
 }
