@@ -166,12 +166,14 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         currentCoroutineContext().ensureActive()
         // Bytes never take the fast path (it carries a handle only): they
         // cross as bytes, sized against [NodeOptions.maxPayloadBytes].
-        if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
+        // Through a handle nobody else sees: no stage record is kept for it
+        // (one kept would wait for the handle's collection to be let go).
+        if (!options.simple || msg is ByteArray) return start(pool, msg, options, stages = false).await()
         checkOpen()
         // A name the native side gives no id (past its bound, or no pool
         // name at all) is asked by name.
         val poolId = poolIdOf(pool)
-        if (poolId < 0) return send(pool, msg, options).await()
+        if (poolId < 0) return start(pool, msg, options, stages = false).await()
         val timeoutMs = options.timeout?.let { millis(it) } ?: 0
         return suspendCancellableCoroutine { cont ->
             val token = completions.register(cont)
@@ -226,7 +228,11 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     }
 
     /** Asks and returns at once with the ask's [AskHandle]. */
-    fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
+    fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle =
+        start(pool, msg, options, stages = true)
+
+    /** Starts an ask; its stage record is kept for [AskHandle.stages] if [stages]. */
+    private fun start(pool: String, msg: Any?, options: AskOptions, stages: Boolean): AskHandle {
         checkOpen()
         checkUnicode(pool, options.preferredWorker, options.requestId, options.correlationId, options.causationId)
         // Before the handle is registered: a node closing now throws here
@@ -238,14 +244,14 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         if (poolId >= 0) {
             val started = Hot.Started()
             val timeoutMs = options.timeout?.let { millis(it) } ?: 0
-            startHot(poolId, msg, timeoutMs, token, Hot.KEEP_STAGES, started, null)?.let {
+            startHot(poolId, msg, timeoutMs, token, if (stages) Hot.KEEP_STAGES else 0, started, null)?.let {
                 handle.dropStageRecord()
                 throw it
             }
             handle.started(started.requestId, started.requestId, started.stagesKept)
         } else {
             val start = startOrForget(token) {
-                native.askWith(pool, payloadOf(msg), options.toArgs(stages = true, oneWay = false), token)
+                native.askWith(pool, payloadOf(msg), options.toArgs(stages = stages, oneWay = false), token)
             }
             handle.started(start.requestId, start.correlationId, start.stagesKept)
         }
