@@ -3,6 +3,9 @@ package askpool
 import askpool.ffi.NativePromises
 import askpool.ffi.PromiseFault
 import askpool.ffi.PromiseRecord
+import kotlinx.coroutines.Dispatchers
+import kotlinx.coroutines.currentCoroutineContext
+import kotlinx.coroutines.withContext
 import java.nio.file.Path
 import kotlin.time.Duration
 import kotlin.time.Duration.Companion.hours
@@ -146,7 +149,17 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
     suspend fun await(id: String): DurablePromise {
         if (closed) throw PromiseException.Closed()
         return try {
-            DurablePromise(wait(id))
+            // The native wait resumes its caller on a runtime thread: an
+            // unconfined caller's code would run on there (and JNA could not
+            // detach the thread after), so such a caller waits on
+            // Dispatchers.IO, where it may block, as an ask's caller does
+            // ([JvmThreads.offLibraryThread]).
+            val record = if (JvmThreads.dispatches(currentCoroutineContext())) {
+                wait(id)
+            } else {
+                withContext(Dispatchers.IO) { wait(id) }
+            }
+            DurablePromise(record)
         } catch (e: IllegalStateException) {
             if (closed) throw PromiseException.Closed()
             throw e

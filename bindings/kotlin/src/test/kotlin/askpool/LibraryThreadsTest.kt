@@ -1,0 +1,50 @@
+package askpool
+
+import kotlinx.coroutines.CompletableDeferred
+import kotlinx.coroutines.Dispatchers
+import kotlinx.coroutines.async
+import kotlinx.coroutines.awaitCancellation
+import kotlinx.coroutines.launch
+import kotlinx.coroutines.runBlocking
+import kotlinx.coroutines.suspendCancellableCoroutine
+import kotlinx.coroutines.withContext
+import kotlinx.coroutines.withTimeout
+import kotlinx.coroutines.withTimeoutOrNull
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertFalse
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.Test
+import java.util.concurrent.CountDownLatch
+import java.util.concurrent.atomic.AtomicInteger
+import kotlin.time.Duration.Companion.hours
+import kotlin.time.Duration.Companion.milliseconds
+import kotlin.time.Duration.Companion.seconds
+
+/**
+ * The library's threads (the runtime's, `askpool-events`) never run host
+ * code: a handler or caller blocking one would stall every ask's timers.
+ * Code that runs in place where it is resumed or launched (an unconfined
+ * dispatcher) is moved off them.
+ */
+class LibraryThreadsTest {
+    /** Asks with options start through the generated call: their requests come through the event thread. */
+    private val viaEvents = AskOptions(timeout = 10.seconds, correlationId = "000000000000000000000000000000aa")
+
+    /** A thread the library made or attached (a runtime thread, or one JNA attached for a callback). */
+    private fun native(t: Thread) = t.name.startsWith("askpool") || t.name.startsWith("Thread-")
+
+    @Test
+    fun `an unconfined Promises await resumes off the library's threads`() = runBlocking {
+        Promises.memory().use { p ->
+            p.create("x", 1.hours)
+            val resumedOn = async(Dispatchers.Unconfined) {
+                p.await("x")
+                Thread.currentThread()
+            }
+            eventually("the await started") { askpool.ffi.promiseWaitsInFlight() > 0uL }
+            p.resolve("x", byteArrayOf(1))
+            val thread = withTimeout(10.seconds) { resumedOn.await() }
+            assertFalse(native(thread), "resumed on ${thread.name}")
+        }
+    }
+}
