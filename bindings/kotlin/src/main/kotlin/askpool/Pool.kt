@@ -108,6 +108,23 @@ class RequestContext internal constructor(private val request: Long) {
         job?.cancel()
     }
 
+    /**
+     * The request itself was cancelled (its caller, a timeout, shutdown),
+     * before or while its handler runs: the handler's coroutine is
+     * cancelled, now or as it starts. Waking [cancelled] and cancelling the
+     * job run the handler's code in place (an unconfined waiter, an
+     * `invokeOnCancellation`), and this is called on a library thread: that
+     * part runs off it, or a blocking handler would stall every ask's timers.
+     */
+    internal fun cancelRequest() {
+        cancelledFlag = true
+        cancelPending = true
+        JvmThreads.offLibraryThread(null) {
+            markCancelled()
+            job?.cancel()
+        }
+    }
+
     internal fun markCancelled() {
         cancelledFlag = true
         cancelSignal?.complete(Unit)
@@ -274,10 +291,7 @@ class Pool internal constructor(
         JvmThreads.stayAttached()
         // Null if the request has not started (its start finds the cancel),
         // or has been answered already (the runtime no longer knows it).
-        running.cancel(request) { requestInfo(it) != null }?.let {
-            it.markCancelled()
-            it.cancelJob()
-        }
+        running.cancel(request) { requestInfo(it) != null }?.cancelRequest()
     }
 
     /**

@@ -34,6 +34,33 @@ class LibraryThreadsTest {
     private fun native(t: Thread) = t.name.startsWith("askpool") || t.name.startsWith("Thread-")
 
     @Test
+    fun `a handler's cancel wakes its waiters off the library's threads`() = runBlocking {
+        Node().use { node ->
+            val started = CompletableDeferred<Unit>()
+            val waiterOnLibrary = CompletableDeferred<Boolean>()
+            val cleanupOnLibrary = CompletableDeferred<Boolean>()
+            node.pool("p") { _, ctx ->
+                // Unconfined: resumed in place by whatever completes the cancel signal.
+                this@runBlocking.launch(Dispatchers.Unconfined) {
+                    ctx.cancelled()
+                    waiterOnLibrary.complete(JvmThreads.onLibraryThread())
+                }
+                suspendCancellableCoroutine<Unit> { cont ->
+                    // Runs in place on the thread that cancels the handler's job.
+                    cont.invokeOnCancellation { cleanupOnLibrary.complete(JvmThreads.onLibraryThread()) }
+                    started.complete(Unit)
+                }
+            }
+            val h = node.send("p", "x")
+            withTimeout(10.seconds) { started.await() }
+            h.cancel()
+            assertTrue(failure { h.await() } is AskException.AskCancelled)
+            assertFalse(withTimeout(10.seconds) { waiterOnLibrary.await() }, "ctx.cancelled() resumed on a library thread")
+            assertFalse(withTimeout(10.seconds) { cleanupOnLibrary.await() }, "invokeOnCancellation ran on a library thread")
+        }
+    }
+
+    @Test
     fun `an unconfined Promises await resumes off the library's threads`() = runBlocking {
         Promises.memory().use { p ->
             p.create("x", 1.hours)
