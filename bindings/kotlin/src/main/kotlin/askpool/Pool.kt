@@ -12,6 +12,7 @@ import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
 import kotlinx.coroutines.CoroutineScope
 import kotlinx.coroutines.CoroutineStart
+import kotlinx.coroutines.Dispatchers
 import kotlinx.coroutines.Job
 import kotlinx.coroutines.launch
 import java.util.concurrent.ConcurrentHashMap
@@ -373,7 +374,7 @@ class Pool internal constructor(
             }
         }
         val job = try {
-            launchHandler(request, msg, context, start, ran)
+            launchHandler(request, msg, context, start, ran, whereToLaunch())
         } catch (t: Throwable) {
             refused(t)
             return
@@ -381,14 +382,30 @@ class Pool internal constructor(
         job.invokeOnCompletion { cause -> if (!ran.get()) refused(cause) }
     }
 
+    /**
+     * A dispatcher that does not dispatch (`Dispatchers.Unconfined`) runs
+     * the handler where it is launched: on a library thread (a runtime
+     * thread's [handleBytes], the event thread), that would block every
+     * ask's timers with it. There it starts on `Dispatchers.IO` instead,
+     * where a handler may block, as [JvmThreads.offLibraryThread] moves a
+     * caller's code.
+     */
+    private fun whereToLaunch(): CoroutineContext =
+        if (JvmThreads.onLibraryThread() && !JvmThreads.dispatches(handlers.coroutineContext)) {
+            Dispatchers.IO
+        } else {
+            EmptyCoroutineContext
+        }
+
     private fun launchHandler(
         request: Long,
         msg: Any?,
         context: RequestContext,
         start: CoroutineStart,
         ran: java.util.concurrent.atomic.AtomicBoolean,
+        where: CoroutineContext,
     ): Job =
-        handlers.launch(EmptyCoroutineContext, start) {
+        handlers.launch(where, start) {
             if (!ran.compareAndSet(false, true)) return@launch
             context.job = coroutineContext[Job]
             // A cancel that came between registration and now found no job.

@@ -34,6 +34,58 @@ class LibraryThreadsTest {
     private fun native(t: Thread) = t.name.startsWith("askpool") || t.name.startsWith("Thread-")
 
     @Test
+    fun `an unconfined pool's handler never runs on a library thread`() = runBlocking {
+        Node().use { node ->
+            val onLibrary = AtomicInteger()
+            node.pool("unconfined", PoolOptions(dispatcher = Dispatchers.Unconfined)) { _, _ ->
+                if (JvmThreads.onLibraryThread()) onLibrary.incrementAndGet()
+                byteArrayOf(0)
+            }
+            withContext(Dispatchers.IO) {
+                repeat(20) {
+                    // Bytes reach the pool on a runtime thread (handleBytes), an
+                    // object asked with options on the event thread.
+                    node.ask("unconfined", byteArrayOf(1), viaEvents)
+                    node.ask("unconfined", "x", viaEvents)
+                }
+            }
+            assertEquals(0, onLibrary.get(), "handlers run on a library thread")
+        }
+    }
+
+    @Test
+    fun `an unconfined pool's blocking handlers do not stall other asks' timers`() = runBlocking {
+        Node().use { node ->
+            val release = CountDownLatch(1)
+            val blocking = AtomicInteger()
+            // As many as the runtime has threads: run on them, they stopped every timer.
+            val n = askpool.ffi.runtimeWorkerThreads().toInt()
+            node.pool("blocking", PoolOptions(concurrency = n, dispatcher = Dispatchers.Unconfined)) { _, _ ->
+                blocking.incrementAndGet()
+                release.await()
+                byteArrayOf(0)
+            }
+            node.pool("stuck") { _, _ -> awaitCancellation() }
+            try {
+                val blockers = List(n) { node.send("blocking", byteArrayOf(1)) }
+                val timedOut = withTimeoutOrNull(20.seconds) {
+                    eventually("every handler blocks") { blocking.get() == n }
+                    try {
+                        node.ask("stuck", "x", AskOptions(timeout = 100.milliseconds))
+                    } catch (e: AskException) {
+                        e
+                    }
+                }
+                assertTrue(timedOut is AskException.AskTimeout, "a 100 ms ask while handlers block: $timedOut (null: none in 20 s)")
+                release.countDown()
+                blockers.forEach { it.await() }
+            } finally {
+                release.countDown()
+            }
+        }
+    }
+
+    @Test
     fun `a handler's cancel wakes its waiters off the library's threads`() = runBlocking {
         Node().use { node ->
             val started = CompletableDeferred<Unit>()
