@@ -222,6 +222,9 @@ class Pool internal constructor(
     /** Requests this pool's handler is running. */
     fun running(): Int = running.size()
 
+    /** Running requests and cancels waiting for their request's start (for tests). */
+    internal fun requestEntries(): Int = running.entries()
+
     /**
      * This pool's counters (its entry of [Node.stats]).
      * @throws AskException.FailedPrecondition once it or its node is closed.
@@ -347,7 +350,9 @@ class Pool internal constructor(
      */
     internal fun start(request: Long, msg: Any?, here: ContinuationInterceptor? = null) {
         val context = RequestContext(request)
-        if (running.start(request, context)) context.markCancelled()
+        // A cancel that came first cancels the handler as one that comes
+        // while it runs does (not only its flag: it would run to its end).
+        if (running.start(request, context)) context.cancelRequest()
         // Checked after the start is recorded: a cancelAll either sees this
         // request or ran before this check.
         if (closed) context.cancelPending = true
