@@ -301,14 +301,16 @@ class Pool internal constructor(
     /**
      * What a [CancellationException] out of a handler means. A cancel of
      * the request itself (its caller, a timeout, shutdown: the handler's
-     * job was cancelled) or a plain `CancellationException` the handler
-     * threw to give up is a worker-side cancel. Any other one is a failure
+     * job was cancelled, [RequestContext.cancelPending]) or a plain
+     * `CancellationException` the handler threw to give up is a worker-side
+     * cancel. Its pool's close is none ([RequestContext.isCancelled] says
+     * so, but a reply still reaches the caller). Any other one is a failure
      * of the handler: a `withTimeout` that expired inside it
      * (`TimeoutCancellationException`), a cancelled scope or job it waited
      * on: [AskException.HandlerFailed] with its class name and message.
      */
     private fun cancelFault(e: CancellationException, context: RequestContext, job: Job?): Fault =
-        if (job?.isCancelled == true || context.cancelPending || context.isCancelled ||
+        if (job?.isCancelled == true || context.cancelPending ||
             e.javaClass == CancellationException::class.java
         ) {
             Fault.AskCancelled(CancelCause.WORKER)

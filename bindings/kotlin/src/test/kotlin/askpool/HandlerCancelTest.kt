@@ -45,6 +45,28 @@ class HandlerCancelTest {
         }
     }
 
+    @Test
+    fun `a handler's own withTimeout after its pool closed is still a handler failure`() = runBlocking {
+        Node().use { node ->
+            val started = CompletableDeferred<Unit>()
+            val poolClosed = CompletableDeferred<Unit>()
+            val pool = node.pool("p") { _, ctx ->
+                started.complete(Unit)
+                poolClosed.await()
+                // Told of the close, not cancelled: a reply still reaches the caller.
+                assertTrue(ctx.isCancelled)
+                withTimeout(1) { delay(10_000) }
+            }
+            val h = node.send("p", "x", AskOptions(timeout = 30.seconds))
+            withTimeout(10.seconds) { started.await() }
+            pool.close()
+            poolClosed.complete(Unit)
+            val e = failure { h.await() }
+            assertTrue(e is AskException.HandlerFailed, e.toString())
+            assertTrue((e as AskException.HandlerFailed).typeName.contains("TimeoutCancellationException"), e.typeName)
+        }
+    }
+
     /** Holds the thread of its first dispatch (the event thread, below) until [gate] opens. */
     private class HoldFirstDispatch : CoroutineDispatcher() {
         val entered = CountDownLatch(1)
