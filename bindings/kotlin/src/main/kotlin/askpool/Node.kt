@@ -397,7 +397,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             }
         }
         if (!first) {
-            if (closer !== Thread.currentThread()) closeDone.await()
+            if (closer !== Thread.currentThread()) awaitFirstClose()
             return
         }
         try {
@@ -406,6 +406,25 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             closer = null
             closeDone.countDown()
         }
+    }
+
+    /**
+     * Waits for the close that runs on another thread. A close cannot be
+     * given up half-way, and an interrupt thrown from it reached the caller
+     * as a raw `InterruptedException`: the wait goes on, and the thread's
+     * interrupt is set again for its own code to see.
+     */
+    private fun awaitFirstClose() {
+        var interrupted = false
+        while (true) {
+            try {
+                closeDone.await()
+                break
+            } catch (e: InterruptedException) {
+                interrupted = true
+            }
+        }
+        if (interrupted) Thread.currentThread().interrupt()
     }
 
     private fun shutDown() {
