@@ -48,6 +48,16 @@ object HandleTable {
     /** The object under a non-zero [handle], or null if it was let go. */
     internal fun find(handle: Long): Any? = objects.get(handle)
 
+    /**
+     * Drops the object under [handle], put for a call that failed before
+     * Rust took the handle on. Also safe if Rust took it and released it
+     * again: the drain that comes for it then finds the slot's generation
+     * changed, and drops nothing.
+     */
+    internal fun forget(handle: Long) {
+        if (handle != 0L) objects.take(handle)
+    }
+
     /** Drops the objects Rust no longer holds. */
     fun drain() = Hot.drainReleased { objects.take(it) }
 

@@ -250,9 +250,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             }
             handle.started(started.requestId, started.requestId, started.stagesKept)
         } else {
-            val start = startOrForget(token) {
-                native.askWith(pool, payloadOf(msg), options.toArgs(stages = stages, oneWay = false), token)
-            }
+            val start = askByName(pool, msg, options.toArgs(stages = stages, oneWay = false), token)
             handle.started(start.requestId, start.correlationId, start.stagesKept)
         }
         return handle
@@ -283,7 +281,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             } else {
                 val args = options.toArgs()
                 started.requestId = try {
-                    startOrForget(token) { native.askWith(pool, payloadOf(msg), args, token) }.requestId
+                    askByName(pool, msg, args, token).requestId
                 } catch (e: AskException) {
                     return@suspendCancellableCoroutine // its waiter failed with it
                 }
@@ -332,6 +330,23 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         val start = startOrForget(token) { native.replayDeadLetter(requestId, token) }
         handle.started(start.requestId, start.correlationId, start.stagesKept)
         return handle
+    }
+
+    /**
+     * Starts an ask or tell of [msg] by [pool]'s name (the generated call),
+     * under [token], whose waiter is registered. A call that throws left
+     * the message's handle with nobody: refused before it reached the
+     * native side (the node closed under it) or let go there again. It is
+     * let go here, or the handle table kept the object for good.
+     */
+    private fun askByName(pool: String, msg: Any?, args: askpool.ffi.AskArgs, token: Long): askpool.ffi.AskStart {
+        val payload = payloadOf(msg)
+        try {
+            return startOrForget(token) { native.askWith(pool, payload, args, token) }
+        } catch (e: Throwable) {
+            if (payload is Payload.Host) HandleTable.forget(payload.handle)
+            throw e
+        }
     }
 
     /**

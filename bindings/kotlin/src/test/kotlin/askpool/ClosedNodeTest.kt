@@ -162,4 +162,37 @@ class ClosedNodeTest {
         }
         assertTrue(runCatching { handle.await() }.exceptionOrNull() is AskException.Unavailable)
     }
+
+    /** Asks [node] by name (options) with a fresh object that only the library could hold; returns a reference to it. */
+    private fun askByNameRefused(node: Node, tell: Boolean): java.lang.ref.WeakReference<Any> {
+        val msg = Any()
+        val options = "000000000000000000000000000000aa"
+        val e = runCatching {
+            if (tell) {
+                runBlocking { node.tell("echo", msg, TellOptions(correlationId = options)) }
+            } else {
+                node.send("echo", msg, AskOptions(correlationId = options))
+            }
+        }.exceptionOrNull()
+        assertTrue(e is AskException, "a call on a freed native node: $e")
+        return java.lang.ref.WeakReference(msg)
+    }
+
+    @Test
+    fun `a send or tell the native node refuses as it closes lets go of its message`() = runBlocking {
+        val node = Node()
+        node.pool("echo") { msg, _ -> msg }
+        // The native node freed under a call that passed the open check (a
+        // close racing it): the generated call throws before the message's
+        // handle reaches the native side, which then never releases it.
+        node.native.shutdown()
+        node.native.close()
+        val sent = askByNameRefused(node, tell = false)
+        val told = askByNameRefused(node, tell = true)
+        eventually("the refused messages are collectable") {
+            System.gc()
+            sent.get() == null && told.get() == null
+        }
+        node.close()
+    }
 }
