@@ -601,10 +601,21 @@ impl NativeNode {
         stages_kept
     }
 
-    /// Runs an ask to its end on the runtime and reports the outcome.
-    fn drive(self: &Arc<Self>, started: Started, token: i64, stages_kept: bool) {
+    /// The switch [`cancel`](Self::cancel) pulls for what runs under
+    /// `token`, until [`forget_cancel`](Self::forget_cancel).
+    pub(crate) fn register_cancel(&self, token: i64) -> oneshot::Receiver<()> {
         let (cancel_tx, cancel_rx) = oneshot::channel();
         self.asks.insert(token, cancel_tx);
+        cancel_rx
+    }
+
+    pub(crate) fn forget_cancel(&self, token: i64) {
+        self.asks.remove(token);
+    }
+
+    /// Runs an ask to its end on the runtime and reports the outcome.
+    fn drive(self: &Arc<Self>, started: Started, token: i64, stages_kept: bool) {
+        let cancel_rx = self.register_cancel(token);
         // One count on the node, not one each on its map and listener: every
         // asking thread writes these counts.
         let node = Arc::clone(self);
@@ -613,7 +624,7 @@ impl NativeNode {
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| Err(AskError::internal(panic_message(panic.as_ref()))));
-            node.asks.remove(token);
+            node.forget_cancel(token);
             match outcome {
                 Ok(Some(Msg::Host(r))) => events::push(events::REPLY, token, 0, r),
                 Ok(Some(Msg::Bytes(b))) => node.listener.on_reply_bytes(token, b.to_vec()),

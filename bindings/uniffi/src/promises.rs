@@ -260,7 +260,7 @@ impl NativeNode {
     /// Starts a durable ask of `payload` to `pool` (under `id`, or a fresh
     /// one); the outcome goes to the listener under `token`. Returns the id.
     pub fn ask_durable(
-        &self,
+        self: Arc<Self>,
         promises: Arc<NativePromises>,
         pool: String,
         payload: Vec<u8>,
@@ -283,7 +283,7 @@ impl NativeNode {
     /// The outcome of the durable ask `id` (asked again if still pending),
     /// to the listener under `token`.
     pub fn await_durable(
-        &self,
+        self: Arc<Self>,
         promises: Arc<NativePromises>,
         id: String,
         token: i64,
@@ -296,18 +296,29 @@ impl NativeNode {
 }
 
 impl NativeNode {
-    fn drive_durable(&self, handle: DurableHandle<Msg>, token: i64) -> String {
+    /// Reports the durable ask's outcome under `token`. A cancel of the
+    /// token ([`NativeNode::cancel`]: the Kotlin waiter gave up) drops the
+    /// handle and fails the waiter with `AskCancelled`: the ask itself runs
+    /// on and is recorded (it was started in the runtime); this wait would
+    /// otherwise hold a task and the waiter until the ask ends.
+    fn drive_durable(self: &Arc<Self>, handle: DurableHandle<Msg>, token: i64) -> String {
         let id = handle.id().to_owned();
         let listener = self.listener();
+        let cancel = self.register_cancel(token);
+        let node = Arc::clone(self);
         runtime().spawn(async move {
-            let outcome = AssertUnwindSafe(handle)
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
+            let outcome = tokio::select! {
+                biased;
+                outcome = AssertUnwindSafe(handle).catch_unwind() => outcome.unwrap_or_else(|panic| {
                     Err(askpool::AskError::internal(crate::node::panic_message(
                         panic.as_ref(),
                     )))
-                });
+                }),
+                Ok(()) = cancel => Err(askpool::AskError::AskCancelled {
+                    reason: askpool::CancelReason::Caller,
+                }),
+            };
+            node.forget_cancel(token);
             match outcome {
                 Ok(Msg::Bytes(b)) => listener.on_reply_bytes(token, b.to_vec()),
                 // A durable ask's outcome is bytes, stored or read back.

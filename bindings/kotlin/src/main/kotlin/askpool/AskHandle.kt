@@ -124,6 +124,9 @@ class AskHandle internal constructor(private val node: Node) : Completion {
         throw e
     }
 
+    /** The reply; cancelling the awaiting coroutine leaves the ask running (a [DurableAsk]). */
+    internal suspend fun awaitKeepingAsk(): Any? = result.await()
+
     /**
      * Waits until the ask has ended, however it ended. Unlike [await],
      * cancelling the waiting coroutine leaves the ask running: a

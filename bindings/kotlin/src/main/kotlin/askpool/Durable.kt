@@ -35,7 +35,7 @@ class DurableAsk<R> internal constructor(
      * The reply, recorded in the promise. Cancelling the awaiting coroutine
      * only stops waiting: the promise stays pending for a later await.
      */
-    suspend fun await(): R = decode(handle.await(), codec)
+    suspend fun await(): R = decode(handle.awaitKeepingAsk(), codec)
 }
 
 /**
@@ -71,7 +71,8 @@ fun Node.askDurable(promises: Promises, pool: String, msg: ByteArray, id: String
 /**
  * The outcome of the durable ask [id], typically after a restart: a
  * settled promise answers at once; a pending one is asked again under the
- * same id.
+ * same id. Cancelling the calling coroutine stops the wait (nothing of it
+ * is left behind); the ask runs on, its promise pending for a later await.
  */
 suspend fun <R> Node.awaitDurable(promises: Promises, id: String, replyCodec: DurableCodec<R>): R {
     val handle = durableHandle()

@@ -42,7 +42,20 @@ object HandleTable {
 
     internal fun get(handle: Long): Any? {
         if (handle == 0L) return null
-        return objects.get(handle) ?: throw AskException.Internal("host handle $handle is not in the handle table")
+        return find(handle) ?: throw AskException.Internal("host handle $handle is not in the handle table")
+    }
+
+    /** The object under a non-zero [handle], or null if it was let go. */
+    internal fun find(handle: Long): Any? = objects.get(handle)
+
+    /**
+     * Drops the object under [handle], put for a call that failed before
+     * Rust took the handle on. Also safe if Rust took it and released it
+     * again: the drain that comes for it then finds the slot's generation
+     * changed, and drops nothing.
+     */
+    internal fun forget(handle: Long) {
+        if (handle != 0L) objects.take(handle)
     }
 
     /** Drops the objects Rust no longer holds. */

@@ -141,6 +141,9 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
 
     private val closingPool = Any()
 
+    /** Whether [pool] is the open pool of its name here. */
+    internal fun hosts(pool: Pool): Boolean = pools[pool.name] === pool
+
     /** Cancels the ask under [token]; nothing to do once the node is closed. Never throws. */
     internal fun cancelAsk(token: Long) {
         if (closed) return
@@ -163,12 +166,14 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         currentCoroutineContext().ensureActive()
         // Bytes never take the fast path (it carries a handle only): they
         // cross as bytes, sized against [NodeOptions.maxPayloadBytes].
-        if (!options.simple || msg is ByteArray) return send(pool, msg, options).await()
+        // Through a handle nobody else sees: no stage record is kept for it
+        // (one kept would wait for the handle's collection to be let go).
+        if (!options.simple || msg is ByteArray) return start(pool, msg, options, stages = false).await()
         checkOpen()
         // A name the native side gives no id (past its bound, or no pool
         // name at all) is asked by name.
         val poolId = poolIdOf(pool)
-        if (poolId < 0) return send(pool, msg, options).await()
+        if (poolId < 0) return start(pool, msg, options, stages = false).await()
         val timeoutMs = options.timeout?.let { millis(it) } ?: 0
         return suspendCancellableCoroutine { cont ->
             val token = completions.register(cont)
@@ -223,7 +228,11 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
     }
 
     /** Asks and returns at once with the ask's [AskHandle]. */
-    fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle {
+    fun send(pool: String, msg: Any?, options: AskOptions = AskOptions()): AskHandle =
+        start(pool, msg, options, stages = true)
+
+    /** Starts an ask; its stage record is kept for [AskHandle.stages] if [stages]. */
+    private fun start(pool: String, msg: Any?, options: AskOptions, stages: Boolean): AskHandle {
         checkOpen()
         checkUnicode(pool, options.preferredWorker, options.requestId, options.correlationId, options.causationId)
         // Before the handle is registered: a node closing now throws here
@@ -235,15 +244,13 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         if (poolId >= 0) {
             val started = Hot.Started()
             val timeoutMs = options.timeout?.let { millis(it) } ?: 0
-            startHot(poolId, msg, timeoutMs, token, Hot.KEEP_STAGES, started, null)?.let {
+            startHot(poolId, msg, timeoutMs, token, if (stages) Hot.KEEP_STAGES else 0, started, null)?.let {
                 handle.dropStageRecord()
                 throw it
             }
             handle.started(started.requestId, started.requestId, started.stagesKept)
         } else {
-            val start = startOrForget(token) {
-                native.askWith(pool, payloadOf(msg), options.toArgs(stages = true, oneWay = false), token)
-            }
+            val start = askByName(pool, msg, options.toArgs(stages = stages, oneWay = false), token)
             handle.started(start.requestId, start.correlationId, start.stagesKept)
         }
         return handle
@@ -274,7 +281,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             } else {
                 val args = options.toArgs()
                 started.requestId = try {
-                    startOrForget(token) { native.askWith(pool, payloadOf(msg), args, token) }.requestId
+                    askByName(pool, msg, args, token).requestId
                 } catch (e: AskException) {
                     return@suspendCancellableCoroutine // its waiter failed with it
                 }
@@ -284,8 +291,13 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         return started.requestId
     }
 
-    /** The dead-letter queue, oldest first. */
-    fun deadLetters(): List<DeadLetter> = call { native.deadLetters() }.map { DeadLetter.of(it) }
+    /**
+     * The dead-letter queue, oldest first. A letter dropped while this call
+     * returns (the queue full, a purge, a replay) may have lost its object
+     * before it is looked up here (the native list does not hold it): it
+     * is left out, as a listing made just after the drop would.
+     */
+    fun deadLetters(): List<DeadLetter> = call { native.deadLetters() }.mapNotNull { DeadLetter.of(it) }
 
     /**
      * Takes a dead letter out and asks it again with its ids; suspends until
@@ -318,6 +330,23 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
         val start = startOrForget(token) { native.replayDeadLetter(requestId, token) }
         handle.started(start.requestId, start.correlationId, start.stagesKept)
         return handle
+    }
+
+    /**
+     * Starts an ask or tell of [msg] by [pool]'s name (the generated call),
+     * under [token], whose waiter is registered. A call that throws left
+     * the message's handle with nobody: refused before it reached the
+     * native side (the node closed under it) or let go there again. It is
+     * let go here, or the handle table kept the object for good.
+     */
+    private fun askByName(pool: String, msg: Any?, args: askpool.ffi.AskArgs, token: Long): askpool.ffi.AskStart {
+        val payload = payloadOf(msg)
+        try {
+            return startOrForget(token) { native.askWith(pool, payload, args, token) }
+        } catch (e: Throwable) {
+            if (payload is Payload.Host) HandleTable.forget(payload.handle)
+            throw e
+        }
     }
 
     /**
@@ -383,7 +412,7 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             }
         }
         if (!first) {
-            if (closer !== Thread.currentThread()) closeDone.await()
+            if (closer !== Thread.currentThread()) awaitFirstClose()
             return
         }
         try {
@@ -392,6 +421,25 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
             closer = null
             closeDone.countDown()
         }
+    }
+
+    /**
+     * Waits for the close that runs on another thread. A close cannot be
+     * given up half-way, and an interrupt thrown from it reached the caller
+     * as a raw `InterruptedException`: the wait goes on, and the thread's
+     * interrupt is set again for its own code to see.
+     */
+    private fun awaitFirstClose() {
+        var interrupted = false
+        while (true) {
+            try {
+                closeDone.await()
+                break
+            } catch (e: InterruptedException) {
+                interrupted = true
+            }
+        }
+        if (interrupted) Thread.currentThread().interrupt()
     }
 
     private fun shutDown() {
@@ -498,17 +546,23 @@ data class DeadLetter(
     val reason: String,
 ) {
     internal companion object {
-        fun of(d: askpool.ffi.DeadLetterInfo) = DeadLetter(
-            requestId = d.requestId,
-            correlationId = d.correlationId,
-            pool = d.pool,
-            payload = when (val p = d.payload) {
-                is Payload.Host -> HandleTable.get(p.handle)
+        /** Null if its object was let go meanwhile (see [Node.deadLetters]). */
+        fun of(d: askpool.ffi.DeadLetterInfo): DeadLetter? {
+            val payload = when (val p = d.payload) {
+                // A stale handle finds nothing, never another object (a
+                // handle carries its slot's generation).
+                is Payload.Host -> if (p.handle == 0L) null else HandleTable.find(p.handle) ?: return null
                 is Payload.Bytes -> p.data
-            },
-            error = AskException.of(d.failure),
-            attempts = d.attempts.toInt(),
-            reason = d.reason,
-        )
+            }
+            return DeadLetter(
+                requestId = d.requestId,
+                correlationId = d.correlationId,
+                pool = d.pool,
+                payload = payload,
+                error = AskException.of(d.failure),
+                attempts = d.attempts.toInt(),
+                reason = d.reason,
+            )
+        }
     }
 }

@@ -27,7 +27,8 @@ data class NodeOptions(
      * least 0, null lifts the bound. A larger one fails at once with
      * [AskException.OversizePayload] and is not sent (its handler never
      * runs). Only a `ByteArray` has a size: any other JVM object passes by
-     * reference and is not checked, nor is a durable ask ([askDurable]).
+     * reference and is not checked. A durable ask ([askDurable]) is checked
+     * by its encoded message, before its promise is stored.
      * Default [DEFAULT_MAX_PAYLOAD_BYTES], the runtime's.
      */
     val maxPayloadBytes: Long? = DEFAULT_MAX_PAYLOAD_BYTES,

@@ -12,6 +12,7 @@ import kotlinx.coroutines.CancellationException
 import kotlinx.coroutines.CompletableDeferred
 import kotlinx.coroutines.CoroutineScope
 import kotlinx.coroutines.CoroutineStart
+import kotlinx.coroutines.Dispatchers
 import kotlinx.coroutines.Job
 import kotlinx.coroutines.launch
 import java.util.concurrent.ConcurrentHashMap
@@ -106,6 +107,23 @@ class RequestContext internal constructor(private val request: Long) {
     internal fun cancelJob() {
         cancelPending = true
         job?.cancel()
+    }
+
+    /**
+     * The request itself was cancelled (its caller, a timeout, shutdown),
+     * before or while its handler runs: the handler's coroutine is
+     * cancelled, now or as it starts. Waking [cancelled] and cancelling the
+     * job run the handler's code in place (an unconfined waiter, an
+     * `invokeOnCancellation`), and this is called on a library thread: that
+     * part runs off it, or a blocking handler would stall every ask's timers.
+     */
+    internal fun cancelRequest() {
+        cancelledFlag = true
+        cancelPending = true
+        JvmThreads.offLibraryThread(null) {
+            markCancelled()
+            job?.cancel()
+        }
     }
 
     internal fun markCancelled() {
@@ -204,12 +222,22 @@ class Pool internal constructor(
     /** Requests this pool's handler is running. */
     fun running(): Int = running.size()
 
+    /** Running requests and cancels waiting for their request's start (for tests). */
+    internal fun requestEntries(): Int = running.entries()
+
     /**
      * This pool's counters (its entry of [Node.stats]).
      * @throws AskException.FailedPrecondition once it or its node is closed.
      */
-    fun stats(): PoolStats = node.stats().pools.firstOrNull { it.name == name && !closed }
-        ?: throw AskException.FailedPrecondition("pool $name is closed")
+    fun stats(): PoolStats {
+        val stats = node.stats()
+        // Checked after the read: a pool the node still holds now was this
+        // one when its counters were read. Its name alone may be a newer
+        // pool's, made after this one closed.
+        if (!node.hosts(this)) throw AskException.FailedPrecondition("pool $name is closed")
+        return stats.pools.firstOrNull { it.name == name }
+            ?: throw AskException.FailedPrecondition("pool $name is closed")
+    }
 
     /**
      * Stops the pool: new asks get `NoRoute`, queued ones are cancelled.
@@ -267,23 +295,22 @@ class Pool internal constructor(
         JvmThreads.stayAttached()
         // Null if the request has not started (its start finds the cancel),
         // or has been answered already (the runtime no longer knows it).
-        running.cancel(request) { requestInfo(it) != null }?.let {
-            it.markCancelled()
-            it.cancelJob()
-        }
+        running.cancel(request) { requestInfo(it) != null }?.cancelRequest()
     }
 
     /**
      * What a [CancellationException] out of a handler means. A cancel of
      * the request itself (its caller, a timeout, shutdown: the handler's
-     * job was cancelled) or a plain `CancellationException` the handler
-     * threw to give up is a worker-side cancel. Any other one is a failure
+     * job was cancelled, [RequestContext.cancelPending]) or a plain
+     * `CancellationException` the handler threw to give up is a worker-side
+     * cancel. Its pool's close is none ([RequestContext.isCancelled] says
+     * so, but a reply still reaches the caller). Any other one is a failure
      * of the handler: a `withTimeout` that expired inside it
      * (`TimeoutCancellationException`), a cancelled scope or job it waited
      * on: [AskException.HandlerFailed] with its class name and message.
      */
     private fun cancelFault(e: CancellationException, context: RequestContext, job: Job?): Fault =
-        if (job?.isCancelled == true || context.cancelPending || context.isCancelled ||
+        if (job?.isCancelled == true || context.cancelPending ||
             e.javaClass == CancellationException::class.java
         ) {
             Fault.AskCancelled(CancelCause.WORKER)
@@ -325,7 +352,9 @@ class Pool internal constructor(
      */
     internal fun start(request: Long, msg: Any?, here: ContinuationInterceptor? = null) {
         val context = RequestContext(request)
-        if (running.start(request, context)) context.markCancelled()
+        // A cancel that came first cancels the handler as one that comes
+        // while it runs does (not only its flag: it would run to its end).
+        if (running.start(request, context)) context.cancelRequest()
         // Checked after the start is recorded: a cancelAll either sees this
         // request or ran before this check.
         if (closed) context.cancelPending = true
@@ -352,7 +381,7 @@ class Pool internal constructor(
             }
         }
         val job = try {
-            launchHandler(request, msg, context, start, ran)
+            launchHandler(request, msg, context, start, ran, whereToLaunch())
         } catch (t: Throwable) {
             refused(t)
             return
@@ -360,14 +389,30 @@ class Pool internal constructor(
         job.invokeOnCompletion { cause -> if (!ran.get()) refused(cause) }
     }
 
+    /**
+     * A dispatcher that does not dispatch (`Dispatchers.Unconfined`) runs
+     * the handler where it is launched: on a library thread (a runtime
+     * thread's [handleBytes], the event thread), that would block every
+     * ask's timers with it. There it starts on `Dispatchers.IO` instead,
+     * where a handler may block, as [JvmThreads.offLibraryThread] moves a
+     * caller's code.
+     */
+    private fun whereToLaunch(): CoroutineContext =
+        if (JvmThreads.onLibraryThread() && !JvmThreads.dispatches(handlers.coroutineContext)) {
+            Dispatchers.IO
+        } else {
+            EmptyCoroutineContext
+        }
+
     private fun launchHandler(
         request: Long,
         msg: Any?,
         context: RequestContext,
         start: CoroutineStart,
         ran: java.util.concurrent.atomic.AtomicBoolean,
+        where: CoroutineContext,
     ): Job =
-        handlers.launch(EmptyCoroutineContext, start) {
+        handlers.launch(where, start) {
             if (!ran.compareAndSet(false, true)) return@launch
             context.job = coroutineContext[Job]
             // A cancel that came between registration and now found no job.

@@ -3,6 +3,9 @@ package askpool
 import askpool.ffi.NativePromises
 import askpool.ffi.PromiseFault
 import askpool.ffi.PromiseRecord
+import kotlinx.coroutines.Dispatchers
+import kotlinx.coroutines.currentCoroutineContext
+import kotlinx.coroutines.withContext
 import java.nio.file.Path
 import kotlin.time.Duration
 import kotlin.time.Duration.Companion.hours
@@ -146,9 +149,17 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
     suspend fun await(id: String): DurablePromise {
         if (closed) throw PromiseException.Closed()
         return try {
-            DurablePromise(native.wait(id))
-        } catch (e: PromiseFault.Store) {
-            throw PromiseException.of(e)
+            // The native wait resumes its caller on a runtime thread: an
+            // unconfined caller's code would run on there (and JNA could not
+            // detach the thread after), so such a caller waits on
+            // Dispatchers.IO, where it may block, as an ask's caller does
+            // ([JvmThreads.offLibraryThread]).
+            val record = if (JvmThreads.dispatches(currentCoroutineContext())) {
+                wait(id)
+            } else {
+                withContext(Dispatchers.IO) { wait(id) }
+            }
+            DurablePromise(record)
         } catch (e: IllegalStateException) {
             if (closed) throw PromiseException.Closed()
             throw e
@@ -167,6 +178,9 @@ class Promises private constructor(internal val native: NativePromises) : AutoCl
         native.shutdown()
         native.close()
     }
+
+    /** Its errors mapped as every other call's (an id that is not Unicode included). */
+    private suspend fun wait(id: String): PromiseRecord = PromiseException.native { native.wait(id) }
 
     private inline fun <T> store(body: (NativePromises) -> T): T = held({ PromiseException.Closed() }, body)
 

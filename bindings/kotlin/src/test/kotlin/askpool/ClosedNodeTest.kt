@@ -121,4 +121,78 @@ class ClosedNodeTest {
         withTimeout(5_000) { caller.await() }
         Unit
     }
+
+    @Test
+    fun `a second close on an interrupted thread waits for the first and keeps the interrupt`() = runBlocking {
+        val node = Node()
+        val started = CompletableDeferred<Unit>()
+        val inCancel = CountDownLatch(1)
+        val release = CountDownLatch(1)
+        node.pool("holds") { _, _ ->
+            suspendCancellableCoroutine<Unit> { c ->
+                // Runs on the thread that cancels the handler: the node's close.
+                c.invokeOnCancellation {
+                    inCancel.countDown()
+                    release.await()
+                }
+                started.complete(Unit)
+            }
+        }
+        val handle = node.send("holds", 1, AskOptions(timeout = 30.seconds))
+        withTimeout(5_000) { started.await() }
+        val first = thread { node.close() }
+        try {
+            assertTrue(inCancel.await(5, TimeUnit.SECONDS), "the node's close did not cancel the handler")
+            var thrown: Throwable? = null
+            var interruptKept = false
+            val second = thread {
+                Thread.currentThread().interrupt()
+                thrown = runCatching { node.close() }.exceptionOrNull()
+                interruptKept = Thread.currentThread().isInterrupted
+            }
+            // Waiting for the first close (WAITING), or already ended with what it threw.
+            eventually("the second close waits") { second.state == Thread.State.WAITING || !second.isAlive }
+            release.countDown()
+            second.join()
+            assertEquals(null, thrown, "the second close threw")
+            assertTrue(interruptKept, "the second close cleared its thread's interrupt")
+        } finally {
+            release.countDown()
+            first.join()
+        }
+        assertTrue(runCatching { handle.await() }.exceptionOrNull() is AskException.Unavailable)
+    }
+
+    /** Asks [node] by name (options) with a fresh object that only the library could hold; returns a reference to it. */
+    private fun askByNameRefused(node: Node, tell: Boolean): java.lang.ref.WeakReference<Any> {
+        val msg = Any()
+        val options = "000000000000000000000000000000aa"
+        val e = runCatching {
+            if (tell) {
+                runBlocking { node.tell("echo", msg, TellOptions(correlationId = options)) }
+            } else {
+                node.send("echo", msg, AskOptions(correlationId = options))
+            }
+        }.exceptionOrNull()
+        assertTrue(e is AskException, "a call on a freed native node: $e")
+        return java.lang.ref.WeakReference(msg)
+    }
+
+    @Test
+    fun `a send or tell the native node refuses as it closes lets go of its message`() = runBlocking {
+        val node = Node()
+        node.pool("echo") { msg, _ -> msg }
+        // The native node freed under a call that passed the open check (a
+        // close racing it): the generated call throws before the message's
+        // handle reaches the native side, which then never releases it.
+        node.native.shutdown()
+        node.native.close()
+        val sent = askByNameRefused(node, tell = false)
+        val told = askByNameRefused(node, tell = true)
+        eventually("the refused messages are collectable") {
+            System.gc()
+            sent.get() == null && told.get() == null
+        }
+        node.close()
+    }
 }

@@ -1,5 +1,6 @@
 package askpool
 
+import askpool.ffi.Payload
 import kotlinx.coroutines.CompletableDeferred
 import kotlinx.coroutines.async
 import kotlinx.coroutines.awaitCancellation
@@ -174,6 +175,27 @@ class ErrorTest {
             assertSame(payload, letter.payload)
             assertTrue(letter.error is AskException.AskTimeout)
             assertEquals(1, node.purgeDeadLetters())
+            assertEquals(0, node.deadLetters().size)
+        }
+    }
+
+    @Test
+    fun `a dead letter dropped while it is listed is left out, not an error`() = runBlocking {
+        Node(NodeOptions(maxAttempts = 1)).use { node ->
+            node.pool("poison") { _, _ -> throw AskException.DecodeFailure("bad") }
+            assertTrue(failure { node.ask("poison", Any()) } is AskException.DecodeFailure)
+            // What deadLetters() does, with a drop between the native list and
+            // the lookups: the list does not hold the letter's object, the
+            // purge lets go of the letter's reference, a drain then frees
+            // the handle (once the ask's own reference is gone too).
+            val listed = node.native.deadLetters().single()
+            val handle = (listed.payload as Payload.Host).handle
+            assertEquals(1, node.purgeDeadLetters())
+            eventually("the letter's object let go") {
+                HandleTable.drain()
+                HandleTable.find(handle) == null
+            }
+            assertEquals(null, DeadLetter.of(listed))
             assertEquals(0, node.deadLetters().size)
         }
     }

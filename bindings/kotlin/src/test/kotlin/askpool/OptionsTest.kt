@@ -2,6 +2,7 @@ package askpool
 
 import kotlinx.coroutines.awaitCancellation
 import kotlinx.coroutines.runBlocking
+import org.junit.jupiter.api.Assertions.assertArrayEquals
 import org.junit.jupiter.api.Assertions.assertEquals
 import org.junit.jupiter.api.Assertions.assertSame
 import org.junit.jupiter.api.Assertions.assertTrue
@@ -135,6 +136,18 @@ class OptionsTest {
             node.tell("size", big)
             eventually("the tell ran") { runs.get() == 2 }
             eventually("no outcome awaited") { node.stats().awaitedOutcomes == 0L }
+        }
+    }
+
+    @Test
+    fun `a durable ask is checked against the payload bound by its encoded message`() = runBlocking {
+        Promises.memory().use { p ->
+            Node(NodeOptions(maxPayloadBytes = 4)).use { node ->
+                node.pool("echo") { m, _ -> m }
+                val e = runCatching { node.askDurable(p, "echo", ByteArray(10)) }.exceptionOrNull()
+                assertTrue(e is AskException.OversizePayload, "$e")
+                assertArrayEquals(byteArrayOf(1), node.askDurable(p, "echo", byteArrayOf(1)).await())
+            }
         }
     }
 }

@@ -76,4 +76,17 @@ class PoolCloseRaceTest {
             }
         }
     }
+
+    @Test
+    fun `a closed pool's stats are not those of a newer pool of its name`() = runBlocking {
+        Node().use { node ->
+            val old = node.pool("p") { m, _ -> m }
+            old.close()
+            val fresh = node.pool("p") { m, _ -> m }
+            assertEquals("x", node.ask("p", "x", AskOptions(timeout = 5.seconds)))
+            assertEquals(1L, fresh.stats().handlerRuns)
+            val e = runCatching { old.stats() }.exceptionOrNull()
+            assertTrue(e is AskException.FailedPrecondition, "the closed pool's stats: ${e ?: old.stats()}")
+        }
+    }
 }

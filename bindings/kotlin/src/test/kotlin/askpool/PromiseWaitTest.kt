@@ -1,13 +1,17 @@
 package askpool
 
+import kotlinx.coroutines.CompletableDeferred
 import kotlinx.coroutines.CoroutineStart
 import kotlinx.coroutines.async
+import kotlinx.coroutines.awaitCancellation
 import kotlinx.coroutines.cancelAndJoin
 import kotlinx.coroutines.delay
 import kotlinx.coroutines.launch
 import kotlinx.coroutines.runBlocking
 import kotlinx.coroutines.withTimeout
+import org.junit.jupiter.api.Assertions.assertArrayEquals
 import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertThrows
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
 import org.junit.jupiter.api.io.TempDir
@@ -50,5 +54,54 @@ class PromiseWaitTest {
             assertEquals(PromiseState.RESOLVED, withTimeout(5_000) { again.await() }.state)
         }
         noWaits()
+    }
+
+    @Test
+    fun `an await of an id that is not Unicode is InvalidArgument, as every call's`() = runBlocking {
+        Promises.memory().use { p ->
+            val bad = "order-\uD800"
+            assertThrows(PromiseException.InvalidArgument::class.java) { p.get(bad) }
+            val e = runCatching { withTimeout(5_000) { p.await(bad) } }.exceptionOrNull()
+            assertTrue(e is PromiseException.InvalidArgument, "await: $e")
+        }
+    }
+
+    @Test
+    fun `cancelled awaitDurable calls leave no waiter behind`() = runBlocking {
+        Promises.memory().use { p ->
+            Node().use { node ->
+                node.pool("stuck") { _, _ -> awaitCancellation() }
+                val d = node.askDurable(p, "stuck", byteArrayOf(1))
+                val before = node.stats().awaitedOutcomes
+                repeat(20) {
+                    launch(start = CoroutineStart.UNDISPATCHED) { node.awaitDurable(p, d.id) }.cancelAndJoin()
+                }
+                // Each waited (a task and a waiter) until the ask's end, 30 s
+                // from now. The count is the process's: an earlier test's
+                // waiter may end meanwhile.
+                eventually("waiters left: ${node.stats().awaitedOutcomes - before}") {
+                    node.stats().awaitedOutcomes <= before
+                }
+            }
+        }
+    }
+
+    @Test
+    fun `a durable ask awaited again after a cancelled await gets its reply`() = runBlocking {
+        Promises.memory().use { p ->
+            Node().use { node ->
+                val gate = CompletableDeferred<Unit>()
+                node.pool("gated") { m, _ ->
+                    gate.await()
+                    m
+                }
+                val d = node.askDurable(p, "gated", byteArrayOf(7))
+                val first = launch(start = CoroutineStart.UNDISPATCHED) { d.await() }
+                first.cancelAndJoin()
+                gate.complete(Unit)
+                assertArrayEquals(byteArrayOf(7), withTimeout(10_000) { d.await() })
+                assertEquals(PromiseState.RESOLVED, p.get(d.id).state)
+            }
+        }
     }
 }
