@@ -290,7 +290,15 @@ internal object Hot {
                 Thread.sleep(10)
                 continue
             }
-            if (n <= 0) continue
+            if (n == 0) {
+                // A second with nothing to take: objects Rust let go of
+                // meanwhile with no ask to drain them (replies its cache let
+                // go at their TTL) leave the table now, not at the next
+                // batch of puts.
+                HandleTable.drainQuietly()
+                continue
+            }
+            if (n < 0) continue
             buf.read(0, words, 0, n * 4)
             for (i in 0 until n) {
                 val kind = words[4 * i]

@@ -39,6 +39,24 @@ class ReleaseAndRefusalTest {
         }
     }
 
+    @Test
+    fun `replies the cache lets go at their TTL leave the table with no ask after them`() = runBlocking {
+        Node().use { node ->
+            node.pool("echo", PoolOptions(dedupTtl = 100.milliseconds)) { _, _ -> Big() }
+            HandleTable.drain()
+            val before = HandleTable.heldWithoutDrain()
+            repeat(50) { node.ask("echo", Big()) }
+            assertTrue(HandleTable.heldWithoutDrain() - before >= 50, "the cache holds the replies")
+            // Nothing asks or drains from here on: the pool's sweep lets the
+            // replies go at their TTL, and the event thread drains when idle.
+            val deadline = System.nanoTime() + 20.seconds.inWholeNanoseconds
+            while (HandleTable.heldWithoutDrain() > before && System.nanoTime() < deadline) {
+                kotlinx.coroutines.delay(20)
+            }
+            assertEquals(before, HandleTable.heldWithoutDrain(), "objects of replies past their TTL")
+        }
+    }
+
     /** A dispatcher that runs nothing (as Dispatchers.Main with no main module). */
     private object Refusing : CoroutineDispatcher() {
         override fun dispatch(context: CoroutineContext, block: Runnable) {
