@@ -57,6 +57,25 @@ pub(crate) struct DriverShared {
     rx: RwLock<Option<UnixStream>>,
 }
 
+/// Every loop's driver, for a wake-up that any of them can serve (emptying
+/// the graveyard of dropped objects: `obj`). Pruned as drivers come.
+static DRIVERS: Mutex<Vec<Weak<DriverShared>>> = Mutex::new(Vec::new());
+
+/// Wakes the driver of a loop still running (the latest made), so that it
+/// runs once; nothing if there is none (the next drain or close empties
+/// the graveyard).
+pub(crate) fn wake_a_driver() {
+    let driver = DRIVERS
+        .lock()
+        .iter()
+        .rev()
+        .filter_map(Weak::upgrade)
+        .find(|d| !d.is_closed());
+    if let Some(driver) = driver {
+        driver.signal();
+    }
+}
+
 thread_local! {
     /// The driver draining on this thread, if any: its wake-ups need no byte.
     static DRAINING: Cell<*const DriverShared> = const { Cell::new(std::ptr::null()) };
@@ -76,6 +95,11 @@ impl DriverShared {
         if DRAINING.with(|d| std::ptr::eq(d.get(), self)) {
             return;
         }
+        self.signal();
+    }
+
+    /// Makes the loop run the driver (once per batch of wake-ups).
+    fn signal(&self) {
         if !self.signalled.swap(true, Ordering::AcqRel) {
             // A full socket already holds a wake-up; nothing else can fail
             // on a connected pair.
@@ -158,20 +182,23 @@ impl LoopDriver {
         let (tx, rx) = UnixStream::pair()?;
         tx.set_nonblocking(true)?;
         rx.set_nonblocking(true)?;
-        Ok(Self {
-            shared: Arc::new(DriverShared {
-                queue: Mutex::new(Vec::new()),
-                spare: Mutex::new(Vec::new()),
-                signalled: AtomicBool::new(false),
-                closed: AtomicBool::new(false),
-                live: Mutex::new(Live {
-                    tasks: Vec::new(),
-                    sweep_at: LIVE_SWEEP_MIN,
-                }),
-                tx: RwLock::new(Some(tx)),
-                rx: RwLock::new(Some(rx)),
+        let shared = Arc::new(DriverShared {
+            queue: Mutex::new(Vec::new()),
+            spare: Mutex::new(Vec::new()),
+            signalled: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            live: Mutex::new(Live {
+                tasks: Vec::new(),
+                sweep_at: LIVE_SWEEP_MIN,
             }),
-        })
+            tx: RwLock::new(Some(tx)),
+            rx: RwLock::new(Some(rx)),
+        });
+        let mut drivers = DRIVERS.lock();
+        drivers.retain(|d| d.strong_count() > 0);
+        drivers.push(Arc::downgrade(&shared));
+        drop(drivers);
+        Ok(Self { shared })
     }
 
     fn fileno(&self) -> i32 {

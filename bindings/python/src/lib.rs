@@ -30,6 +30,16 @@ thread_local! {
     static RUNS_THE_EXIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+thread_local! {
+    /// Set on the runtime's own threads (its worker, its blocking pool).
+    static ON_RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this is one of the runtime's threads, which never run Python.
+pub(crate) fn on_runtime_thread() -> bool {
+    ON_RUNTIME_THREAD.get()
+}
+
 /// The runtime behind timers and `ask_sync`; its one worker thread never
 /// runs Python.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
@@ -53,6 +63,7 @@ fn start_runtime() -> &'static tokio::runtime::Runtime {
     let started = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("askpool-runtime")
+        .on_thread_start(|| ON_RUNTIME_THREAD.set(true))
         .enable_time()
         .build()
         .expect("a tokio runtime can start");

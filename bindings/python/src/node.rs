@@ -535,8 +535,11 @@ impl NativeNode {
     }
 
     /// Pending asks fail with `UnavailableError`, pools stop. Idempotent.
-    fn shutdown(&self) {
+    fn shutdown(&self, py: Python<'_>) {
         self.node.shutdown();
+        // What the close let go of (payloads of the asks and requests it
+        // cancelled) goes now: no loop may run a driver again.
+        crate::obj::release_dropped(py);
     }
 
     #[getter]

@@ -6,7 +6,10 @@
 //! locks (a dead letter pushed out of a full queue, a cache eviction).
 //! Decrementing there could run the object's `__del__`, that is Python code
 //! under a core lock; so a dropped object goes to a graveyard that
-//! [`release_dropped`] empties where no core lock is held.
+//! [`release_dropped`] empties where no core lock is held: each run of a
+//! loop's driver, and the close of a node, a pool or a loop. One dropped on
+//! the runtime's thread (a reply the cache lets go at its TTL while nothing
+//! else happens) also wakes a loop's driver to empty it.
 
 use std::sync::Arc;
 
@@ -23,7 +26,14 @@ static GRAVEYARD: Mutex<Vec<Py<PyAny>>> = Mutex::new(Vec::new());
 impl Drop for Holder {
     fn drop(&mut self) {
         if let Some(object) = self.0.take() {
-            GRAVEYARD.lock().push(object);
+            let first = {
+                let mut graveyard = GRAVEYARD.lock();
+                graveyard.push(object);
+                graveyard.len() == 1
+            };
+            if first && crate::on_runtime_thread() {
+                crate::driver::wake_a_driver();
+            }
         }
     }
 }

@@ -558,8 +558,10 @@ impl NativePool {
     }
     /// Leaves the transport (new asks get `NoRoute`) and cancels what is
     /// queued; the worker slots stop.
-    fn close(&self) {
+    fn close(&self, py: Python<'_>) {
         self.pool.close();
+        // As a node's shutdown (`NativeNode::shutdown`).
+        crate::obj::release_dropped(py);
     }
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         crate::stats::pool_dict(py, &self.pool.stats())
