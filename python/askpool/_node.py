@@ -569,7 +569,9 @@ class Node:
         deduplicated; ``fingerprint`` (an int < 2**128, e.g. a hash of the
         payload) makes reusing that id for another payload fail with
         ``PayloadMismatchError`` instead of returning the other reply."""
-        if timeout is not None and type(timeout) is not float:
+        # A float or an int (not a bool, whose type is neither) needs no
+        # call to check it.
+        if timeout is not None and type(timeout) is not float and type(timeout) is not int:
             _check_seconds_type("timeout", timeout)
         # The common case inline: the loop of the last ask, still running in
         # this thread (a thread runs one loop at a time).

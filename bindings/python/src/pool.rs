@@ -167,14 +167,21 @@ impl SlotTask {
         };
         let started = (|| {
             let event_loop = send::running_loop(py)?;
-            let task = self.task(&event_loop)?;
+            let current = send::current_task(&event_loop)?;
+            let task = self.task(&event_loop, &current)?;
             let context = self.context.bind(py).call_method0(intern!(py, "copy"))?;
             let args = (
                 message.get(py).bind(py).clone(),
                 Bound::new(py, ctx)?.into_any(),
             );
-            let (coro, sent) =
-                send::first_step(event_loop, task, &context, self.handler.bind(py), args)?;
+            let (coro, sent) = send::first_step(
+                event_loop,
+                task,
+                current,
+                &context,
+                self.handler.bind(py),
+                args,
+            )?;
             Ok::<_, PyErr>((coro, context, sent))
         })();
         match started {
@@ -209,12 +216,18 @@ impl SlotTask {
 
     /// The task the slot's next request runs as: the slot's task while it
     /// runs and no cancel of it stands, else a new one (`Slot._new_task`).
-    fn task<'py>(&self, event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    /// `current` is the loop's current task: when it is the slot's own (a
+    /// request taken in its step), it is running, so not done.
+    fn task<'py>(
+        &self,
+        event_loop: &Bound<'py, PyAny>,
+        current: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = event_loop.py();
         let slot = self.slot.bind(py);
         let task = slot.getattr(intern!(py, "_task"))?;
         if !task.is_none()
-            && !task.call_method0(intern!(py, "done"))?.is_truthy()?
+            && (task.is(current) || !task.call_method0(intern!(py, "done"))?.is_truthy()?)
             && !cancel_standing(&task)?
         {
             return Ok(task);
