@@ -22,6 +22,7 @@ import asyncio
 import contextvars
 import re
 import sys
+import types
 from asyncio import tasks as _tasks
 from typing import Any, Callable, Coroutine, Generator, Optional
 
@@ -118,56 +119,46 @@ def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:
             pass
 
 
-class _Resume:
-    """Awaitable that drives a coroutine the extension already started, each
-    step in the request's context; ``thrown`` goes in first if given, else
-    what the first step yielded goes to the task, unless ``first_done``."""
-
-    __slots__ = ("_coro", "_first", "_context", "_thrown", "_first_done")
-
-    def __init__(
-        self,
-        coro: Coroutine[Any, Any, Any],
-        first: Any,
-        context: contextvars.Context,
-        thrown: Optional[BaseException],
-        first_done: bool,
-    ) -> None:
-        self._coro = coro
-        self._first = first
-        self._context = context
-        self._thrown = thrown
-        #: The first step's bare ``yield`` (``asyncio.sleep(0)``) already
-        #: had its loop turn: the coroutine goes on at once.
-        self._first_done = first_done
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, context = self._coro, self._context
-        yielded, thrown, sent = self._first, self._thrown, None
-        if thrown is None and not self._first_done:
+@types.coroutine
+def _resume(
+    coro: Coroutine[Any, Any, Any],
+    first: Any,
+    context: contextvars.Context,
+    thrown: Optional[BaseException],
+    first_done: bool,
+) -> Generator[Any, Any, Any]:
+    """Drives a coroutine the extension already started, each step in the
+    request's context; ``thrown`` goes in first if given, else what the
+    first step yielded goes to the task, unless ``first_done``: that step's
+    bare ``yield`` (``asyncio.sleep(0)``) already had its loop turn, and the
+    coroutine goes on at once. (A generator awaited as a coroutine, rather
+    than an object with ``__await__``: no ``__init__`` to run per
+    request.)"""
+    yielded, sent = first, None
+    if thrown is None and not first_done:
+        try:
+            sent = yield yielded
+        except BaseException as exc:  # a cancel thrown in by the task
+            thrown = exc
+    while True:
+        # Outside any `except` block: the handler must not see the task's
+        # exception as one being handled (`sys.exc_info()`).
+        if thrown is None:
+            # `context.run(coro.send, sent)`, with the return handed back
+            # rather than raised as a `StopIteration`.
+            returned, yielded = _send_in(context, coro, sent)
+            if returned:
+                return yielded
+        else:
             try:
-                sent = yield yielded
-            except BaseException as exc:  # a cancel thrown in by the task
-                thrown = exc
-        while True:
-            # Outside any `except` block: the handler must not see the
-            # task's exception as one being handled (`sys.exc_info()`).
-            if thrown is None:
-                # `context.run(coro.send, sent)`, with the return handed
-                # back rather than raised as a `StopIteration`.
-                returned, yielded = _send_in(context, coro, sent)
-                if returned:
-                    return yielded
-            else:
-                try:
-                    yielded = context.run(coro.throw, thrown)
-                except StopIteration as stop:
-                    return stop.value
-            thrown = None
-            try:
-                sent = yield yielded
-            except BaseException as exc:
-                thrown = exc
+                yielded = context.run(coro.throw, thrown)
+            except StopIteration as stop:
+                return stop.value
+        thrown = None
+        try:
+            sent = yield yielded
+        except BaseException as exc:
+            thrown = exc
 
 
 #: A request whose handler awaited: its coroutine, what it yielded, its
@@ -313,7 +304,7 @@ class Slot:
             # `_finish`'s work inline (a coroutine less per request, a frame
             # less per step of the handler).
             try:
-                value = await _Resume(coro, first, context, thrown, first_done)
+                value = await _resume(coro, first, context, thrown, first_done)
             except BaseException as exc:
                 if reply in _abandoned:
                     # Closed with its loop (``abandon``): the close goes on.

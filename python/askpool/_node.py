@@ -582,14 +582,21 @@ class Node:
         else:
             loop, driver = self._here("Node.ask")
         handle = AskHandle(loop=loop)
-        handle._native = self._native.ask(
-            driver,
-            handle,
-            pool,
-            msg,
-            timeout,
-            _ask_args(preferred_worker, request_id, correlation_id, causation_id, fingerprint),
-        )
+        # `_ask_args` only for an ask that gives one of its options: a call
+        # less for the common ask.
+        if (
+            preferred_worker is None
+            and request_id is None
+            and correlation_id is None
+            and causation_id is None
+            and fingerprint is None
+        ):
+            options = None
+        else:
+            options = _ask_args(
+                preferred_worker, request_id, correlation_id, causation_id, fingerprint
+            )
+        handle._native = self._native.ask(driver, handle, pool, msg, timeout, options)
         return handle
 
     def ask_sync(
