@@ -19,6 +19,7 @@ use pyo3::exceptions::PyStopIteration;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
 
 /// How a handler's first step ended.
 pub(crate) enum Sent<'py> {
@@ -85,6 +86,11 @@ pub(crate) fn _send_through_method(on: bool) {
 /// asyncio's bookkeeping of the task a loop runs.
 struct TaskSwitch {
     current_task: Py<PyAny>,
+    /// `asyncio.tasks._current_tasks` where `current_task` is the Python
+    /// function that does no more than `_current_tasks.get(loop)` (Python
+    /// < 3.12): the dict is read directly, without a Python frame per
+    /// request. `None` where `current_task` is asyncio's C function.
+    current_tasks: Option<Py<PyDict>>,
     enter_task: Py<PyAny>,
     leave_task: Py<PyAny>,
     get_running_loop: Py<PyAny>,
@@ -94,8 +100,18 @@ fn task_switch(py: Python<'_>) -> PyResult<&'static TaskSwitch> {
     static SWITCH: PyOnceLock<TaskSwitch> = PyOnceLock::new();
     SWITCH.get_or_try_init(py, || {
         let tasks = py.import("asyncio.tasks")?;
+        let current_task = tasks.getattr("current_task")?;
+        let current_tasks = match current_task.hasattr("__code__")? {
+            true => tasks
+                .getattr("_current_tasks")
+                .ok()
+                .and_then(|d| d.cast_into::<PyDict>().ok())
+                .map(Bound::unbind),
+            false => None,
+        };
         Ok(TaskSwitch {
-            current_task: tasks.getattr("current_task")?.unbind(),
+            current_task: current_task.unbind(),
+            current_tasks,
             enter_task: tasks.getattr("_enter_task")?.unbind(),
             leave_task: tasks.getattr("_leave_task")?.unbind(),
             get_running_loop: py.import("asyncio")?.getattr("get_running_loop")?.unbind(),
@@ -264,7 +280,14 @@ pub(crate) fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 /// `asyncio.current_task(event_loop)`: the task running now, or `None`.
 pub(crate) fn current_task<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = event_loop.py();
-    task_switch(py)?.current_task.bind(py).call1((event_loop,))
+    let switch = task_switch(py)?;
+    if let Some(tasks) = &switch.current_tasks {
+        return Ok(tasks
+            .bind(py)
+            .get_item(event_loop)?
+            .unwrap_or_else(|| py.None().into_bound(py)));
+    }
+    switch.current_task.bind(py).call1((event_loop,))
 }
 
 /// A handler registered as a wrapper of an `async def` (`functools.wraps`)
