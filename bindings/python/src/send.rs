@@ -89,7 +89,9 @@ struct TaskSwitch {
     /// `asyncio.tasks._current_tasks` where `current_task` is the Python
     /// function that does no more than `_current_tasks.get(loop)` (Python
     /// < 3.12): the dict is read directly, without a Python frame per
-    /// request. `None` where `current_task` is asyncio's C function.
+    /// request, and the task swap is done on it (`swap_in_dict`), as
+    /// `_enter_task` and `_leave_task` (C or Python) do there. `None` where
+    /// `current_task` is asyncio's C function.
     current_tasks: Option<Py<PyDict>>,
     enter_task: Py<PyAny>,
     leave_task: Py<PyAny>,
@@ -133,6 +135,39 @@ struct AsTask<'py> {
     caller: Option<Bound<'py, PyAny>>,
 }
 
+/// Where asyncio's current tasks are a dict the extension reads (see
+/// `TaskSwitch::current_tasks`), `_leave_task(loop, from)` followed by
+/// `_enter_task(loop, to)` is that dict's entry for `loop` going from
+/// `from` to `to` (absent for `None`), which this does directly, without
+/// two calls into asyncio; `false` (nothing changed) when the entry is not
+/// `from`, where those calls raise asyncio's own error.
+fn swap_in_dict(
+    switch: &TaskSwitch,
+    event_loop: &Bound<'_, PyAny>,
+    from: Option<&Bound<'_, PyAny>>,
+    to: Option<&Bound<'_, PyAny>>,
+) -> PyResult<bool> {
+    let py = event_loop.py();
+    let Some(tasks) = &switch.current_tasks else {
+        return Ok(false);
+    };
+    let tasks = tasks.bind(py);
+    let found = tasks.get_item(event_loop)?;
+    let expected = match (&found, from) {
+        (None, None) => true,
+        (Some(found), Some(from)) => found.is(from),
+        _ => false,
+    };
+    if !expected {
+        return Ok(false);
+    }
+    match to {
+        Some(to) => tasks.set_item(event_loop, to)?,
+        None => tasks.del_item(event_loop)?,
+    }
+    Ok(true)
+}
+
 impl<'py> AsTask<'py> {
     /// `caller` is the loop's current task (`current_task`), or `None`.
     fn enter(
@@ -151,14 +186,16 @@ impl<'py> AsTask<'py> {
             });
         }
         let caller = (!caller.is_none()).then_some(caller);
-        if let Some(caller) = &caller {
-            switch.leave_task.bind(py).call1((&event_loop, caller))?;
-        }
-        if let Err(e) = switch.enter_task.bind(py).call1((&event_loop, &task)) {
+        if !swap_in_dict(switch, &event_loop, caller.as_ref(), Some(&task))? {
             if let Some(caller) = &caller {
-                let _ = switch.enter_task.bind(py).call1((&event_loop, caller));
+                switch.leave_task.bind(py).call1((&event_loop, caller))?;
             }
-            return Err(e);
+            if let Err(e) = switch.enter_task.bind(py).call1((&event_loop, &task)) {
+                if let Some(caller) = &caller {
+                    let _ = switch.enter_task.bind(py).call1((&event_loop, caller));
+                }
+                return Err(e);
+            }
         }
         Ok(Self {
             switch,
@@ -175,6 +212,16 @@ impl Drop for AsTask<'_> {
             return;
         };
         let py = self.event_loop.py();
+        match swap_in_dict(
+            self.switch,
+            &self.event_loop,
+            Some(task),
+            self.caller.as_ref(),
+        ) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => e.write_unraisable(py, None),
+        }
         // Nothing to do if these fail: the loop is in a state no task can
         // be run from anyway; the error is reported, not raised.
         if let Err(e) = self
