@@ -22,6 +22,7 @@ import asyncio
 import contextvars
 import re
 import sys
+import types
 from asyncio import tasks as _tasks
 from typing import Any, Callable, Coroutine, Generator, Optional
 
@@ -43,6 +44,7 @@ _LEAVES_THE_LOOP = (KeyboardInterrupt, SystemExit)
 
 _get_running_loop = asyncio.get_running_loop
 _current_task = _tasks.current_task
+_send_in = _native._send_in
 
 
 def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
@@ -117,47 +119,46 @@ def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:
             pass
 
 
-class _Resume:
-    """Awaitable that drives a coroutine the extension already started, each
-    step in the request's context; ``thrown`` goes in first if given."""
-
-    __slots__ = ("_coro", "_first", "_context", "_thrown")
-
-    def __init__(
-        self,
-        coro: Coroutine[Any, Any, Any],
-        first: Any,
-        context: contextvars.Context,
-        thrown: Optional[BaseException],
-    ) -> None:
-        self._coro = coro
-        self._first = first
-        self._context = context
-        self._thrown = thrown
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, run = self._coro, self._context.run
-        yielded, thrown, sent = self._first, self._thrown, None
+@types.coroutine
+def _resume(
+    coro: Coroutine[Any, Any, Any],
+    first: Any,
+    context: contextvars.Context,
+    thrown: Optional[BaseException],
+    first_done: bool,
+) -> Generator[Any, Any, Any]:
+    """Drives a coroutine the extension already started, each step in the
+    request's context; ``thrown`` goes in first if given, else what the
+    first step yielded goes to the task, unless ``first_done``: that step's
+    bare ``yield`` (``asyncio.sleep(0)``) already had its loop turn, and the
+    coroutine goes on at once. (A generator awaited as a coroutine, rather
+    than an object with ``__await__``: no ``__init__`` to run per
+    request.)"""
+    yielded, sent = first, None
+    if thrown is None and not first_done:
+        try:
+            sent = yield yielded
+        except BaseException as exc:  # a cancel thrown in by the task
+            thrown = exc
+    while True:
+        # Outside any `except` block: the handler must not see the task's
+        # exception as one being handled (`sys.exc_info()`).
         if thrown is None:
+            # `context.run(coro.send, sent)`, with the return handed back
+            # rather than raised as a `StopIteration`.
+            returned, yielded = _send_in(context, coro, sent)
+            if returned:
+                return yielded
+        else:
             try:
-                sent = yield yielded
-            except BaseException as exc:  # a cancel thrown in by the task
-                thrown = exc
-        while True:
-            # Outside any `except` block: the handler must not see the
-            # task's exception as one being handled (`sys.exc_info()`).
-            try:
-                if thrown is None:
-                    yielded = run(coro.send, sent)
-                else:
-                    yielded = run(coro.throw, thrown)
+                yielded = context.run(coro.throw, thrown)
             except StopIteration as stop:
                 return stop.value
-            thrown = None
-            try:
-                sent = yield yielded
-            except BaseException as exc:
-                thrown = exc
+        thrown = None
+        try:
+            sent = yield yielded
+        except BaseException as exc:
+            thrown = exc
 
 
 #: A request whose handler awaited: its coroutine, what it yielded, its
@@ -215,7 +216,14 @@ class Slot:
         self._job = (coro, first, context, reply)
         _running[self] = reply
         task = self._task
-        if task is not None and _cancel_standing(task) and asyncio.isfuture(first):
+        # (`first is not None` first: a bare `yield`, as `asyncio.sleep(0)`'s,
+        # has nothing to cancel, and needs no call to find that out.)
+        if (
+            first is not None
+            and task is not None
+            and _cancel_standing(task)
+            and asyncio.isfuture(first)
+        ):
             # Cancelled in that step: as a task's step does once its
             # coroutine yields, what it awaits is cancelled now, before
             # anything else runs.
@@ -257,16 +265,22 @@ class Slot:
         loop = _get_running_loop()
         me = _current_task(loop)
         assert me is not None
+        # `_cancel_standing(me)`, looked up once for the task's requests.
+        cancelling = getattr(me, "cancelling", None)
         while True:
             thrown: Optional[BaseException] = None
             if self._thrown is not None and self._job is not None:
                 # The cancel of the task that ended before driving it.
                 thrown = _cancel_where_awaited(self._job[1], self._thrown)
             self._thrown = None
+            # Whether this task waited a loop turn for the request since its
+            # handler's first step (see below).
+            woken = False
             if self._job is None:
                 waiter = self._waiter = loop.create_future()
                 try:
                     await waiter
+                    woken = True
                 except asyncio.CancelledError as exc:
                     if self._task is not me or self._job is None:
                         raise  # idle, or replaced: this task ends
@@ -279,20 +293,45 @@ class Slot:
             job, self._job = self._job, None
             assert job is not None
             coro, first, context, reply = job
+            # A first step that yielded nothing (a bare `yield`, as
+            # `asyncio.sleep(0)`'s) asked its task to go on at the next loop
+            # turn, as a task's step does with `call_soon`; waking this task
+            # for the request took that very turn (`resume` set the waiter
+            # in the step), so the handler goes on now instead of yielding
+            # for one more. A request taken in this task's own step (no
+            # wait) still yields first.
+            first_done = woken and first is None
+            # `_finish`'s work inline (a coroutine less per request, a frame
+            # less per step of the handler).
             try:
-                await _finish(coro, first, context, reply, thrown)
+                value = await _resume(coro, first, context, thrown, first_done)
+            except BaseException as exc:
+                if reply in _abandoned:
+                    # Closed with its loop (``abandon``): the close goes on.
+                    reply.cancelled()
+                    raise
+                _answer_failure(reply, exc)
+                # Answered: only what asyncio lets out of any task goes on
+                # (another BaseException would only be logged as never
+                # retrieved).
+                if isinstance(exc, _LEAVES_THE_LOOP):
+                    raise
+                value = None
+            else:
+                # Answering may start the slot's next request already (its
+                # first step nested in this step, see `Reply.ok`): `resume`
+                # then hands it to this task, which drives it below.
+                reply.ok(value)
             finally:
-                # Answering may have started the slot's next request already
-                # (its first step nested in this step, see `Reply.ok`): that
-                # one's entry stays.
+                # That next request's entry stays.
                 if _running.get(self) is reply:
                     del _running[self]
             # Let go of the request before waiting for the next: the future
-            # its handler first awaited (with its result) and its context
-            # (its variables' values) would stay alive for as long as the
-            # slot stays idle.
-            del job, coro, first, context, reply, thrown
-            if _cancel_standing(me):
+            # its handler first awaited (with its result), its context (its
+            # variables' values) and its reply value would stay alive for as
+            # long as the slot stays idle.
+            del job, coro, first, context, reply, thrown, value
+            if cancelling is not None and cancelling() > 0:
                 # A cancel its handler did not take back: asyncio.run
                 # shutting down, or a handler's own. The task ends here (the
                 # next request makes a new one).
@@ -319,29 +358,6 @@ def _cancel_where_awaited(first: Any, exc: BaseException) -> Optional[BaseExcept
     if asyncio.isfuture(first) and first.cancel(*exc.args):
         return None
     return exc
-
-
-async def _finish(
-    coro: Coroutine[Any, Any, Any],
-    first: Any,
-    context: contextvars.Context,
-    reply: _native.Reply,
-    thrown: Optional[BaseException],
-) -> None:
-    try:
-        value = await _Resume(coro, first, context, thrown)
-    except BaseException as exc:
-        if reply in _abandoned:
-            # Closed with its loop (``abandon``): the close goes on.
-            reply.cancelled()
-            raise
-        _answer_failure(reply, exc)
-        # Answered: only what asyncio lets out of any task goes on (another
-        # BaseException would only be logged as never retrieved).
-        if isinstance(exc, _LEAVES_THE_LOOP):
-            raise
-    else:
-        reply.ok(value)
 
 
 def abandon(loop: asyncio.AbstractEventLoop) -> None:

@@ -1,6 +1,7 @@
 """Type stubs of the extension module (bindings/python)."""
 
 import asyncio
+import contextvars
 from typing import Any, Callable, Optional, final
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "_live_pools",
     "_panic_in_next_dispatch",
     "_send_through_method",
+    "_send_in",
     "_after_fork_in_child",
     "_interpreter_exiting",
 ]
@@ -35,6 +37,7 @@ def _panic(message: str) -> None: ...
 def _live_pools() -> int: ...
 def _panic_in_next_dispatch(message: str) -> None: ...
 def _send_through_method(on: bool) -> None: ...
+def _send_in(context: contextvars.Context, coro: Any, value: Any) -> tuple[bool, Any]: ...
 def _after_fork_in_child() -> None: ...
 def _interpreter_exiting() -> None: ...
 

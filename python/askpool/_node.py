@@ -569,7 +569,9 @@ class Node:
         deduplicated; ``fingerprint`` (an int < 2**128, e.g. a hash of the
         payload) makes reusing that id for another payload fail with
         ``PayloadMismatchError`` instead of returning the other reply."""
-        if timeout is not None and type(timeout) is not float:
+        # A float or an int (not a bool, whose type is neither) needs no
+        # call to check it.
+        if timeout is not None and type(timeout) is not float and type(timeout) is not int:
             _check_seconds_type("timeout", timeout)
         # The common case inline: the loop of the last ask, still running in
         # this thread (a thread runs one loop at a time).
@@ -580,14 +582,21 @@ class Node:
         else:
             loop, driver = self._here("Node.ask")
         handle = AskHandle(loop=loop)
-        handle._native = self._native.ask(
-            driver,
-            handle,
-            pool,
-            msg,
-            timeout,
-            _ask_args(preferred_worker, request_id, correlation_id, causation_id, fingerprint),
-        )
+        # `_ask_args` only for an ask that gives one of its options: a call
+        # less for the common ask.
+        if (
+            preferred_worker is None
+            and request_id is None
+            and correlation_id is None
+            and causation_id is None
+            and fingerprint is None
+        ):
+            options = None
+        else:
+            options = _ask_args(
+                preferred_worker, request_id, correlation_id, causation_id, fingerprint
+            )
+        handle._native = self._native.ask(driver, handle, pool, msg, timeout, options)
         return handle
 
     def ask_sync(

@@ -237,11 +237,12 @@ NOTE_IN_FLIGHT: Optional[str] = (
 #: Why a handler that awaits once costs more than the baseline, while one
 #: that does not costs less: the ask is then answered within the caller's
 #: own `node.ask` call (the issue's "deliver on the event loop's own thread"),
-#: which an awaiting handler cannot do; askpool then pays the loop turns the
-#: baseline pays, plus its protocol.
+#: which an awaiting handler cannot do. Its first step still runs inline, so
+#: askpool pays 2 loop passes per ask to the baseline's 3, plus its protocol
+#: (the core's ask path) and the wrapper's frames per handler step.
 NOTE_TURN: Optional[str] = (
-    "a handler that awaits is answered after loop turns, as the baseline's: "
-    "askpool pays those turns plus the protocol (no inline answer)"
+    "a handler that awaits is answered after a loop turn: askpool pays 2 "
+    "loop passes per ask to the baseline's 3, plus the protocol (no inline answer)"
 )
 
 if __name__ == "__main__":

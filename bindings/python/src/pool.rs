@@ -41,6 +41,8 @@ pub(crate) struct SlotTask {
     running: AtomicBool,
     /// The wrapper's `Slot`: the asyncio task this slot's handlers run as.
     slot: Py<PyAny>,
+    /// `slot.resume`, bound once rather than per request.
+    resume: Py<PyAny>,
     /// The pool's handler and the context its requests copy (the `Slot`'s).
     handler: Py<PyAny>,
     context: Py<PyAny>,
@@ -60,6 +62,7 @@ impl SlotTask {
         let py = slot.py();
         let handler = slot.getattr(intern!(py, "_handler"))?.unbind();
         let context = slot.getattr(intern!(py, "_context"))?.unbind();
+        let resume = slot.getattr(intern!(py, "resume"))?.unbind();
         let task = Arc::new(Self {
             worker_id: worker.id().clone(),
             queued: AtomicBool::new(false),
@@ -71,6 +74,7 @@ impl SlotTask {
             busy: AtomicBool::new(false),
             running: AtomicBool::new(false),
             slot: slot.clone().unbind(),
+            resume,
             handler,
             context,
         });
@@ -166,15 +170,22 @@ impl SlotTask {
             waits: Arc::clone(&waits),
         };
         let started = (|| {
-            let event_loop = send::running_loop(py)?;
-            let task = self.task(&event_loop)?;
+            let event_loop = self.event_loop(py)?;
+            let current = send::current_task(&event_loop)?;
+            let task = self.task(&event_loop, &current)?;
             let context = self.context.bind(py).call_method0(intern!(py, "copy"))?;
             let args = (
                 message.get(py).bind(py).clone(),
                 Bound::new(py, ctx)?.into_any(),
             );
-            let (coro, sent) =
-                send::first_step(event_loop, task, &context, self.handler.bind(py), args)?;
+            let (coro, sent) = send::first_step(
+                event_loop,
+                task,
+                current,
+                &context,
+                self.handler.bind(py),
+                args,
+            )?;
             Ok::<_, PyErr>((coro, context, sent))
         })();
         match started {
@@ -187,10 +198,7 @@ impl SlotTask {
                         waits: WaitsRelease(waits),
                     })),
                 };
-                let handed = self
-                    .slot
-                    .bind(py)
-                    .call_method1(intern!(py, "resume"), (coro, first, context, reply));
+                let handed = self.resume.call1(py, (coro, first, context, reply));
                 if let Err(e) = handed {
                     // The dropped `Reply` fails the request: nothing is lost.
                     e.write_unraisable(py, None);
@@ -207,14 +215,34 @@ impl SlotTask {
         }
     }
 
+    /// The running loop. A slot runs on its driver's loop only, while that
+    /// loop runs (from its reader, or from a call made on it: an ask, an
+    /// answer), so once the slot made a task on the running loop
+    /// (`Slot._loop`, set by `_new_task`) that loop is the one: asking
+    /// asyncio costs a getpid() system call per request on Python < 3.12
+    /// (it checks the running loop's process).
+    fn event_loop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let known = self.slot.bind(py).getattr(intern!(py, "_loop"))?;
+        if known.is_none() {
+            return send::running_loop(py);
+        }
+        Ok(known)
+    }
+
     /// The task the slot's next request runs as: the slot's task while it
     /// runs and no cancel of it stands, else a new one (`Slot._new_task`).
-    fn task<'py>(&self, event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    /// `current` is the loop's current task: when it is the slot's own (a
+    /// request taken in its step), it is running, so not done.
+    fn task<'py>(
+        &self,
+        event_loop: &Bound<'py, PyAny>,
+        current: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = event_loop.py();
         let slot = self.slot.bind(py);
         let task = slot.getattr(intern!(py, "_task"))?;
         if !task.is_none()
-            && !task.call_method0(intern!(py, "done"))?.is_truthy()?
+            && (task.is(current) || !task.call_method0(intern!(py, "done"))?.is_truthy()?)
             && !cancel_standing(&task)?
         {
             return Ok(task);

@@ -19,6 +19,7 @@ use pyo3::exceptions::PyStopIteration;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyDict;
 
 /// How a handler's first step ended.
 pub(crate) enum Sent<'py> {
@@ -85,6 +86,13 @@ pub(crate) fn _send_through_method(on: bool) {
 /// asyncio's bookkeeping of the task a loop runs.
 struct TaskSwitch {
     current_task: Py<PyAny>,
+    /// `asyncio.tasks._current_tasks` where `current_task` is the Python
+    /// function that does no more than `_current_tasks.get(loop)` (Python
+    /// < 3.12): the dict is read directly, without a Python frame per
+    /// request, and the task swap is done on it (`swap_in_dict`), as
+    /// `_enter_task` and `_leave_task` (C or Python) do there. `None` where
+    /// `current_task` is asyncio's C function.
+    current_tasks: Option<Py<PyDict>>,
     enter_task: Py<PyAny>,
     leave_task: Py<PyAny>,
     get_running_loop: Py<PyAny>,
@@ -94,8 +102,18 @@ fn task_switch(py: Python<'_>) -> PyResult<&'static TaskSwitch> {
     static SWITCH: PyOnceLock<TaskSwitch> = PyOnceLock::new();
     SWITCH.get_or_try_init(py, || {
         let tasks = py.import("asyncio.tasks")?;
+        let current_task = tasks.getattr("current_task")?;
+        let current_tasks = match current_task.hasattr("__code__")? {
+            true => tasks
+                .getattr("_current_tasks")
+                .ok()
+                .and_then(|d| d.cast_into::<PyDict>().ok())
+                .map(Bound::unbind),
+            false => None,
+        };
         Ok(TaskSwitch {
-            current_task: tasks.getattr("current_task")?.unbind(),
+            current_task: current_task.unbind(),
+            current_tasks,
             enter_task: tasks.getattr("_enter_task")?.unbind(),
             leave_task: tasks.getattr("_leave_task")?.unbind(),
             get_running_loop: py.import("asyncio")?.getattr("get_running_loop")?.unbind(),
@@ -104,36 +122,85 @@ fn task_switch(py: Python<'_>) -> PyResult<&'static TaskSwitch> {
 }
 
 /// The running loop's current task swapped for another until dropped (also
-/// when unwinding), as a task's step does around the step.
+/// when unwinding), as a task's step does around the step. Nothing to swap
+/// when that task is already the current one: a request the slot takes
+/// while its own task runs (an answer from the slot's task starts the next
+/// request there, see `Reply::answer`); leaving and entering it again
+/// would change nothing, at four calls into asyncio per request.
 struct AsTask<'py> {
     switch: &'static TaskSwitch,
     event_loop: Bound<'py, PyAny>,
-    task: Bound<'py, PyAny>,
+    /// `None` when nothing was swapped.
+    task: Option<Bound<'py, PyAny>>,
     caller: Option<Bound<'py, PyAny>>,
 }
 
+/// Where asyncio's current tasks are a dict the extension reads (see
+/// `TaskSwitch::current_tasks`), `_leave_task(loop, from)` followed by
+/// `_enter_task(loop, to)` is that dict's entry for `loop` going from
+/// `from` to `to` (absent for `None`), which this does directly, without
+/// two calls into asyncio; `false` (nothing changed) when the entry is not
+/// `from`, where those calls raise asyncio's own error.
+fn swap_in_dict(
+    switch: &TaskSwitch,
+    event_loop: &Bound<'_, PyAny>,
+    from: Option<&Bound<'_, PyAny>>,
+    to: Option<&Bound<'_, PyAny>>,
+) -> PyResult<bool> {
+    let py = event_loop.py();
+    let Some(tasks) = &switch.current_tasks else {
+        return Ok(false);
+    };
+    let tasks = tasks.bind(py);
+    let found = tasks.get_item(event_loop)?;
+    let expected = match (&found, from) {
+        (None, None) => true,
+        (Some(found), Some(from)) => found.is(from),
+        _ => false,
+    };
+    if !expected {
+        return Ok(false);
+    }
+    match to {
+        Some(to) => tasks.set_item(event_loop, to)?,
+        None => tasks.del_item(event_loop)?,
+    }
+    Ok(true)
+}
+
 impl<'py> AsTask<'py> {
+    /// `caller` is the loop's current task (`current_task`), or `None`.
     fn enter(
         switch: &'static TaskSwitch,
         event_loop: Bound<'py, PyAny>,
         task: Bound<'py, PyAny>,
+        caller: Bound<'py, PyAny>,
     ) -> PyResult<Self> {
         let py = event_loop.py();
-        let caller = switch.current_task.bind(py).call1((&event_loop,))?;
-        let caller = (!caller.is_none()).then_some(caller);
-        if let Some(caller) = &caller {
-            switch.leave_task.bind(py).call1((&event_loop, caller))?;
+        if caller.is(&task) {
+            return Ok(Self {
+                switch,
+                event_loop,
+                task: None,
+                caller: None,
+            });
         }
-        if let Err(e) = switch.enter_task.bind(py).call1((&event_loop, &task)) {
+        let caller = (!caller.is_none()).then_some(caller);
+        if !swap_in_dict(switch, &event_loop, caller.as_ref(), Some(&task))? {
             if let Some(caller) = &caller {
-                let _ = switch.enter_task.bind(py).call1((&event_loop, caller));
+                switch.leave_task.bind(py).call1((&event_loop, caller))?;
             }
-            return Err(e);
+            if let Err(e) = switch.enter_task.bind(py).call1((&event_loop, &task)) {
+                if let Some(caller) = &caller {
+                    let _ = switch.enter_task.bind(py).call1((&event_loop, caller));
+                }
+                return Err(e);
+            }
         }
         Ok(Self {
             switch,
             event_loop,
-            task,
+            task: Some(task),
             caller,
         })
     }
@@ -141,14 +208,27 @@ impl<'py> AsTask<'py> {
 
 impl Drop for AsTask<'_> {
     fn drop(&mut self) {
+        let Some(task) = &self.task else {
+            return;
+        };
         let py = self.event_loop.py();
+        match swap_in_dict(
+            self.switch,
+            &self.event_loop,
+            Some(task),
+            self.caller.as_ref(),
+        ) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => e.write_unraisable(py, None),
+        }
         // Nothing to do if these fail: the loop is in a state no task can
         // be run from anyway; the error is reported, not raised.
         if let Err(e) = self
             .switch
             .leave_task
             .bind(py)
-            .call1((&self.event_loop, &self.task))
+            .call1((&self.event_loop, task))
         {
             e.write_unraisable(py, None);
         }
@@ -244,6 +324,19 @@ pub(crate) fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     task_switch(py)?.get_running_loop.bind(py).call0()
 }
 
+/// `asyncio.current_task(event_loop)`: the task running now, or `None`.
+pub(crate) fn current_task<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = event_loop.py();
+    let switch = task_switch(py)?;
+    if let Some(tasks) = &switch.current_tasks {
+        return Ok(tasks
+            .bind(py)
+            .get_item(event_loop)?
+            .unwrap_or_else(|| py.None().into_bound(py)));
+    }
+    switch.current_task.bind(py).call1((event_loop,))
+}
+
 /// A handler registered as a wrapper of an `async def` (`functools.wraps`)
 /// may still return something else: the request fails with a `TypeError`
 /// that says so, not an `AttributeError` about `send`. Looked at only when
@@ -264,15 +357,17 @@ fn no_coroutine(returned: &Bound<'_, PyAny>) -> Option<PyErr> {
 
 /// Runs `handler(message, ctx)` and its coroutine's first step as `task` of
 /// `event_loop`, in `context`: the coroutine, and what its step gave.
+/// `current` is the loop's current task (`current_task`), or `None`.
 pub(crate) fn first_step<'py>(
     event_loop: Bound<'py, PyAny>,
     task: Bound<'py, PyAny>,
+    current: Bound<'py, PyAny>,
     context: &Bound<'py, PyAny>,
     handler: &Bound<'py, PyAny>,
     args: (Bound<'py, PyAny>, Bound<'py, PyAny>),
 ) -> PyResult<(Bound<'py, PyAny>, Sent<'py>)> {
     let py = event_loop.py();
-    let _as_task = AsTask::enter(task_switch(py)?, event_loop, task)?;
+    let _as_task = AsTask::enter(task_switch(py)?, event_loop, task, current)?;
     let _no_handled = NoHandledException::set_aside(py);
     let api = c_api();
     let native = !THROUGH_PYTHON.load(Ordering::Relaxed);
@@ -311,4 +406,44 @@ pub(crate) fn first_step<'py>(
         Err(e) => return Err(e),
     };
     Ok((coro, sent))
+}
+
+/// A later step of a handler's coroutine (`_dispatch._Resume`):
+/// `context.run(coro.send, value)`, but a return comes back as
+/// `(True, value)` and a yield as `(False, yielded)`, where the Python call
+/// raises a `StopIteration` that the wrapper catches, once per request.
+/// Done as the first step is (`PyContext_Enter`, `PyIter_Send`), the Python
+/// way where those are missing (or the tests ask for it).
+#[pyfunction]
+pub(crate) fn _send_in<'py>(
+    context: &Bound<'py, PyAny>,
+    coro: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<(bool, Bound<'py, PyAny>)> {
+    let py = context.py();
+    let api = c_api();
+    let native = !THROUGH_PYTHON.load(Ordering::Relaxed);
+    if let (true, Some(enter), Some(exit), Some(send)) =
+        (native, api.context_enter, api.context_exit, api.iter_send)
+    {
+        let _in_context = InContext::enter(context, enter, exit)?;
+        let mut out = std::ptr::null_mut();
+        // SAFETY: `coro` and `value` are live objects and the GIL is held;
+        // `out` receives a new reference unless the result is an error.
+        let result = unsafe { send(coro.as_ptr(), value.as_ptr(), &mut out) };
+        return match result {
+            // SAFETY: a new reference (see above).
+            PYGEN_RETURN => Ok((true, unsafe { Bound::from_owned_ptr(py, out) })),
+            PYGEN_NEXT => Ok((false, unsafe { Bound::from_owned_ptr(py, out) })),
+            _ => Err(PyErr::fetch(py)),
+        };
+    }
+    let run = context.getattr(intern!(py, "run"))?;
+    match run.call1((coro.getattr(intern!(py, "send"))?, value)) {
+        Ok(yielded) => Ok((false, yielded)),
+        Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
+            Ok((true, e.value(py).getattr(intern!(py, "value"))?))
+        }
+        Err(e) => Err(e),
+    }
 }
