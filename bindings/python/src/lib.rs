@@ -124,6 +124,15 @@ fn _live_pools() -> usize {
     askpool::live_pools()
 }
 
+/// Has the allocator give back what it keeps of freed memory (mimalloc
+/// keeps freed blocks for reuse, and a block freed on another thread waits
+/// for its owner's next allocation): for tests that bound resident memory.
+#[pyfunction]
+fn _release_freed_memory() {
+    // SAFETY: takes no pointer; safe on any thread at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
 /// Makes the next request a pool worker takes panic before its handler
 /// starts (for the test that a worker's panic fails that request only).
 #[pyfunction]
@@ -151,6 +160,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(send::_send_in, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;
     m.add_function(wrap_pyfunction!(_live_pools, m)?)?;
+    m.add_function(wrap_pyfunction!(_release_freed_memory, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_in_next_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(_interpreter_exiting, m)?)?;
