@@ -316,6 +316,14 @@ class Slot:
                 # retrieved).
                 if isinstance(exc, _LEAVES_THE_LOOP):
                     raise
+                if cancelling is None and isinstance(exc, asyncio.CancelledError):
+                    # Before 3.11 asyncio counts no cancels (`cancelling`
+                    # below): a cancel the handler let out is taken for one
+                    # of the task left standing (asyncio.run's shutdown
+                    # cancels the slot's task while its handler runs), and
+                    # the task ends as below. Going on, it waited for a next
+                    # request, and asyncio.run waited for it for good.
+                    raise asyncio.CancelledError()
                 value = None
             else:
                 # Answering may start the slot's next request already (its
@@ -344,9 +352,15 @@ _TASK_TAKES_CONTEXT = sys.version_info >= (3, 11)
 
 def _cancel_standing(task: "asyncio.Task[Any]") -> bool:
     """Whether a cancel of ``task`` was asked and not taken back (3.11+;
-    before, asyncio does not count them)."""
+    before, asyncio does not count them: one asked and not yet delivered,
+    as the extension's ``cancel_standing`` reads it)."""
     cancelling = getattr(task, "cancelling", None)
-    return cancelling is not None and cancelling() > 0
+    if cancelling is not None:
+        return bool(cancelling() > 0)
+    if getattr(task, "_must_cancel", False):
+        return True
+    waiter = getattr(task, "_fut_waiter", None)
+    return waiter is not None and bool(waiter.cancelled())
 
 
 def _cancel_where_awaited(first: Any, exc: BaseException) -> Optional[BaseException]:

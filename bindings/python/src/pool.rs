@@ -252,12 +252,26 @@ impl SlotTask {
 }
 
 /// Whether a cancel of `task` was asked and not taken back (`cancelling()`,
-/// Python 3.11+; before, asyncio does not count them).
+/// Python 3.11+). Before, asyncio does not count them: a cancel asked and
+/// not yet delivered is the task's `_must_cancel`, or the future it waits
+/// on cancelled (the slot's waiter, by a handler that cancelled its own
+/// task and returned at once); without this the next request ran as that
+/// task and met the cancel.
 fn cancel_standing(task: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = task.py();
     static COUNTS: OnceLock<bool> = OnceLock::new();
     if !*COUNTS.get_or_init(|| py.version_info() >= (3, 11)) {
-        return Ok(false);
+        if let Ok(must) = task.getattr(intern!(py, "_must_cancel")) {
+            if must.is_truthy()? {
+                return Ok(true);
+            }
+        }
+        return match task.getattr(intern!(py, "_fut_waiter")) {
+            Ok(waiter) if !waiter.is_none() => {
+                waiter.call_method0(intern!(py, "cancelled"))?.is_truthy()
+            }
+            _ => Ok(false),
+        };
     }
     Ok(task
         .call_method0(intern!(py, "cancelling"))?
