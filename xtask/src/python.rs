@@ -174,8 +174,14 @@ pub fn build() -> Result<PathBuf, String> {
             self::wheel().ok_or("maturin wrote no wheel")?
         }
     };
+    install_wheel(&venv_bin("python"), &wheel)?;
+    Ok(wheel)
+}
+
+/// Installs `wheel` into the venv of `python`, over whatever it holds.
+fn install_wheel(python: &Path, wheel: &Path) -> Result<(), String> {
     exec(
-        &venv_bin("python"),
+        python,
         &[
             "-m",
             "pip",
@@ -188,8 +194,7 @@ pub fn build() -> Result<PathBuf, String> {
         ],
         &root(),
         &[],
-    )?;
-    Ok(wheel)
+    )
 }
 
 /// The Python part of `cargo xtask test`: the wheel, pytest (which also
@@ -260,22 +265,8 @@ fn oldest_python(wheel: &Path) -> Result<(), String> {
         args.extend(pytest);
         exec(&python, &args, &root(), &[])?;
     }
+    install_wheel(&python, wheel)?;
     let wheel = wheel.to_string_lossy();
-    exec(
-        &python,
-        &[
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--force-reinstall",
-            &wheel,
-        ],
-        &root(),
-        &[],
-    )?;
     // Its pytest script, not `python -m pytest` (see `test`).
     exec(
         &venv.join("bin/pytest"),
