@@ -56,6 +56,11 @@ fn ensure_venv() -> Result<(), String> {
     if TOOLS.iter().all(|t| venv_bin(t).exists()) {
         return Ok(());
     }
+    pip_install(&python, PINNED)
+}
+
+/// `pip install` of `packages` into the venv of `python`.
+fn pip_install(python: &Path, packages: &[&str]) -> Result<(), String> {
     let mut args = vec![
         "-m",
         "pip",
@@ -63,8 +68,8 @@ fn ensure_venv() -> Result<(), String> {
         "--quiet",
         "--disable-pip-version-check",
     ];
-    args.extend(PINNED);
-    exec(&python, &args, &root(), &[])
+    args.extend_from_slice(packages);
+    exec(python, &args, &root(), &[])
 }
 
 /// The newest modification time under `dir` (files only).
@@ -180,21 +185,8 @@ pub fn build() -> Result<PathBuf, String> {
 
 /// Installs `wheel` into the venv of `python`, over whatever it holds.
 fn install_wheel(python: &Path, wheel: &Path) -> Result<(), String> {
-    exec(
-        python,
-        &[
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--force-reinstall",
-            &wheel.to_string_lossy(),
-        ],
-        &root(),
-        &[],
-    )
+    let wheel = wheel.to_string_lossy();
+    pip_install(python, &["--no-deps", "--force-reinstall", &wheel])
 }
 
 /// The Python part of `cargo xtask test`: the wheel, pytest (which also
@@ -255,15 +247,7 @@ fn oldest_python(wheel: &Path) -> Result<(), String> {
             .copied()
             .filter(|p| p.starts_with("pytest"))
             .collect::<Vec<_>>();
-        let mut args = vec![
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ];
-        args.extend(pytest);
-        exec(&python, &args, &root(), &[])?;
+        pip_install(&python, &pytest)?;
     }
     install_wheel(&python, wheel)?;
     let wheel = wheel.to_string_lossy();

@@ -569,6 +569,7 @@ impl Core {
         self.bytes.clear();
         let mut out = Out { buf, n: 0 };
         let mut freed = std::mem::take(&mut self.freed_scratch);
+        self.shared.rearm();
         self.freed.take_into(&mut freed, out.buf.len() / 4);
         for id in freed.drain(..) {
             out.push(event::FREE, id, 0, 0);

@@ -52,7 +52,9 @@ impl Shared {
         if THREAD.with(|t| *t) == self.js_thread {
             return;
         }
-        if !self.scheduled.swap(true, Ordering::AcqRel) {
+        // A drain asked for already (the common case in a burst of frees):
+        // no write to the shared line.
+        if !self.scheduled.load(Ordering::Acquire) && !self.scheduled.swap(true, Ordering::AcqRel) {
             if let Some(wake) = self.wake.read().as_ref() {
                 self.thread_wakes.fetch_add(1, Ordering::Relaxed);
                 wake.call((), ThreadsafeFunctionCallMode::NonBlocking);
@@ -60,9 +62,15 @@ impl Shared {
         }
     }
 
+    /// A drain starts: a wake asked for from now on calls again. Before the
+    /// drain takes the freed slots, so that one freed after it asks anew.
+    pub fn rearm(&self) {
+        self.scheduled.store(false, Ordering::Release);
+    }
+
     /// Swaps the ready list with `into` (empty), so both allocations are reused.
     pub fn take_ready(&self, into: &mut Vec<u32>) {
-        self.scheduled.store(false, Ordering::Release);
+        self.rearm();
         std::mem::swap(&mut *self.ready.lock(), into);
     }
 

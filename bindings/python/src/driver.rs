@@ -62,18 +62,16 @@ pub(crate) struct DriverShared {
 static DRIVERS: Mutex<Vec<Weak<DriverShared>>> = Mutex::new(Vec::new());
 
 /// Wakes the driver of a loop still running (the latest made), so that it
-/// runs once; nothing if there is none (the next drain or close empties
-/// the graveyard).
-pub(crate) fn wake_a_driver() {
+/// runs once; false if there is none (the next drain or close empties the
+/// graveyard).
+pub(crate) fn wake_a_driver() -> bool {
     let driver = DRIVERS
         .lock()
         .iter()
         .rev()
         .filter_map(Weak::upgrade)
         .find(|d| !d.is_closed());
-    if let Some(driver) = driver {
-        driver.signal();
-    }
+    driver.map(|d| d.signal()).is_some()
 }
 
 thread_local! {

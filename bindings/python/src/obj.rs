@@ -11,6 +11,7 @@
 //! the runtime's thread (a reply the cache lets go at its TTL while nothing
 //! else happens) also wakes a loop's driver to empty it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -23,16 +24,21 @@ struct Holder(Option<Py<PyAny>>);
 
 static GRAVEYARD: Mutex<Vec<Py<PyAny>>> = Mutex::new(Vec::new());
 
+/// A driver was woken to empty the graveyard and has not yet: one wake per
+/// batch. (Not "the first into an empty graveyard": one dropped on a Python
+/// thread outside any drain may already wait there, with no wake coming.)
+static RELEASE_ASKED: AtomicBool = AtomicBool::new(false);
+
 impl Drop for Holder {
     fn drop(&mut self) {
         if let Some(object) = self.0.take() {
-            let first = {
-                let mut graveyard = GRAVEYARD.lock();
-                graveyard.push(object);
-                graveyard.len() == 1
-            };
-            if first && crate::on_runtime_thread() {
-                crate::driver::wake_a_driver();
+            GRAVEYARD.lock().push(object);
+            if crate::on_runtime_thread()
+                && !RELEASE_ASKED.swap(true, Ordering::AcqRel)
+                && !crate::driver::wake_a_driver()
+            {
+                // No loop runs: the next drain or close empties it.
+                RELEASE_ASKED.store(false, Ordering::Release);
             }
         }
     }
@@ -54,6 +60,8 @@ impl Obj {
 
 /// Drops the objects the core let go of. Call with no core lock held.
 pub(crate) fn release_dropped(_py: Python<'_>) {
+    // Before the take: an object pushed after it asks for a wake again.
+    RELEASE_ASKED.store(false, Ordering::Release);
     let dropped = std::mem::take(&mut *GRAVEYARD.lock());
     // The graveyard's lock is released: a `__del__` that drops more objects
     // pushes them for the next call.

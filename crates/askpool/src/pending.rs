@@ -749,7 +749,7 @@ impl<M, R> CallerSide<M, R> {
         M: Send + 'static,
         R: Send + 'static,
     {
-        let gone = {
+        let (replaced, gone, window) = {
             let mut t = self.timed_out.lock();
             let replaced = t.records.insert(
                 ids.request_id,
@@ -763,8 +763,8 @@ impl<M, R> CallerSide<M, R> {
             t.order.push_back((ids.request_id, now));
             (replaced, t.trim(now), t.window)
         };
-        let window = gone.2;
-        drop(gone);
+        // Outside the lock (see `trim`).
+        drop((replaced, gone));
         self.timed_out_sweep.arm(&self.weak_self, window);
     }
 
