@@ -135,6 +135,10 @@ def _resume(
     than an object with ``__await__``: no ``__init__`` to run per
     request.)"""
     yielded, sent = first, None
+    # Only `yielded` keeps what the first step awaited, and only until the
+    # next step: a handler that goes on for long would otherwise keep it
+    # (with its result) alive until it returns.
+    del first
     if thrown is None and not first_done:
         try:
             sent = yield yielded
@@ -293,6 +297,7 @@ class Slot:
             job, self._job = self._job, None
             assert job is not None
             coro, first, context, reply = job
+            del job
             # A first step that yielded nothing (a bare `yield`, as
             # `asyncio.sleep(0)`'s) asked its task to go on at the next loop
             # turn, as a task's step does with `call_soon`; waking this task
@@ -304,7 +309,10 @@ class Slot:
             # `_finish`'s work inline (a coroutine less per request, a frame
             # less per step of the handler).
             try:
-                value = await _resume(coro, first, context, thrown, first_done)
+                resumed = _resume(coro, first, context, thrown, first_done)
+                # What the first step awaited is the generator's alone now.
+                first = None
+                value = await resumed
             except BaseException as exc:
                 if reply in _abandoned:
                     # Closed with its loop (``abandon``): the close goes on.
@@ -338,7 +346,7 @@ class Slot:
             # its handler first awaited (with its result), its context (its
             # variables' values) and its reply value would stay alive for as
             # long as the slot stays idle.
-            del job, coro, first, context, reply, thrown, value
+            del coro, first, context, reply, thrown, value, resumed
             if cancelling is not None and cancelling() > 0:
                 # A cancel its handler did not take back: asyncio.run
                 # shutting down, or a handler's own. The task ends here (the

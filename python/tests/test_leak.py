@@ -212,6 +212,41 @@ async def test_a_cancelled_wait_cancelled_future_is_released_while_its_handler_r
         assert await ask == 1
 
 
+async def test_what_a_handler_first_awaited_is_let_go_while_it_runs() -> None:
+    # The first step of a handler runs inline; what it awaited (here a
+    # future with a large result) is the slot's to hand back to it, and must
+    # not stay alive for as long as the handler goes on after it.
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[bytes] = loop.create_future()
+    held = weakref.ref(first)
+    awaited = [first]
+    del first
+    checked = asyncio.Event()
+    release = asyncio.Event()
+    async with Node() as node:
+
+        @node.pool("long").handler
+        async def long(msg: int, ctx: Context) -> int:
+            future = awaited.pop()
+            assert len(await future) == 1 << 20
+            del future
+            checked.set()
+            await release.wait()
+            return msg
+
+        ask = node.ask("long", 1, timeout=10)
+        await asyncio.sleep(0)
+        future = held()
+        assert future is not None and not future.done()
+        future.set_result(bytes(1 << 20))
+        del future
+        await asyncio.wait_for(checked.wait(), 5)
+        gc.collect()
+        assert held() is None, "the future the handler first awaited is still held"
+        release.set()
+        assert await ask == 1
+
+
 def test_asks_a_finished_asyncio_run_left_in_flight_leave_nothing_behind() -> None:
     """A caller loop that ends (``asyncio.run`` returns) with asks, tells and
     stage streams still in flight to a pool on another loop: nobody can
