@@ -214,7 +214,8 @@ export class Context {
   /**
    * Reports progress to the caller (a PARTIAL stage): `fraction` is clamped
    * to 0..1 (NaN, an infinity or a non-number is InvalidArgumentError), as in Python and
-   * Kotlin. Does nothing once the node closed while
+   * Kotlin; a `note` past 4096 UTF-8 bytes is InvalidArgumentError too (the
+   * caller keeps the newest reports of each ask). Does nothing once the node closed while
    * the handler runs; throws FailedPreconditionError once the handler ended.
    */
   progress(fraction: number, note?: string): void;

@@ -617,27 +617,36 @@ test('a progress fraction comes back as the number reported', async () => {
   await node.close();
 });
 
-test('a progress fraction out of range is clamped as in every binding; NaN is refused', async () => {
+test('a progress fraction out of range is clamped as in every binding; NaN and an oversize note are refused', async () => {
   const node = new Node();
   let nan;
+  let oversize;
+  const thrown = (f) => {
+    try {
+      f();
+    } catch (e) {
+      return e;
+    }
+  };
   node.pool('p').handle((m, ctx) => {
     ctx.progress(-0.5);
     ctx.progress(1.5, 'rounding past the end');
-    nan = (() => {
-      try {
-        ctx.progress(NaN);
-      } catch (e) {
-        return e;
-      }
-    })();
+    nan = thrown(() => ctx.progress(NaN));
+    // A report's bound is 4096 UTF-8 bytes (2 per 'é').
+    oversize = thrown(() => ctx.progress(1, 'é'.repeat(2049)));
+    ctx.progress(1, 'é'.repeat(2048));
     return m;
   });
   const handle = node.askHandle('p', 1);
-  const fractions = [];
-  for await (const s of handle.stages()) if (s.stage === 'PARTIAL') fractions.push(s.fraction);
-  assert.deepEqual(fractions, [0, 1]);
+  const partial = [];
+  for await (const s of handle.stages()) {
+    if (s.stage === 'PARTIAL') partial.push([s.fraction, (s.note ?? '').length]);
+  }
+  assert.deepEqual(partial, [[0, 0], [1, 21], [1, 2048]]);
   assert.equal(await handle, 1);
   assert.equal(nan?.code, 'INVALID_ARGUMENT');
+  assert.equal(oversize?.code, 'INVALID_ARGUMENT');
+  assert.match(oversize.message, /4098 bytes/);
   await node.close();
 });
 

@@ -262,7 +262,8 @@ async def test_a_second_pool_with_the_same_name_is_refused() -> None:
 
 async def test_progress_out_of_range_is_clamped_even_past_a_float32() -> None:
     # The fraction is clamped to [0, 1]; a finite float too large for the
-    # core's float32 is clamped too, not refused as "not finite".
+    # core's float32 is clamped too, not refused as "not finite". NaN, the
+    # infinities and a note past a report's bound are refused.
     async with Node() as node:
         refused: list[float] = []
 
@@ -276,13 +277,19 @@ async def test_progress_out_of_range_is_clamped_even_past_a_float32() -> None:
                 with pytest.raises(askpool.InvalidArgumentError):
                     ctx.progress(bad)
                 refused.append(bad)
+            # A note past a report's bound (4096 UTF-8 bytes: 2 per "é").
+            with pytest.raises(askpool.InvalidArgumentError, match="4098 bytes"):
+                ctx.progress(1.0, "é" * 2049)
+            refused.append(1.0)
+            ctx.progress(1.0, "é" * 2048)
             await asyncio.sleep(0)
 
         handle_ = node.ask("work", None, timeout=5)
         events = [e async for e in handle_.stages()]
         await handle_
-    assert [e.fraction for e in events if e.stage == "PARTIAL"] == [0.0, 0.5, 1.0]
-    assert len(refused) == 2
+    partial = [(e.fraction, len(e.note or "")) for e in events if e.stage == "PARTIAL"]
+    assert partial == [(0.0, 1), (0.5, 1), (1.0, 1), (1.0, 2048)]
+    assert len(refused) == 3
 
 
 class _CallableHandler:

@@ -400,7 +400,7 @@ async fn a_reply_that_came_before_the_cancel_stands() {
     let request = pool.next_request().await.unwrap();
     let context = request.context.clone();
     request.responder.reply("three".into());
-    context.progress(0.9, "after the reply");
+    context.progress(0.9, "after the reply").unwrap();
     handle.cancel();
     assert_eq!((&mut handle).await.unwrap(), "three");
     use futures::StreamExt;

@@ -46,7 +46,7 @@ fn config() -> NodeConfig {
 fn echo_pool(node: &TestNode) {
     node.pool("p")
         .handler(|m: u64, ctx| async move {
-            ctx.progress(0.5, "half");
+            ctx.progress(0.5, "half").unwrap();
             Ok(format!("r{m}"))
         })
         .unwrap();
@@ -91,9 +91,9 @@ async fn scenario(node: TestNode) -> (Vec<String>, Vec<Vec<AckStage>>, NodeStats
         .handler(|m: u64, ctx| async move {
             match m % 10 {
                 0 => {
-                    ctx.progress(0.25, "a quarter");
+                    ctx.progress(0.25, "a quarter").unwrap();
                     tokio::time::sleep(Duration::from_millis(5)).await;
-                    ctx.progress(0.75, "most");
+                    ctx.progress(0.75, "most").unwrap();
                     Ok(format!("ok{m}"))
                 }
                 1 => Err(AskError::handler_failed("Boom", format!("no {m}"))),
@@ -109,7 +109,7 @@ async fn scenario(node: TestNode) -> (Vec<String>, Vec<Vec<AckStage>>, NodeStats
                 3 => {
                     ctx.cancelled().await;
                     // Progress of an ask that ended: no slot takes it.
-                    ctx.progress(1.0, "too late");
+                    ctx.progress(1.0, "too late").unwrap();
                     Ok("after cancel".into())
                 }
                 _ => Ok(format!("plain{m}")),
@@ -312,7 +312,7 @@ mod equivalence {
                 ..PoolConfig::default()
             })
             .handler(|m: u64, ctx| async move {
-                ctx.progress(0.5, "x");
+                ctx.progress(0.5, "x").unwrap();
                 Ok(m + 1)
             })
             .unwrap();
@@ -382,7 +382,7 @@ mod mt_stress {
             .handler(|m: u64, ctx| async move {
                 let us = rand::rng().random_range(0..1500);
                 tokio::time::sleep(Duration::from_micros(us)).await;
-                ctx.progress(0.5, "half");
+                ctx.progress(0.5, "half").unwrap();
                 Ok(m * 10)
             })
             .unwrap();

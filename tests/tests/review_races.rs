@@ -360,7 +360,7 @@ mod ids_on_every_frame {
             .handler(move |m: u64, ctx| {
                 in_handler.lock().unwrap().push(*ctx.ids());
                 async move {
-                    ctx.progress(0.5, "half");
+                    ctx.progress(0.5, "half").unwrap();
                     if m == 0 {
                         tokio::time::sleep(Duration::from_secs(60)).await;
                     }

@@ -811,7 +811,7 @@ async fn progress_is_delivered_and_counts_as_an_ack() {
     let node = node_on(&tap);
     node.pool("p")
         .handler(|_msg: u64, ctx| async move {
-            ctx.progress(0.5, "half");
+            ctx.progress(0.5, "half").unwrap();
             tokio::time::sleep(Duration::from_secs(2)).await;
             Ok("done".to_string())
         })

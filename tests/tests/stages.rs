@@ -4,8 +4,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use askpool::{
-    AckStage, AskError, ErrorCode, Node, NodeConfig, PayloadFingerprint, RequestId, StageEvent,
-    WorkerTransport,
+    AckStage, AskError, ErrorCode, Node, NodeConfig, PayloadFingerprint, Progress, RequestId,
+    StageEvent, WorkerTransport,
 };
 use askpool_tests::{Fate, FrameKind, Tap};
 use futures::StreamExt;
@@ -30,7 +30,7 @@ async fn a_fulfilled_ask_walks_every_stage_in_order_with_durations() {
         .handler(|_msg: u64, ctx| async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
             for i in 1..=4 {
-                ctx.progress(i as f32 / 5.0, format!("{i}/5"));
+                ctx.progress(i as f32 / 5.0, format!("{i}/5")).unwrap();
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             tokio::time::sleep(Duration::from_millis(60)).await;
@@ -167,7 +167,7 @@ async fn unread_stage_events_are_bounded() {
     node.pool("p")
         .handler(|_m: u64, ctx| async move {
             for i in 0..500 {
-                ctx.progress(i as f32 / 500.0, "tick");
+                ctx.progress(i as f32 / 500.0, "tick").unwrap();
             }
             Ok("ok".to_string())
         })
@@ -196,7 +196,8 @@ async fn progress_carries_its_metadata() {
     let node = node();
     node.pool("p")
         .handler(|_m: u64, ctx| async move {
-            ctx.report(askpool::Progress::new(0.45, "2300/5000 records").with("shard", "7"));
+            ctx.report(askpool::Progress::new(0.45, "2300/5000 records").with("shard", "7"))
+                .unwrap();
             Ok("ok".to_string())
         })
         .unwrap();
@@ -217,16 +218,44 @@ async fn progress_carries_its_metadata() {
     );
 }
 
-/// A fraction out of 0..1 is clamped; a NaN one says nothing and is not
-/// reported (it reached the PARTIAL stage as NaN through Kotlin).
+/// A fraction out of 0..1 is clamped; a NaN one says nothing and is
+/// refused (it reached the PARTIAL stage as NaN through Kotlin), as is a
+/// report past the bounds of its note and metadata: neither is reported.
 #[tokio::test(start_paused = true)]
-async fn progress_is_clamped_and_a_nan_fraction_is_not_reported() {
+async fn progress_is_clamped_and_nan_or_oversize_reports_are_refused() {
     let node = node();
     node.pool("p")
         .handler(|_m: u64, ctx| async move {
-            ctx.progress(f32::NAN, "nothing");
-            ctx.progress(-1.0, "before");
-            ctx.progress(2.0, "past");
+            let refused = |r: Result<(), AskError>| match r {
+                Err(AskError::InvalidArgument { message }) => message,
+                other => panic!("not refused: {other:?}"),
+            };
+            let nan = refused(ctx.progress(f32::NAN, "nothing"));
+            assert!(nan.contains("NaN"), "{nan}");
+            ctx.progress(-1.0, "before").unwrap();
+            let note = "x".repeat(Progress::MAX_BYTES + 1);
+            let long = refused(ctx.progress(0.5, note));
+            assert!(
+                long.contains(&format!("{} bytes", Progress::MAX_BYTES + 1)),
+                "{long}"
+            );
+            // The note and the metadata count together.
+            let half = "y".repeat(Progress::MAX_BYTES / 2);
+            let both = Progress::new(0.5, half.clone()).with("k", half);
+            refused(ctx.report(both));
+            let mut many = Progress::new(0.5, "many");
+            for i in 0..=Progress::MAX_METADATA {
+                many = many.with(i.to_string(), "");
+            }
+            let many = refused(ctx.report(many));
+            assert!(many.contains("metadata entries"), "{many}");
+            // At the bounds exactly: reported.
+            let mut full = Progress::new(0.75, "z".repeat(Progress::MAX_BYTES - 1));
+            for _ in 1..Progress::MAX_METADATA {
+                full = full.with("", "");
+            }
+            ctx.report(full.with("k", "")).unwrap();
+            ctx.progress(2.0, "past").unwrap();
             Ok("ok".to_string())
         })
         .unwrap();
@@ -238,11 +267,15 @@ async fn progress_is_clamped_and_a_nan_fraction_is_not_reported() {
         .await
         .into_iter()
         .filter_map(|e| e.progress)
-        .map(|p| (p.fraction, p.note))
+        .map(|p| (p.fraction, p.note.len(), p.metadata.len()))
         .collect();
     assert_eq!(
         partial,
-        vec![(0.0, "before".to_string()), (1.0, "past".to_string())]
+        vec![
+            (0.0, "before".len(), 0),
+            (0.75, Progress::MAX_BYTES - 1, Progress::MAX_METADATA),
+            (1.0, "past".len(), 0)
+        ]
     );
 }
 
@@ -254,7 +287,7 @@ async fn a_stage_source_opened_after_the_ask_replays_its_record() {
     node.pool("p")
         .handler(|_msg: u64, ctx| async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
-            ctx.progress(0.5, "half");
+            ctx.progress(0.5, "half").unwrap();
             tokio::time::sleep(Duration::from_millis(10)).await;
             Ok("done".to_string())
         })

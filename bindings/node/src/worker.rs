@@ -192,8 +192,8 @@ impl Core {
         }
         self.handling(request)?
             .context
-            .progress(fraction as f32, note);
-        Ok(())
+            .progress(fraction as f32, note)
+            .map_err(errors::throw)
     }
 
     /// Reports a `CANCELLED` event if the request is cancelled while handled.

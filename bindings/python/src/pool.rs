@@ -507,7 +507,9 @@ impl Ctx {
     }
     /// Reports progress: the caller's stage stream gets a PARTIAL event.
     /// The fraction is clamped to [0, 1]; a note's surrogates (which UTF-8
-    /// cannot carry) become U+FFFD rather than failing the handler.
+    /// cannot carry) become U+FFFD rather than failing the handler. NaN,
+    /// the infinities and a note past 4096 UTF-8 bytes are
+    /// `InvalidArgumentError`.
     #[pyo3(signature = (fraction, note=None))]
     fn progress(
         &self,
@@ -536,8 +538,7 @@ impl Ctx {
                 }
             },
         };
-        self.context.report(Progress::new(fraction, note));
-        Ok(())
+        errors::to_py(self.context.report(Progress::new(fraction, note)))
     }
     /// An asyncio future (of the running loop) that completes when the
     /// request is cancelled. It stays pending if the request is answered

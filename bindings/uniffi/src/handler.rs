@@ -12,7 +12,7 @@ use askpool::{AskError, Outcome, Request, Worker, WorkerPool};
 use futures::FutureExt;
 use tokio::sync::oneshot;
 
-use crate::error::Fault;
+use crate::error::{Failure, Fault};
 use crate::events;
 use crate::host::HostHandler;
 use crate::inflight::{
@@ -113,12 +113,16 @@ pub fn handler_fault(fault: Fault, type_name: String, message: String) -> Fault 
     }
 }
 
+/// Reports progress; the refusal (`InvalidArgument`: NaN, or past the
+/// bounds of a report) if any. Nothing for a request no longer handled.
 #[uniffi::export]
-pub fn request_progress(request: i64, fraction: f32, note: String) {
+pub fn request_progress(request: i64, fraction: f32, note: String) -> Option<Failure> {
     // Reported outside the shard's lock.
-    if let Some(context) = read_request(request, |r| r.context.clone()) {
-        context.progress(fraction, note);
-    }
+    let context = read_request(request, |r| r.context.clone())?;
+    context
+        .progress(fraction, note)
+        .err()
+        .map(|e| Failure::from(&e))
 }
 
 #[derive(Clone, Debug, uniffi::Record)]

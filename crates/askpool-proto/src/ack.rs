@@ -46,6 +46,8 @@
 //! - Repeated `PARTIAL` events are progress, not repeats. Their fraction, if
 //!   given, must be in `[0, 1]` ([`StageError::InvalidProgress`]) and must not
 //!   be lower than the last one reported ([`StageError::ProgressDecreased`]);
+//!   its note and metadata must be within [`Progress::MAX_BYTES`] and
+//!   [`Progress::MAX_METADATA`] ([`StageError::OversizeProgress`]);
 //!   an equal fraction is fine. A `PARTIAL` without a fraction
 //!   ([`AckTracker::advance`] with [`AckStage::Partial`]) is a heartbeat and
 //!   leaves the last fraction as it was.
@@ -228,6 +230,15 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// The most a report may carry, in UTF-8 bytes: its note and every
+    /// metadata key and value together. A caller keeps up to 64 stage events
+    /// per ask (and an ask's record keeps its last 32 reports), so this is
+    /// what bounds the memory progress reports take.
+    pub const MAX_BYTES: usize = 4096;
+    /// The most metadata entries a report may carry (empty keys and values
+    /// cost no bytes, but each entry costs memory).
+    pub const MAX_METADATA: usize = 32;
+
     pub fn new(fraction: f32, note: impl Into<String>) -> Self {
         Self {
             fraction,
@@ -240,6 +251,44 @@ impl Progress {
     pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.metadata.push((key.into(), value.into()));
         self
+    }
+
+    /// The bytes the report carries: its note and its metadata's keys and
+    /// values (what [`MAX_BYTES`](Self::MAX_BYTES) bounds).
+    pub fn size(&self) -> usize {
+        self.metadata
+            .iter()
+            .fold(self.note.len(), |n, (k, v)| n + k.len() + v.len())
+    }
+
+    /// Whether the report is within [`MAX_BYTES`](Self::MAX_BYTES) and
+    /// [`MAX_METADATA`](Self::MAX_METADATA).
+    pub fn within_bounds(&self) -> bool {
+        self.metadata.len() <= Self::MAX_METADATA && self.size() <= Self::MAX_BYTES
+    }
+
+    /// `InvalidArgument` for a report past the bounds, saying which; what a
+    /// handler's `progress` call gets.
+    pub fn check_bounds(&self) -> Result<(), crate::AskError> {
+        if self.metadata.len() > Self::MAX_METADATA {
+            return Err(crate::AskError::InvalidArgument {
+                message: format!(
+                    "a progress report carries at most {} metadata entries, not {}",
+                    Self::MAX_METADATA,
+                    self.metadata.len()
+                ),
+            });
+        }
+        let size = self.size();
+        if size > Self::MAX_BYTES {
+            return Err(crate::AskError::InvalidArgument {
+                message: format!(
+                    "a progress report's note and metadata are {size} bytes; at most {} are allowed",
+                    Self::MAX_BYTES
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The fraction for a host whose numbers are `f64` (JS, Python): the
@@ -297,6 +346,10 @@ pub enum StageError {
     /// A progress fraction outside `[0, 1]` (or NaN).
     #[error("progress fraction {fraction} is not in [0, 1]")]
     InvalidProgress { fraction: f32 },
+    /// A progress report past [`Progress::MAX_BYTES`] or
+    /// [`Progress::MAX_METADATA`] (a peer that did not check it).
+    #[error("progress report of {size} bytes and {entries} metadata entries is past its bounds")]
+    OversizeProgress { size: usize, entries: usize },
     /// A progress fraction lower than the last one reported.
     #[error("progress went backwards from {previous} to {fraction}")]
     ProgressDecreased { previous: f32, fraction: f32 },
@@ -492,6 +545,12 @@ impl AckTracker {
     ) -> Result<&StageEvent, StageError> {
         self.check(to)?;
         if let Some(p) = &progress {
+            if !p.within_bounds() {
+                return Err(StageError::OversizeProgress {
+                    size: p.size(),
+                    entries: p.metadata.len(),
+                });
+            }
             if !(0.0..=1.0).contains(&p.fraction) {
                 return Err(StageError::InvalidProgress {
                     fraction: p.fraction,

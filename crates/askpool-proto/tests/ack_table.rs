@@ -385,6 +385,44 @@ fn progress_fraction_must_be_in_unit_range() {
     }
 }
 
+/// A report past its bounds (from a peer that did not check them) is
+/// refused and changes nothing: the caller keeps the newest reports of each
+/// ask, so their size is what bounds that memory.
+#[test]
+fn progress_past_its_bounds_is_refused() {
+    let too_long = Progress::new(0.5, "x".repeat(Progress::MAX_BYTES + 1));
+    let split = Progress::new(0.5, "x".repeat(Progress::MAX_BYTES)).with("k", "");
+    let mut too_many = Progress::new(0.5, "");
+    for _ in 0..=Progress::MAX_METADATA {
+        too_many = too_many.with("", "");
+    }
+    for (bad, size, entries) in [
+        (too_long, Progress::MAX_BYTES + 1, 0),
+        (split, Progress::MAX_BYTES + 1, 1),
+        (too_many, 0, Progress::MAX_METADATA + 1),
+    ] {
+        assert!(!bad.within_bounds());
+        assert!(bad.check_bounds().is_err());
+        let mut t = tracker_at(Read);
+        let before = t.history().to_vec();
+        assert_eq!(
+            t.advance_partial(bad, at(100)),
+            Err(StageError::OversizeProgress { size, entries })
+        );
+        assert_eq!(t.stage(), Read);
+        assert_eq!(t.history(), &before[..]);
+        assert_eq!(t.partial_events(), 0);
+    }
+    let mut full = Progress::new(0.5, "x".repeat(Progress::MAX_BYTES - 1)).with("k", "");
+    for _ in 1..Progress::MAX_METADATA {
+        full = full.with("", "");
+    }
+    assert!(full.within_bounds() && full.check_bounds().is_ok());
+    let mut t = tracker_at(Read);
+    assert!(t.advance_partial(full, at(100)).is_ok());
+    assert_eq!(t.partial_events(), 1);
+}
+
 #[test]
 fn progress_fraction_never_decreases() {
     let mut t = tracker_at(Received);

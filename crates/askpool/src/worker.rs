@@ -89,21 +89,28 @@ impl RequestContext {
         self.request.cancel.cancelled().await
     }
     /// Reports partial progress to the caller (an `AskProgress` frame).
-    pub fn progress(&self, fraction: f32, note: impl Into<String>) {
-        self.report(Progress::new(fraction, note));
+    /// See [`report`](Self::report) for what is refused.
+    pub fn progress(&self, fraction: f32, note: impl Into<String>) -> Result<(), AskError> {
+        self.report(Progress::new(fraction, note))
     }
 
     /// Reports progress with metadata:
-    /// `ctx.report(Progress::new(0.45, "2300/5000").with("shard", "7"))`.
-    /// The fraction is clamped to 0..1; a NaN one says nothing and is not
-    /// reported (the bindings refuse it with `InvalidArgument` first).
-    pub fn report(&self, mut progress: Progress) {
+    /// `ctx.report(Progress::new(0.45, "2300/5000").with("shard", "7"))?`.
+    /// The fraction is clamped to 0..1. Refused with `InvalidArgument`, and
+    /// not reported: a NaN fraction (it says nothing), and a report past
+    /// [`Progress::MAX_BYTES`] of note and metadata or
+    /// [`Progress::MAX_METADATA`] entries (the caller keeps the newest
+    /// reports of every ask it waits on).
+    pub fn report(&self, mut progress: Progress) -> Result<(), AskError> {
         if progress.fraction.is_nan() {
-            tracing::debug!(request_id = %self.request_id(), "progress with a NaN fraction not reported");
-            return;
+            return Err(AskError::InvalidArgument {
+                message: "progress must be a fraction from 0 to 1, not NaN".into(),
+            });
         }
+        progress.check_bounds()?;
         progress.fraction = progress.fraction.clamp(0.0, 1.0);
         self.pool.progress(&self.request, progress);
+        Ok(())
     }
 }
 

@@ -106,7 +106,7 @@ impl Cluster {
                     let expected = expected_ids(key.caller, key.request);
                     history.check_ids("handler", expected, ids, false);
                     let exec = history.exec(key, incarnation, job.payload, job.fail);
-                    ctx.progress(0.5, "working");
+                    ctx.progress(0.5, "working").unwrap();
                     tokio::select! {
                         biased;
                         _ = tokio::time::sleep(job.work) => {}

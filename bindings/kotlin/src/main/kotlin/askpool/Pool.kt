@@ -94,13 +94,14 @@ class RequestContext internal constructor(private val request: Long) {
     /**
      * Reports progress to the caller (a `PARTIAL` stage): [fraction] is
      * clamped to 0..1 (by the core, as in every binding).
-     * @throws AskException.InvalidArgument [fraction] is NaN or infinite.
+     * @throws AskException.InvalidArgument [fraction] is NaN or infinite, or
+     *   [note] is past the bound of a report (4096 UTF-8 bytes).
      */
     fun progress(fraction: Float, note: String = "") {
         if (!fraction.isFinite()) {
             throw AskException.InvalidArgument("progress must be a fraction from 0 to 1, got $fraction")
         }
-        requestProgress(request, fraction, validText(note))
+        requestProgress(request, fraction, validText(note))?.let { throw AskException.of(it) }
     }
 
     /** Cancels the handler's coroutine, or has it cancel itself once it starts. */

@@ -503,21 +503,27 @@ class AdversarialTest {
     }
 
     @Test
-    fun `a progress fraction out of range is clamped as in every binding, NaN is refused`() = runBlocking {
+    fun `a progress fraction out of range is clamped as in every binding, NaN and an oversize note are refused`() = runBlocking {
         Node().use { node ->
             var nan: Throwable? = null
+            var oversize: Throwable? = null
             node.pool("p") { m, ctx ->
                 ctx.progress(-0.5f)
                 ctx.progress(1.5f, "rounding past the end")
                 nan = runCatching { ctx.progress(Float.NaN) }.exceptionOrNull()
                     ?.takeIf { runCatching { ctx.progress(Float.POSITIVE_INFINITY) }.exceptionOrNull() is AskException.InvalidArgument }
+                // A report's bound is 4096 UTF-8 bytes (2 per 'é').
+                oversize = runCatching { ctx.progress(1f, "é".repeat(2049)) }.exceptionOrNull()
+                ctx.progress(1f, "é".repeat(2048))
                 m
             }
             val handle = node.send("p", "x")
-            val fractions = withTimeout(5_000) { handle.stages.toList() }.filter { it.stage == "PARTIAL" }.map { it.progress }
+            val partial = withTimeout(5_000) { handle.stages.toList() }.filter { it.stage == "PARTIAL" }
             assertEquals("x", handle.await())
-            assertEquals(listOf(0f, 1f), fractions)
+            assertEquals(listOf(0f, 1f, 1f), partial.map { it.progress })
+            assertEquals(listOf(0, 21, 2048), partial.map { it.note?.length ?: 0 })
             assertTrue(nan is AskException.InvalidArgument, "$nan")
+            assertTrue(oversize is AskException.InvalidArgument && "4098 bytes" in oversize!!.message!!, "$oversize")
             settled(node)
         }
         noHandles()
