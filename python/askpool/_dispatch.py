@@ -36,6 +36,12 @@ Handler = Callable[[Any, "_native.Context"], Coroutine[Any, Any, Any]]
 #: Slots whose handler awaited and has not answered yet, with their replies.
 _running: dict["Slot", _native.Reply] = {}
 
+#: How many handlers' first steps yielded nothing (a bare `yield`, as
+#: `asyncio.sleep(0)`'s) and were handed to their slot's idle task, woken at
+#: once: that task goes on with the handler at the next turn of the loop,
+#: ahead of anything scheduled after it. One cell, read around an ask's start.
+_bare_handovers = [0]
+
 #: The replies of the handlers ``abandon`` is closing.
 _abandoned: set[_native.Reply] = set()
 
@@ -235,6 +241,10 @@ class Slot:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+            if first is None:
+                # The slot's task goes on with the handler at the next loop
+                # turn, first in line (see `AskHandle.__await__`).
+                _bare_handovers[0] += 1
 
     def _new_task(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
         """A new task for the slot's next request: it had none, or its task

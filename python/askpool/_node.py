@@ -8,10 +8,10 @@ import inspect
 import threading
 import weakref
 from types import TracebackType
-from typing import Any, AsyncGenerator, NamedTuple, Optional, TypeVar
+from typing import Any, AsyncGenerator, Generator, NamedTuple, Optional, TypeVar
 
 from . import _dispatch, _native
-from ._dispatch import Handler
+from ._dispatch import Handler, _bare_handovers
 from ._errors import AskpoolError, NoRunningLoopError
 from ._promises import Promises
 from ._stats import NodeStats, PoolStats
@@ -245,9 +245,38 @@ class AskHandle(asyncio.Future[Any]):
     """An ask in flight: an asyncio future of the reply. Cancelling it (or
     the task awaiting it) sends the protocol cancel to the pool."""
 
-    __slots__ = ("_native", "_stages_taken")
+    __slots__ = ("_native", "_stages_taken", "_turn_first")
     _native: _native.NativeAsk
     _stages_taken: bool
+    #: Whether its start handed a handler's bare `yield` to an idle slot's
+    #: task (`_dispatch._bare_handovers`): that task is then first in line
+    #: at the next loop turn, and answers there if the handler returns.
+    _turn_first: bool
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        # As `asyncio.Future.__await__`, but an ask whose handler goes on at
+        # the next loop turn (one that awaited `asyncio.sleep(0)`) first
+        # waits that turn with a bare `yield`, as `sleep(0)` does: its
+        # caller's task then runs after the handler's in that same turn,
+        # and finds the reply there, instead of being woken by the reply's
+        # callbacks one turn later. Anything else still waits on the future.
+        if not self.done():
+            if self._turn_first:
+                try:
+                    yield None
+                except asyncio.CancelledError as exc:
+                    # The task was cancelled in that turn: as for a task
+                    # waiting on the future, the ask is cancelled with it.
+                    self.cancel(*exc.args)
+                    raise
+            if not self.done():
+                self._asyncio_future_blocking = True
+                yield self
+                if not self.done():
+                    raise RuntimeError("await wasn't used with future")
+        return self.result()
+
+    __iter__ = __await__
 
     @property
     def request_id(self) -> str:
@@ -596,7 +625,9 @@ class Node:
             options = _ask_args(
                 preferred_worker, request_id, correlation_id, causation_id, fingerprint
             )
+        handovers = _bare_handovers[0]
         handle._native = self._native.ask(driver, handle, pool, msg, timeout, options)
+        handle._turn_first = _bare_handovers[0] != handovers
         return handle
 
     def ask_sync(
@@ -710,6 +741,7 @@ class Node:
         _valid_names(("request_id", request_id))
         loop, driver = self._here("Node.replay_dead_letter")
         handle = AskHandle(loop=loop)
+        handle._turn_first = False
         handle._native = self._native.replay_dead_letter(driver, handle, request_id)
         return handle
 

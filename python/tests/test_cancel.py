@@ -44,6 +44,54 @@ async def test_cancelling_the_awaiting_task_cancels_the_handler() -> None:
         assert stats["pools"]["wait"]["cancels"] == 1
 
 
+async def test_a_caller_cancelled_in_the_turn_its_handler_goes_on_in_cancels_the_ask() -> None:
+    # A handler that yields once (`sleep(0)`) goes on at the next loop turn,
+    # and its caller's `await` waits that turn first (`AskHandle.__await__`)
+    # instead of waiting on the handle: a cancel of the caller's task in
+    # that turn must still cancel the ask, as it does for a task waiting on
+    # the handle. The handle is kept alive, so that only the cancel can
+    # reach the handler (a dropped handle cancels its ask too).
+    seen: list[bool] = []
+    handles: list[askpool.AskHandle] = []
+    async with Node() as node:
+
+        @node.pool("turn").handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            if msg == "warm":
+                return msg
+            await asyncio.wait_for(ctx.wait_cancelled(), 5)
+            seen.append(ctx.cancelled)
+            return None
+
+        # The slot's task made and idle (a handler's first step is handed to
+        # it only once it exists).
+        assert await node.ask("turn", "warm") == "warm"
+
+        async def caller() -> Any:
+            ask = node.ask("turn", 1, timeout=10)
+            handles.append(ask)
+            return await ask
+
+        task = asyncio.create_task(caller())
+        # The caller's first step (the ask, then its `await`) runs in this
+        # turn; the cancel reaches it while it waits for the next one.
+        await asyncio.sleep(0)
+        assert len(handles) == 1 and not handles[0].done()
+        # (The path under test: the await waits the turn, not the handle.)
+        assert handles[0]._turn_first
+        task.cancel("the caller gave up")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert handles[0].cancelled()
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [True]
+        assert node.stats()["pending"] == 0
+
+
 async def test_cancelling_the_handle_cancels_the_handler() -> None:
     seen: list[bool] = []
     started = asyncio.Event()
