@@ -17,15 +17,15 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use askpool_proto::{
-    AckStage, AskError, AskIds, BreakerPermit, CallerAsk, CallerSend, CallerStep, CausationId,
-    CorrelationId, Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution,
-    RetryPolicy, StageTimeouts, Timestamp, ToWorker, WorkerId,
+    AckStage, AskError, AskIds, CallerAsk, CallerSend, CallerStep, CausationId, CorrelationId,
+    Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution, RetryPolicy,
+    StageTimeouts, Timestamp, ToWorker, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tokio::time::Sleep;
 
-use crate::breakers::Verdict;
+use crate::breakers::{Permit, Verdict};
 use crate::dlq::{self, DeadLetter, DeadLetterReason};
 use crate::expiry::ExpiryKey;
 use crate::node::{Node, NodeShared};
@@ -216,7 +216,7 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     /// Whether the slot is in the pending map.
     registered: bool,
     /// The pool's circuit-breaker permit, reported when the ask ends.
-    permit: Option<BreakerPermit>,
+    permit: Option<Permit>,
     /// Set on a dead letter's replay (see `AskBuilder::refile`).
     refile: Option<DeadLetterReason>,
     /// See `AskBuilder::on_replay_outcome`: filed with the dead letter, and
@@ -498,7 +498,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                     meta: self.meta.clone(),
                     payload,
                 });
-                match self.node.transport.send_to_pool(frame) {
+                // In process, the pool admits it in this call: at `now`.
+                match self.node.transport.send_to_pool_at(frame, now) {
                     Ok(()) => self.machine.on_sent(),
                     Err(error) => {
                         let step = self.machine.on_send_failed(now, error, &mut self.rng);

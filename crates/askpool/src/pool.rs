@@ -417,6 +417,14 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         self.send(frame);
     }
 
+    /// Whether `ids` are of an ask of this pool's own node (see
+    /// `local_caller`), whose clock is this pool's.
+    fn local_slot_owner(&self, ids: &AskIds) -> bool {
+        self.local_caller
+            .as_ref()
+            .is_some_and(|(caller_id, _)| ids.caller_id == *caller_id)
+    }
+
     /// The pending slot of the ask that sent `ids`, if it is this node's
     /// own (see `local_caller`).
     fn local_slot(&self, ids: &AskIds) -> Option<Weak<dyn Any + Send + Sync>> {
@@ -464,7 +472,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// Admits a request. An ask hears the table's answer; a tell (one-way)
     /// hears only whether it was accepted: an Ack, or the error that refused
     /// it, so that a refused tell is never lost silently.
-    fn admit(&self, env: Envelope<M>) {
+    fn admit(&self, env: Envelope<M>, sent_at: Option<Timestamp>) {
         let Envelope { meta, payload } = env;
         let ids = meta.ids;
         // Loaded while the request is built (an allocation, the caller's
@@ -494,7 +502,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             cancel: CancelSignal::default(),
             reply_to: self.local_slot(&ids),
         });
-        let now = self.clock.now();
+        // A request this node's own caller sent in process was made at
+        // `sent_at`, on this clock: the same step (see `deliver_at`).
+        let now = match sent_at {
+            Some(at) if self.local_slot_owner(&ids) => at,
+            _ => self.clock.now(),
+        };
         let Some((action, _)) = self.step(ids.dedup_key(), now, event, Some(&request), Only::Any)
         else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
@@ -889,7 +902,14 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolControl for PoolShared<M,
 impl<M: Send + 'static, R: Clone + Send + 'static> PoolEndpoint<M> for PoolShared<M, R> {
     fn deliver(&self, frame: ToWorker<M>) {
         match frame {
-            ToWorker::Request(env) => self.admit(env),
+            ToWorker::Request(env) => self.admit(env, None),
+            ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
+        }
+    }
+
+    fn deliver_at(&self, frame: ToWorker<M>, sent_at: Timestamp) {
+        match frame {
+            ToWorker::Request(env) => self.admit(env, Some(sent_at)),
             ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
         }
     }
