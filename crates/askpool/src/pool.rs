@@ -425,6 +425,52 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             .is_some_and(|(caller_id, _)| ids.caller_id == *caller_id)
     }
 
+    /// [`send_about`](Self::send_about) for an Ack (`RECEIVED`) or a Read
+    /// (`READ`), which carry nothing but the ids: delivered into the ask's
+    /// slot without making the frame, when it goes there.
+    fn stage_about(&self, request: &Admitted, stage: AckStage, now: Option<Timestamp>) {
+        let ids = request.meta.ids;
+        let frame = |ids| match stage {
+            AckStage::Read => ToCaller::Read { ids },
+            _ => ToCaller::Ack { ids },
+        };
+        let batched = self.config.batch_acks && stage != AckStage::Read;
+        if let Some(slot) = request.reply_to.as_ref().filter(|_| !batched) {
+            if let (Some(slot), Some((_, caller))) = (slot.upgrade(), &self.local_caller) {
+                if let Some(slot) = slot.downcast_ref::<AskSlot<R>>() {
+                    telemetry::ack_sent(stage, None);
+                    caller.stage_direct(slot, ids, stage, now, frame);
+                    return;
+                }
+            }
+        }
+        self.send(frame(ids));
+    }
+
+    /// [`send_about`](Self::send_about) for the reply to `request`:
+    /// offered to the ask's slot without making the frame, when it goes
+    /// there.
+    fn reply_about(&self, request: &Admitted, outcome: Outcome<R>) {
+        let meta = &request.meta;
+        if let Some(slot) = request.reply_to.as_ref() {
+            if let (Some(slot), Some((_, caller))) = (slot.upgrade(), &self.local_caller) {
+                if let Some(slot) = slot.downcast_ref::<AskSlot<R>>() {
+                    telemetry::ack_sent(
+                        AckStage::terminal_for_outcome(&outcome),
+                        outcome.as_ref().err().map(AskError::code),
+                    );
+                    caller.reply_direct(slot, meta.ids, outcome, meta.fingerprint);
+                    return;
+                }
+            }
+        }
+        self.send(ToCaller::Reply {
+            ids: meta.ids,
+            outcome,
+            fingerprint: meta.fingerprint,
+        });
+    }
+
     /// The pending slot of the ask that sent `ids`, if it is this node's
     /// own (see `local_caller`).
     fn local_slot(&self, ids: &AskIds) -> Option<Weak<dyn Any + Send + Sync>> {
@@ -520,7 +566,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let answer = match action {
             InboundAction::RunHandlerAndAck => {
                 self.counters.admitted.add(1);
-                self.send_about(&request, ToCaller::Ack { ids }, Some(now));
+                self.stage_about(&request, AckStage::Received, Some(now));
                 self.enqueue(WorkItem { request, payload });
                 return;
             }
@@ -734,12 +780,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         self.cached_until_ttl();
         match action {
             InboundAction::SendReply(outcome) if meta.expects_reply => {
-                let reply = ToCaller::Reply {
-                    ids: meta.ids,
-                    outcome,
-                    fingerprint: meta.fingerprint,
-                };
-                self.send_about(request, reply, Some(now));
+                self.reply_about(request, outcome);
             }
             InboundAction::SuppressReply => {
                 self.counters
@@ -754,7 +795,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     pub(crate) fn read(&self, request: &Admitted) {
         let meta = &request.meta;
         if meta.expects_reply {
-            self.send_about(request, ToCaller::Read { ids: meta.ids }, None);
+            self.stage_about(request, AckStage::Read, None);
         }
     }
 
