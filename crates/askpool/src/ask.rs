@@ -291,6 +291,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             finished: false,
             node,
         };
+        // The node's own policies were validated when it was made.
+        let policy = options.retry.map(|_| policy);
         if let Err(e) = handle.admit(policy, options.payload_size, now) {
             // A refused ask never reached the wire; its stage stream ends,
             // and its outcome counts (a breaker's refusals among them).
@@ -377,15 +379,17 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         dlq.push(letter, self.replay_hook.clone());
     }
 
-    /// Checks that the ask may start (valid policy, payload within bounds,
+    /// Checks that the ask may start (a valid policy of its own, payload within bounds,
     /// open node, closed breaker) and enters it in the pending map.
     fn admit(
         &mut self,
-        policy: RetryPolicy,
+        policy: Option<RetryPolicy>,
         payload_size: Option<usize>,
         now: Timestamp,
     ) -> Result<(), AskError> {
-        policy.validate()?;
+        if let Some(policy) = policy {
+            policy.validate()?;
+        }
         // A zero budget could not even make its first attempt: it would
         // only fill the dead-letter queue with asks never sent.
         if self.meta.budget.is_zero() {
