@@ -17,15 +17,15 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use askpool_proto::{
-    AckStage, AskError, AskIds, BreakerPermit, CallerAsk, CallerSend, CallerStep, CausationId,
-    CorrelationId, Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution,
-    RetryPolicy, StageTimeouts, Timestamp, ToWorker, WorkerId,
+    AckStage, AskError, AskIds, CallerAsk, CallerSend, CallerStep, CausationId, CorrelationId,
+    Envelope, PayloadFingerprint, PoolName, RequestId, RequestMeta, Resolution, RetryPolicy,
+    StageTimeouts, Timestamp, ToWorker, WorkerId,
 };
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tokio::time::Sleep;
 
-use crate::breakers::Verdict;
+use crate::breakers::{Permit, Verdict};
 use crate::dlq::{self, DeadLetter, DeadLetterReason};
 use crate::expiry::ExpiryKey;
 use crate::node::{Node, NodeShared};
@@ -216,7 +216,7 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     /// Whether the slot is in the pending map.
     registered: bool,
     /// The pool's circuit-breaker permit, reported when the ask ends.
-    permit: Option<BreakerPermit>,
+    permit: Option<Permit>,
     /// Set on a dead letter's replay (see `AskBuilder::refile`).
     refile: Option<DeadLetterReason>,
     /// See `AskBuilder::on_replay_outcome`: filed with the dead letter, and
@@ -291,6 +291,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             finished: false,
             node,
         };
+        // The node's own policies were validated when it was made.
+        let policy = options.retry.map(|_| policy);
         if let Err(e) = handle.admit(policy, options.payload_size, now) {
             // A refused ask never reached the wire; its stage stream ends,
             // and its outcome counts (a breaker's refusals among them).
@@ -377,15 +379,17 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         dlq.push(letter, self.replay_hook.clone());
     }
 
-    /// Checks that the ask may start (valid policy, payload within bounds,
+    /// Checks that the ask may start (a valid policy of its own, payload within bounds,
     /// open node, closed breaker) and enters it in the pending map.
     fn admit(
         &mut self,
-        policy: RetryPolicy,
+        policy: Option<RetryPolicy>,
         payload_size: Option<usize>,
         now: Timestamp,
     ) -> Result<(), AskError> {
-        policy.validate()?;
+        if let Some(policy) = policy {
+            policy.validate()?;
+        }
         // A zero budget could not even make its first attempt: it would
         // only fill the dead-letter queue with asks never sent.
         if self.meta.budget.is_zero() {
@@ -498,7 +502,8 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                     meta: self.meta.clone(),
                     payload,
                 });
-                match self.node.transport.send_to_pool(frame) {
+                // In process, the pool admits it in this call: at `now`.
+                match self.node.transport.send_to_pool_at(frame, now) {
                     Ok(()) => self.machine.on_sent(),
                     Err(error) => {
                         let step = self.machine.on_send_failed(now, error, &mut self.rng);

@@ -11,6 +11,7 @@ use askpool_proto::{
     AskError, BreakerConfig, BreakerPermit, BreakerState, CircuitBreaker, PoolName, Timestamp,
 };
 use parking_lot::Mutex;
+use std::sync::Arc;
 
 use crate::telemetry;
 use rustc_hash::FxHashMap;
@@ -34,7 +35,24 @@ pub(crate) const MAX_BREAKERS: usize = 4_096;
 
 pub(crate) struct Breakers {
     config: Option<BreakerConfig>,
-    by_pool: Mutex<FxHashMap<PoolName, CircuitBreaker>>,
+    by_pool: Mutex<FxHashMap<PoolName, Arc<Mutex<Held>>>>,
+}
+
+/// One pool's breaker as the map holds it. An ask keeps the handle with
+/// its permit ([`Permit`]) and reports its outcome straight to it, without
+/// looking its pool up again, while the breaker is still the map's own for
+/// that pool (`removed` unset).
+struct Held {
+    breaker: CircuitBreaker,
+    /// Taken out of the map (it made room for another pool's): a report on
+    /// a permit it issued goes through the map, as if never held.
+    removed: bool,
+}
+
+/// A pool's circuit-breaker permit, with the breaker that issued it.
+pub(crate) struct Permit {
+    permit: BreakerPermit,
+    breaker: Arc<Mutex<Held>>,
 }
 
 /// How an ask ended, for its breaker.
@@ -62,75 +80,103 @@ impl Breakers {
         &self,
         pool: &PoolName,
         now: Timestamp,
-    ) -> Result<Option<BreakerPermit>, AskError> {
+    ) -> Result<Option<Permit>, AskError> {
         if self.config.is_none() {
             return Ok(None);
         }
-        match self.by_pool.lock().get_mut(pool) {
-            Some(breaker) => {
-                // An Open breaker whose time is up turns HalfOpen here, not
-                // in `report`: its gauge is told here too.
-                let generation = breaker.generation();
-                let permit = breaker.try_acquire(now);
-                if breaker.generation() != generation {
-                    telemetry::breaker_state(pool.as_str(), breaker.state(now));
-                }
-                permit.map(Some)
-            }
-            None => Ok(None),
+        // The map's lock, then the breaker's (the order everywhere).
+        let by_pool = self.by_pool.lock();
+        let Some(held) = by_pool.get(pool) else {
+            return Ok(None);
+        };
+        let mut guard = held.lock();
+        let breaker = &mut guard.breaker;
+        // An Open breaker whose time is up turns HalfOpen here, not in
+        // `report`: its gauge is told here too.
+        let generation = breaker.generation();
+        let permit = breaker.try_acquire(now);
+        if breaker.generation() != generation {
+            telemetry::breaker_state(pool.as_str(), breaker.state(now));
         }
+        let permit = permit?;
+        Ok(Some(Permit {
+            permit,
+            breaker: Arc::clone(held),
+        }))
     }
 
     pub(crate) fn report(
         &self,
         pool: &PoolName,
-        permit: Option<BreakerPermit>,
+        permit: Option<Permit>,
         verdict: Verdict<'_>,
         now: Timestamp,
     ) {
         let Some(config) = self.config else {
             return;
         };
+        let permit = match permit {
+            Some(Permit { permit, breaker }) => {
+                // The breaker that issued the permit, while the map still
+                // holds it for `pool` (a removal marks it under this lock):
+                // the one the map would give.
+                let mut held = breaker.lock();
+                if !held.removed {
+                    Self::apply(pool, &mut held.breaker, permit, verdict, now);
+                    return;
+                }
+                Some(permit)
+            }
+            None => None,
+        };
         let mut by_pool = self.by_pool.lock();
+        // The ask started before its pool had a breaker (or breakers are
+        // new to it): its outcome counts all the same.
+        if permit.is_none() && !by_pool.contains_key(pool) {
+            // Successes create it as failures do, or the window would miss
+            // every success before the first failure; outcomes that do not
+            // count (NoRoute, ...) create nothing.
+            let counts = match verdict {
+                Verdict::Success => true,
+                Verdict::Failure(error) => {
+                    let code = breaker_code(error);
+                    counts_as_failure(code) || config.open_on.contains(code)
+                }
+                Verdict::Release => false,
+            };
+            if !counts {
+                return;
+            }
+            if by_pool.len() >= MAX_BREAKERS {
+                let closed = by_pool
+                    .iter()
+                    .find(|(_, b)| b.lock().breaker.state(now) == BreakerState::Closed)
+                    .map(|(name, _)| name.clone());
+                match closed {
+                    Some(name) => {
+                        if let Some(gone) = by_pool.remove(&name) {
+                            gone.lock().removed = true;
+                        }
+                    }
+                    None => return,
+                }
+            }
+            let breaker =
+                CircuitBreaker::new(pool.clone(), config).expect("config validated at start");
+            let held = Held {
+                breaker,
+                removed: false,
+            };
+            by_pool.insert(pool.clone(), Arc::new(Mutex::new(held)));
+        }
+        let Some(held) = by_pool.get(pool) else {
+            return;
+        };
+        let mut held = held.lock();
+        let breaker = &mut held.breaker;
         let permit = match permit {
             Some(permit) => permit,
-            // The ask started before its pool had a breaker (or breakers
-            // are new to it): its outcome counts all the same.
             None => {
-                if !by_pool.contains_key(pool) {
-                    // Successes create it as failures do, or the window would
-                    // miss every success before the first failure; outcomes
-                    // that do not count (NoRoute, ...) create nothing.
-                    let counts = match verdict {
-                        Verdict::Success => true,
-                        Verdict::Failure(error) => {
-                            let code = breaker_code(error);
-                            counts_as_failure(code) || config.open_on.contains(code)
-                        }
-                        Verdict::Release => false,
-                    };
-                    if !counts {
-                        return;
-                    }
-                    if by_pool.len() >= MAX_BREAKERS {
-                        let closed = by_pool
-                            .iter()
-                            .find(|(_, b)| b.state(now) == BreakerState::Closed)
-                            .map(|(name, _)| name.clone());
-                        match closed {
-                            Some(name) => {
-                                by_pool.remove(&name);
-                            }
-                            None => return,
-                        }
-                    }
-                    by_pool.insert(
-                        pool.clone(),
-                        CircuitBreaker::new(pool.clone(), config)
-                            .expect("config validated at start"),
-                    );
-                }
-                let breaker = by_pool.get_mut(pool).expect("present or just inserted");
                 // Open or probing: an outcome from before does not count. It
                 // must not take a probe slot either (`try_acquire` would
                 // move an Open breaker whose time is up to HalfOpen and
@@ -144,9 +190,17 @@ impl Breakers {
                 }
             }
         };
-        let Some(breaker) = by_pool.get_mut(pool) else {
-            return;
-        };
+        Self::apply(pool, breaker, permit, verdict, now);
+    }
+
+    /// Reports `verdict` on `permit` to `breaker`, `pool`'s.
+    fn apply(
+        pool: &PoolName,
+        breaker: &mut CircuitBreaker,
+        permit: BreakerPermit,
+        verdict: Verdict<'_>,
+        now: Timestamp,
+    ) {
         let step = match verdict {
             Verdict::Success => breaker.on_success(permit, now),
             Verdict::Failure(error) => breaker.on_failure(permit, breaker_code(error), now),
@@ -168,11 +222,14 @@ impl Breakers {
             .by_pool
             .lock()
             .values()
-            .map(|b| BreakerStats {
-                pool: b.pool().to_string(),
-                state: b.state(now),
-                trips: b.trips(),
-                rejections: b.rejections(),
+            .map(|held| {
+                let b = &held.lock().breaker;
+                BreakerStats {
+                    pool: b.pool().to_string(),
+                    state: b.state(now),
+                    trips: b.trips(),
+                    rejections: b.rejections(),
+                }
             })
             .collect();
         stats.sort_by(|a, b| a.pool.cmp(&b.pool));

@@ -90,7 +90,12 @@ impl<T> ExpiryIndex<T> {
     /// Removes the entry at `key`; false if it is not there (already popped
     /// by the sweeper, or removed).
     pub(crate) fn remove(&mut self, key: ExpiryKey) -> bool {
-        let at = self.ring.partition_point(|(k, _)| k.1 < key.1);
+        // Mostly the front (entries end in about the order they came): no
+        // search then.
+        let at = match self.ring.front() {
+            Some((k, _)) if k.1 == key.1 => 0,
+            _ => self.ring.partition_point(|(k, _)| k.1 < key.1),
+        };
         let Some((k, what)) = self.ring.get_mut(at) else {
             return false;
         };

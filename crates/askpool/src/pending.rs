@@ -731,6 +731,63 @@ impl<M, R> CallerSide<M, R> {
         self.deliver_to(slot, ids, frame, || now.unwrap_or_else(|| self.clock.now()));
     }
 
+    /// [`deliver_direct`](Self::deliver_direct) of an Ack (`stage`
+    /// RECEIVED) or a Read (READ), which every slot of their ids answers:
+    /// `frame` makes the frame only if it is routed.
+    pub(crate) fn stage_direct(
+        &self,
+        slot: &AskSlot<R>,
+        ids: AskIds,
+        stage: AckStage,
+        now: Option<Timestamp>,
+        frame: impl FnOnce(AskIds) -> ToCaller<R>,
+    ) where
+        M: Send,
+        R: Send,
+    {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        if !slot.pending.load(Ordering::Relaxed) {
+            return self.deliver(frame(ids));
+        }
+        slot.ack(stage, || now.unwrap_or_else(|| self.clock.now()));
+    }
+
+    /// [`deliver_direct`](Self::deliver_direct) of a reply, the frame made
+    /// only if it is routed.
+    pub(crate) fn reply_direct(
+        &self,
+        slot: &AskSlot<R>,
+        ids: AskIds,
+        outcome: Outcome<R>,
+        fingerprint: Option<PayloadFingerprint>,
+    ) where
+        M: Send,
+        R: Send,
+    {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        // `answers`, for a reply.
+        let answers = slot
+            .fingerprint
+            .is_none_or(|ours| fingerprint == Some(ours));
+        if !slot.pending.load(Ordering::Relaxed) || !answers {
+            return self.deliver(ToCaller::Reply {
+                ids,
+                outcome,
+                fingerprint,
+            });
+        }
+        // As `deliver_to` does with a reply.
+        match slot.offer(SlotEvent::Reply(outcome)) {
+            Offered::Closed(event) => self.reconcile_event(ids, fingerprint, event),
+            Offered::Taken => {}
+            Offered::Duplicate => self.ignored(),
+        }
+    }
+
     /// Fails every pending ask with `error` (the node is shutting down).
     pub(crate) fn abort_all(&self, error: &AskError) {
         for slot in self.pending.map.values() {

@@ -417,6 +417,60 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         self.send(frame);
     }
 
+    /// Whether `ids` are of an ask of this pool's own node (see
+    /// `local_caller`), whose clock is this pool's.
+    fn local_slot_owner(&self, ids: &AskIds) -> bool {
+        self.local_caller
+            .as_ref()
+            .is_some_and(|(caller_id, _)| ids.caller_id == *caller_id)
+    }
+
+    /// [`send_about`](Self::send_about) for an Ack (`RECEIVED`) or a Read
+    /// (`READ`), which carry nothing but the ids: delivered into the ask's
+    /// slot without making the frame, when it goes there.
+    fn stage_about(&self, request: &Admitted, stage: AckStage, now: Option<Timestamp>) {
+        let ids = request.meta.ids;
+        let frame = |ids| match stage {
+            AckStage::Read => ToCaller::Read { ids },
+            _ => ToCaller::Ack { ids },
+        };
+        let batched = self.config.batch_acks && stage != AckStage::Read;
+        if let Some(slot) = request.reply_to.as_ref().filter(|_| !batched) {
+            if let (Some(slot), Some((_, caller))) = (slot.upgrade(), &self.local_caller) {
+                if let Some(slot) = slot.downcast_ref::<AskSlot<R>>() {
+                    telemetry::ack_sent(stage, None);
+                    caller.stage_direct(slot, ids, stage, now, frame);
+                    return;
+                }
+            }
+        }
+        self.send(frame(ids));
+    }
+
+    /// [`send_about`](Self::send_about) for the reply to `request`:
+    /// offered to the ask's slot without making the frame, when it goes
+    /// there.
+    fn reply_about(&self, request: &Admitted, outcome: Outcome<R>) {
+        let meta = &request.meta;
+        if let Some(slot) = request.reply_to.as_ref() {
+            if let (Some(slot), Some((_, caller))) = (slot.upgrade(), &self.local_caller) {
+                if let Some(slot) = slot.downcast_ref::<AskSlot<R>>() {
+                    telemetry::ack_sent(
+                        AckStage::terminal_for_outcome(&outcome),
+                        outcome.as_ref().err().map(AskError::code),
+                    );
+                    caller.reply_direct(slot, meta.ids, outcome, meta.fingerprint);
+                    return;
+                }
+            }
+        }
+        self.send(ToCaller::Reply {
+            ids: meta.ids,
+            outcome,
+            fingerprint: meta.fingerprint,
+        });
+    }
+
     /// The pending slot of the ask that sent `ids`, if it is this node's
     /// own (see `local_caller`).
     fn local_slot(&self, ids: &AskIds) -> Option<Weak<dyn Any + Send + Sync>> {
@@ -464,7 +518,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// Admits a request. An ask hears the table's answer; a tell (one-way)
     /// hears only whether it was accepted: an Ack, or the error that refused
     /// it, so that a refused tell is never lost silently.
-    fn admit(&self, env: Envelope<M>) {
+    fn admit(&self, env: Envelope<M>, sent_at: Option<Timestamp>) {
         let Envelope { meta, payload } = env;
         let ids = meta.ids;
         // Loaded while the request is built (an allocation, the caller's
@@ -494,7 +548,12 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             cancel: CancelSignal::default(),
             reply_to: self.local_slot(&ids),
         });
-        let now = self.clock.now();
+        // A request this node's own caller sent in process was made at
+        // `sent_at`, on this clock: the same step (see `deliver_at`).
+        let now = match sent_at {
+            Some(at) if self.local_slot_owner(&ids) => at,
+            _ => self.clock.now(),
+        };
         let Some((action, _)) = self.step(ids.dedup_key(), now, event, Some(&request), Only::Any)
         else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
@@ -507,7 +566,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let answer = match action {
             InboundAction::RunHandlerAndAck => {
                 self.counters.admitted.add(1);
-                self.send_about(&request, ToCaller::Ack { ids }, Some(now));
+                self.stage_about(&request, AckStage::Received, Some(now));
                 self.enqueue(WorkItem { request, payload });
                 return;
             }
@@ -721,12 +780,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         self.cached_until_ttl();
         match action {
             InboundAction::SendReply(outcome) if meta.expects_reply => {
-                let reply = ToCaller::Reply {
-                    ids: meta.ids,
-                    outcome,
-                    fingerprint: meta.fingerprint,
-                };
-                self.send_about(request, reply, Some(now));
+                self.reply_about(request, outcome);
             }
             InboundAction::SuppressReply => {
                 self.counters
@@ -741,7 +795,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     pub(crate) fn read(&self, request: &Admitted) {
         let meta = &request.meta;
         if meta.expects_reply {
-            self.send_about(request, ToCaller::Read { ids: meta.ids }, None);
+            self.stage_about(request, AckStage::Read, None);
         }
     }
 
@@ -889,7 +943,14 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolControl for PoolShared<M,
 impl<M: Send + 'static, R: Clone + Send + 'static> PoolEndpoint<M> for PoolShared<M, R> {
     fn deliver(&self, frame: ToWorker<M>) {
         match frame {
-            ToWorker::Request(env) => self.admit(env),
+            ToWorker::Request(env) => self.admit(env, None),
+            ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
+        }
+    }
+
+    fn deliver_at(&self, frame: ToWorker<M>, sent_at: Timestamp) {
+        match frame {
+            ToWorker::Request(env) => self.admit(env, Some(sent_at)),
             ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
         }
     }
