@@ -237,12 +237,14 @@ NOTE_IN_FLIGHT: Optional[str] = (
 #: Why a handler that awaits once costs more than the baseline, while one
 #: that does not costs less: the ask is then answered within the caller's
 #: own `node.ask` call (the issue's "deliver on the event loop's own thread"),
-#: which an awaiting handler cannot do. Its first step still runs inline, so
-#: askpool pays 2 loop passes per ask to the baseline's 3, plus its protocol
-#: (the core's ask path) and the wrapper's frames per handler step.
+#: which an awaiting handler cannot do. Its first step still runs inline,
+#: and its caller waits the same loop turn as the handler's next step
+#: (`AskHandle.__await__`), so askpool pays 1 loop pass per ask to the
+#: baseline's 3, plus its protocol (the core's ask path) and the binding's
+#: per-request objects.
 NOTE_TURN: Optional[str] = (
-    "a handler that awaits is answered after a loop turn: askpool pays 2 "
-    "loop passes per ask to the baseline's 3, plus the protocol (no inline answer)"
+    "a handler that awaits is answered after a loop turn: askpool pays 1 "
+    "loop pass per ask to the baseline's 3, plus the protocol (no inline answer)"
 )
 
 if __name__ == "__main__":
