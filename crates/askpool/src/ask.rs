@@ -502,8 +502,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                     meta: self.meta.clone(),
                     payload,
                 });
-                // In process, the pool admits it in this call: at `now`.
-                match self.node.transport.send_to_pool_at(frame, now) {
+                match self.node.transport.send_to_pool(frame) {
                     Ok(()) => self.machine.on_sent(),
                     Err(error) => {
                         let step = self.machine.on_send_failed(now, error, &mut self.rng);

@@ -417,14 +417,6 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         self.send(frame);
     }
 
-    /// Whether `ids` are of an ask of this pool's own node (see
-    /// `local_caller`), whose clock is this pool's.
-    fn local_slot_owner(&self, ids: &AskIds) -> bool {
-        self.local_caller
-            .as_ref()
-            .is_some_and(|(caller_id, _)| ids.caller_id == *caller_id)
-    }
-
     /// [`send_about`](Self::send_about) for an Ack (`RECEIVED`) or a Read
     /// (`READ`), which carry nothing but the ids: delivered into the ask's
     /// slot without making the frame, when it goes there.
@@ -518,7 +510,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// Admits a request. An ask hears the table's answer; a tell (one-way)
     /// hears only whether it was accepted: an Ack, or the error that refused
     /// it, so that a refused tell is never lost silently.
-    fn admit(&self, env: Envelope<M>, sent_at: Option<Timestamp>) {
+    fn admit(&self, env: Envelope<M>) {
         let Envelope { meta, payload } = env;
         let ids = meta.ids;
         // Loaded while the request is built (an allocation, the caller's
@@ -548,12 +540,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             cancel: CancelSignal::default(),
             reply_to: self.local_slot(&ids),
         });
-        // A request this node's own caller sent in process was made at
-        // `sent_at`, on this clock: the same step (see `deliver_at`).
-        let now = match sent_at {
-            Some(at) if self.local_slot_owner(&ids) => at,
-            _ => self.clock.now(),
-        };
+        // Read here, not taken from the caller: its reading comes before
+        // the payload's clone and the breaker's lock (time a processing
+        // deadline and the RECEIVED stage must not lose).
+        let now = self.clock.now();
         let Some((action, _)) = self.step(ids.dedup_key(), now, event, Some(&request), Only::Any)
         else {
             self.counters.rejected_full.fetch_add(1, Ordering::Relaxed);
@@ -943,14 +933,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolControl for PoolShared<M,
 impl<M: Send + 'static, R: Clone + Send + 'static> PoolEndpoint<M> for PoolShared<M, R> {
     fn deliver(&self, frame: ToWorker<M>) {
         match frame {
-            ToWorker::Request(env) => self.admit(env, None),
-            ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
-        }
-    }
-
-    fn deliver_at(&self, frame: ToWorker<M>, sent_at: Timestamp) {
-        match frame {
-            ToWorker::Request(env) => self.admit(env, Some(sent_at)),
+            ToWorker::Request(env) => self.admit(env),
             ToWorker::Cancel { ids, reason, .. } => self.cancel(ids, reason, true),
         }
     }

@@ -11,21 +11,13 @@ use std::sync::Arc;
 use std::hash::Hash;
 
 use arc_swap::{ArcSwap, Guard};
-use askpool_proto::{AskError, CallerId, PoolName, Timestamp, ToCaller, ToWorker};
+use askpool_proto::{AskError, CallerId, PoolName, ToCaller, ToWorker};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 /// The receiving side of a pool: admits requests and cancels.
 pub trait PoolEndpoint<M>: Send + Sync {
     fn deliver(&self, frame: ToWorker<M>);
-    /// `deliver`, of a frame its sender made at `sent_at`, a reading of
-    /// its node's clock: a pool of the same node may take that reading as
-    /// its own instead of reading the clock again (an in-process send is
-    /// one step). By default the reading is not used.
-    fn deliver_at(&self, frame: ToWorker<M>, sent_at: Timestamp) {
-        let _ = sent_at;
-        self.deliver(frame);
-    }
 }
 
 /// The receiving side of a caller: completes its pending asks.
@@ -55,14 +47,6 @@ pub trait WorkerTransport<M, R>: Send + Sync {
     ) -> Result<(), AskError>;
     fn deregister_caller(&self, caller: CallerId);
     fn send_to_pool(&self, frame: ToWorker<M>) -> Result<(), AskError>;
-    /// `send_to_pool`, of a frame made at `sent_at`, a reading of the
-    /// sender's node's clock: a transport that delivers it in the same
-    /// call may pass the reading on ([`PoolEndpoint::deliver_at`]). By
-    /// default the reading is not used.
-    fn send_to_pool_at(&self, frame: ToWorker<M>, sent_at: Timestamp) -> Result<(), AskError> {
-        let _ = sent_at;
-        self.send_to_pool(frame)
-    }
     fn send_to_caller(&self, frame: ToCaller<R>) -> Result<(), AskError>;
 
     /// Whether every frame between a node and its own pools would pass
@@ -96,27 +80,6 @@ impl<M, R> Default for InProcessTransport<M, R> {
 impl<M, R> InProcessTransport<M, R> {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// Delivers `frame` to its pool, with its sender's reading if it has one.
-    fn route_to_pool(
-        &self,
-        frame: ToWorker<M>,
-        sent_at: Option<Timestamp>,
-    ) -> Result<(), AskError> {
-        let pools = self.pools.snapshot();
-        match pools.get(frame.pool()) {
-            Some(endpoint) => {
-                match sent_at {
-                    Some(at) => endpoint.deliver_at(frame, at),
-                    None => endpoint.deliver(frame),
-                }
-                Ok(())
-            }
-            None => Err(AskError::NoRoute {
-                pool: frame.pool().for_error(),
-            }),
-        }
     }
 }
 
@@ -165,11 +128,16 @@ impl<M: Send + 'static, R: Send + 'static> WorkerTransport<M, R> for InProcessTr
     }
 
     fn send_to_pool(&self, frame: ToWorker<M>) -> Result<(), AskError> {
-        self.route_to_pool(frame, None)
-    }
-
-    fn send_to_pool_at(&self, frame: ToWorker<M>, sent_at: Timestamp) -> Result<(), AskError> {
-        self.route_to_pool(frame, Some(sent_at))
+        let pools = self.pools.snapshot();
+        match pools.get(frame.pool()) {
+            Some(endpoint) => {
+                endpoint.deliver(frame);
+                Ok(())
+            }
+            None => Err(AskError::NoRoute {
+                pool: frame.pool().for_error(),
+            }),
+        }
     }
 
     fn hands_over_directly(&self) -> bool {
