@@ -8,7 +8,7 @@ import inspect
 import threading
 import weakref
 from types import TracebackType
-from typing import Any, AsyncGenerator, Generator, NamedTuple, Optional, TypeVar
+from typing import Any, AsyncGenerator, Callable, Generator, NamedTuple, Optional, TypeVar
 
 from . import _dispatch, _native
 from ._dispatch import Handler, _bare_handovers
@@ -241,6 +241,46 @@ def _check_pool_name(name: object) -> None:
         raise InvalidArgumentError(f"a pool name is 1 to 255 bytes, not {size}")
 
 
+class _NextTurn:
+    """What the task awaiting an ``AskHandle`` waits on for one turn of the
+    loop, when the handle's handler goes on first in that turn (see
+    ``AskHandle.__await__``): to the task, a future done at that turn.
+    Waiting on it, rather than on nothing (a bare ``yield``), the task is
+    cancelled as it is when waiting on the handle: its cancel cancels the
+    handle at once (the protocol cancel), before the handler can answer in
+    that turn. Made without ``__init__``, and with no ``get_loop`` (a task
+    reads ``_loop`` then): calls less per ask."""
+
+    __slots__ = ("_handle", "_loop", "_asyncio_future_blocking")
+    _handle: "AskHandle"
+    _loop: asyncio.AbstractEventLoop
+    _asyncio_future_blocking: bool
+
+    def add_done_callback(self, fn: Callable[["_NextTurn"], object], *, context: Any = None) -> None:
+        # The task's wake-up, at the next turn: behind the handler's step,
+        # scheduled before this.
+        self._loop.call_soon(fn, self, context=context)
+
+    def cancel(self, msg: Any = None) -> bool:
+        return self._handle.cancel(msg)
+
+    def cancelled(self) -> bool:
+        return self._handle.cancelled()
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> None:
+        # What the handle holds, the task takes from the handle.
+        return None
+
+    def __repr__(self) -> str:
+        return f"<next loop turn of {self._handle!r}>"
+
+
+_new_turn = object.__new__
+
+
 class AskHandle(asyncio.Future[Any]):
     """An ask in flight: an asyncio future of the reply. Cancelling it (or
     the task awaiting it) sends the protocol cancel to the pool."""
@@ -256,25 +296,39 @@ class AskHandle(asyncio.Future[Any]):
     def __await__(self) -> Generator[Any, None, Any]:
         # As `asyncio.Future.__await__`, but an ask whose handler goes on at
         # the next loop turn (one that awaited `asyncio.sleep(0)`) first
-        # waits that turn with a bare `yield`, as `sleep(0)` does: its
-        # caller's task then runs after the handler's in that same turn,
-        # and finds the reply there, instead of being woken by the reply's
-        # callbacks one turn later. Anything else still waits on the future.
+        # waits for that turn (`_NextTurn`, a future done at that turn,
+        # whose cancel cancels the handle): its caller's task then runs
+        # after the handler's step in that same turn and finds the reply
+        # there, instead of being woken by the reply's callbacks one turn
+        # later. Not when callbacks were added to the handle before: they
+        # run before its awaiter, as for any future. Anything else waits on
+        # the handle.
         if not self.done():
-            if self._turn_first:
+            if self._turn_first and not self._callbacks:
+                turn = _new_turn(_NextTurn)
+                turn._handle = self
+                turn._loop = self._loop
+                turn._asyncio_future_blocking = True
                 try:
-                    yield None
-                except asyncio.CancelledError as exc:
-                    # The task was cancelled in that turn: as for a task
-                    # waiting on the future, the ask is cancelled with it.
-                    self.cancel(*exc.args)
+                    yield turn
+                except BaseException:
+                    # A cancel the handle had no use for (it was done): as
+                    # below, the traceback keeps this frame, not the handle.
+                    del self, turn
                     raise
+                del turn
             if not self.done():
                 self._asyncio_future_blocking = True
                 yield self
                 if not self.done():
                     raise RuntimeError("await wasn't used with future")
-        return self.result()
+        try:
+            return self.result()
+        except BaseException:
+            # The traceback keeps this frame: not the handle (and its reply)
+            # with it, for as long as the task that awaited it is kept.
+            del self
+            raise
 
     __iter__ = __await__
 

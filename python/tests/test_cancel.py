@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import threading
-from typing import Any
+import weakref
+from typing import Any, cast
 
 import pytest
 
@@ -90,6 +92,121 @@ async def test_a_caller_cancelled_in_the_turn_its_handler_goes_on_in_cancels_the
             await asyncio.sleep(0.01)
         assert seen == [True]
         assert node.stats()["pending"] == 0
+
+
+async def test_a_caller_cancelled_in_the_turn_its_handler_answers_in_cancels_the_ask_first() -> None:
+    # The handler would answer in the very turn its caller waits for (it
+    # yields once, then returns): the caller's cancel, before that turn,
+    # must cancel the ask at once, as it does for a task waiting on the
+    # handle, so that the handler's answer is not taken for a success.
+    answered: list[Any] = []
+    async with Node() as node:
+
+        @node.pool("turn").handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            answered.append((msg, ctx.cancelled))
+            if msg == "fail":
+                raise ValueError("after the caller gave up")
+            return msg
+
+        assert await node.ask("turn", "warm") == "warm"
+        answered.clear()
+        unretrieved: list[Any] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, c: unretrieved.append(c))
+        for msg in ("charge", "fail"):
+            handles: list[askpool.AskHandle] = []
+
+            async def caller(m: str) -> Any:
+                ask = node.ask("turn", m, timeout=10)
+                handles.append(ask)
+                return await ask
+
+            task = asyncio.create_task(caller(msg))
+            await asyncio.sleep(0)
+            assert handles[0]._turn_first
+            task.cancel("the caller gave up")
+            # At once, as for a task waiting on the handle.
+            assert handles[0].cancelled()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.05)
+            assert handles[0].cancelled()
+        # Each handler saw its request cancelled when it went on.
+        assert answered == [("charge", True), ("fail", True)]
+        assert node.stats()["pools"]["turn"]["cancels"] == 2
+        gc.collect()
+        await asyncio.sleep(0)
+        # The handler's error had nobody to reach: nothing left unretrieved.
+        assert unretrieved == []
+
+
+async def test_done_callbacks_added_before_an_await_run_before_the_awaiter() -> None:
+    # As for any future: the awaiting task's wake-up is a callback added
+    # after the others, so they have run when it resumes.
+    async with Node() as node:
+
+        @node.pool("turn").handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            return msg
+
+        assert await node.ask("turn", "warm") == "warm"
+        order: list[str] = []
+        ask = node.ask("turn", 1, timeout=5)
+        ask.add_done_callback(lambda _: order.append("done callback"))
+        assert await ask == 1
+        order.append("awaiter resumed")
+        assert order == ["done callback", "awaiter resumed"]
+
+
+async def test_a_cancelled_caller_task_does_not_keep_its_ask_alive() -> None:
+    # The task keeps its CancelledError, and with it the traceback of the
+    # awaits it went through: not the handle (and so the ask's payload).
+    class Payload:
+        pass
+
+    refs: dict[str, "weakref.ref[Any]"] = {}
+    async with Node() as node:
+
+        @node.pool("turn").handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            if msg == "warm":
+                return msg
+            await asyncio.wait_for(ctx.wait_cancelled(), 5)
+            return None
+
+        assert await node.ask("turn", "warm") == "warm"
+
+        async def caller() -> Any:
+            # Nothing of the ask in this frame's own variables (which the
+            # traceback keeps too, as for any coroutine).
+            payload = Payload()
+            ask = node.ask("turn", payload, timeout=10)
+            refs["handle"] = weakref.ref(ask)
+            refs["payload"] = weakref.ref(payload)
+            del payload, ask
+            return await cast(askpool.AskHandle, refs["handle"]())
+
+        task = asyncio.create_task(caller())
+        await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        else:
+            raise AssertionError("the caller was not cancelled")
+        # Until the handler saw the cancel and ended.
+        for _ in range(100):
+            gc.collect()
+            if refs["payload"]() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert task.done()
+        assert refs["handle"]() is None, "the cancelled task keeps its AskHandle"
+        assert refs["payload"]() is None
 
 
 async def test_cancelling_the_handle_cancels_the_handler() -> None:
