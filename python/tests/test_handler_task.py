@@ -344,11 +344,13 @@ async def test_a_handler_does_not_see_its_callers_exception() -> None:
 
 async def test_a_cancel_in_the_first_step_reaches_what_the_handler_awaits() -> None:
     children: list["asyncio.Task[str]"] = []
+    started: list[Any] = []
     async with Node() as node:
         pool = node.pool("inner")
 
         async def handle(msg: Any, ctx: Context) -> Any:
             async def child() -> str:
+                started.append(msg)
                 await asyncio.sleep(0.3)
                 return "child finished"
 
@@ -370,3 +372,6 @@ async def test_a_cancel_in_the_first_step_reaches_what_the_handler_awaits() -> N
         assert await node.ask("inner", "warm", timeout=10) == "warm"
         assert await node.ask("inner", 2, timeout=10) == "handler cancelled"
         assert [c.cancelled() for c in children] == [True, True]
+        # Cancelled before it ever ran (a cancel that only came after it
+        # started would cancel it too).
+        assert started == []

@@ -61,10 +61,13 @@ def test_exit_with_a_daemon_thread_in_ask_sync_is_clean() -> None:
         ready.wait()
         threading.Thread(target=lambda: node.ask_sync("p", 1, timeout=60), daemon=True).start()
         time.sleep(0.3)
+        # The thread is in its ask, waiting, as the process exits.
+        print("pending", node.stats()["pending"], flush=True)
         print("main thread returns", flush=True)
         """
     )
     assert done.returncode == 0, done.stderr
+    assert "pending 1" in done.stdout, done.stdout
     assert "main thread returns" in done.stdout
     assert "FATAL" not in done.stderr
 
