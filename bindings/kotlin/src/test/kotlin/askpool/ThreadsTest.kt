@@ -7,6 +7,7 @@ import org.junit.jupiter.api.Test
 import java.nio.file.Files
 import java.nio.file.Path
 import java.util.concurrent.TimeUnit
+import java.util.concurrent.atomic.AtomicInteger
 import kotlin.concurrent.thread
 
 /**
@@ -28,24 +29,45 @@ class ThreadsTest {
         val output = log.readText().also { log.delete() }
         assertTrue(finished, "the child did not finish:\n$output")
         assertEquals(0, process.exitValue(), output)
-        assertTrue("done" in output, output)
+        // Every ask of every thread answered with its own bytes: a child whose
+        // threads failed (no library, a wrong reply) exits 1 or counts fewer.
+        assertTrue(Regex("(?m)^done ${ThreadsChild.THREADS * ThreadsChild.ASKS}$").containsMatchIn(output), output)
     }
 }
 
-/** The child of [ThreadsTest]: each short-lived thread makes a node, asks, closes it. */
+/**
+ * The child of [ThreadsTest]: each short-lived thread makes a node, asks,
+ * closes it. A failure on any thread ends the process with status 1 (an
+ * exception in a `thread {}` would otherwise only be printed); prints
+ * `done <asks answered>` at the end.
+ */
 object ThreadsChild {
+    const val THREADS = 30
+    const val ASKS = 20
+
     @JvmStatic
     fun main(args: Array<String>) {
-        repeat(30) { i ->
+        Thread.setDefaultUncaughtExceptionHandler { t, e ->
+            System.err.println("uncaught on ${t.name}:")
+            e.printStackTrace()
+            System.err.flush()
+            Runtime.getRuntime().halt(1)
+        }
+        val answered = AtomicInteger()
+        repeat(THREADS) { i ->
             thread {
                 Node().use { node ->
                     runBlocking {
                         node.pool("echo") { m, _ -> m }
-                        repeat(20) { check((node.ask("echo", byteArrayOf(i.toByte())) as ByteArray).contentEquals(byteArrayOf(i.toByte()))) }
+                        repeat(ASKS) {
+                            val reply = node.ask("echo", byteArrayOf(i.toByte())) as ByteArray
+                            check(reply.contentEquals(byteArrayOf(i.toByte()))) { "thread $i: reply ${reply.toList()}" }
+                            answered.incrementAndGet()
+                        }
                     }
                 }
             }.join()
         }
-        println("done")
+        println("done ${answered.get()}")
     }
 }
