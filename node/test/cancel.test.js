@@ -153,6 +153,12 @@ test('handle.cancel() rejects the ask; cancel after the end does nothing', async
   const node = new Node();
   node.pool('never').handle(() => new Promise(() => {}));
   node.pool('echo').handle((m) => m);
+  let releaseLater;
+  const gate = new Promise((r) => (releaseLater = r));
+  node.pool('gated').handle(async (m) => {
+    await gate;
+    return m;
+  });
   const handle = node.askHandle('never', 1);
   await tick();
   handle.cancel();
@@ -161,6 +167,19 @@ test('handle.cancel() rejects the ask; cancel after the end does nothing', async
   assert.equal(await done, 2);
   done.cancel();
   assert.equal(await done.result, 2);
+  // Cancelled after their end while newer asks are in flight (which reuse
+  // the ended asks' task slots; several, so that one does whichever slot
+  // comes free first): the newer asks are not touched.
+  const later = [];
+  for (let i = 0; i < 4; i++) later.push(node.askHandle('gated', 10 + i));
+  const settled = Promise.allSettled(later);
+  await tick();
+  done.cancel();
+  handle.cancel();
+  await tick();
+  releaseLater();
+  const outcomes = (await settled).map((o) => o.value ?? o.reason?.code);
+  assert.deepEqual(outcomes, [10, 11, 12, 13], 'a stale cancel left the newer asks alone');
   const stages = [];
   for await (const s of handle.stages()) stages.push(s.stage);
   assert.equal(stages.at(-1), 'FAILED');
@@ -367,6 +386,41 @@ test("a handler's cancel: signal aborted when first read, cancelled kept once se
   release();
   await ended;
   assert.deepEqual(seen, { cancelled: true, aborted: true });
+  await tick();
+  // After the handler ended: still cancelled, as it saw.
+  assert.equal(ctxOf.cancelled, true);
+  await node.close();
+});
+
+test("a handler's cancel, seen through ctx.cancelled only (no signal): still cancelled after the handler ended", async () => {
+  // No signal read: nothing but the memo of what ctx.cancelled saw keeps it
+  // true once the request has left the addon.
+  const node = new Node();
+  let release;
+  const gate = new Promise((resolve) => {
+    release = resolve;
+  });
+  let ctxOf;
+  let seen;
+  const ended = new Promise((resolve) => {
+    node.pool('slow').handle(async (msg, ctx) => {
+      ctxOf = ctx;
+      await gate;
+      seen = ctx.cancelled;
+      resolve();
+      return 'late';
+    });
+  });
+  const handle = node.askHandle('slow', 1);
+  handle.result.catch(() => {});
+  await tick();
+  handle.cancel();
+  await tick();
+  release();
+  await ended;
+  assert.equal(seen, true, 'cancelled while running');
+  await assert.rejects(handle.result, { code: 'ASK_CANCELLED' });
+  await tick();
   await tick();
   // After the handler ended: still cancelled, as it saw.
   assert.equal(ctxOf.cancelled, true);
