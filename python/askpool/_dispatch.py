@@ -257,7 +257,8 @@ class Slot:
         if _TASK_TAKES_CONTEXT:
             task = loop.create_task(self._serve(), context=context)
         else:
-            task = context.run(loop.create_task, self._serve())
+            # A task that counts the cancels asked of it, as 3.11's do.
+            task = context.run(_CountingTask, self._serve(), loop=loop)
         self._task = task
         # An idle slot is pending for good, on purpose: a loop closed without
         # cancelling its tasks has nothing to warn about.
@@ -279,7 +280,8 @@ class Slot:
         loop = _get_running_loop()
         me = _current_task(loop)
         assert me is not None
-        # `_cancel_standing(me)`, looked up once for the task's requests.
+        # `_cancel_standing(me)`, looked up once for the task's requests
+        # (before 3.11, a `_CountingTask`'s).
         cancelling = getattr(me, "cancelling", None)
         while True:
             thrown: Optional[BaseException] = None
@@ -366,6 +368,25 @@ class Slot:
 
 #: Python 3.11's `create_task(..., context=)`.
 _TASK_TAKES_CONTEXT = sys.version_info >= (3, 11)
+
+
+class _CountingTask(asyncio.Task):  # type: ignore[type-arg]
+    """A slot's task before 3.11, whose tasks have no `cancelling()`: it
+    counts the cancels asked of it, as 3.11's does (none is taken back
+    before 3.11: there is no `uncancel`). So a cancel its handler caught
+    (asyncio.run's shutdown cancel, taken back by the handler or by
+    `wait_for` swallowing it) still ends the slot's task after the request,
+    as on 3.11, instead of leaving it waiting for a next request, and
+    asyncio.run waiting for it, for good."""
+
+    _cancels = 0
+
+    def cancel(self, *args: Any, **kwargs: Any) -> bool:
+        self._cancels += 1
+        return super().cancel(*args, **kwargs)
+
+    def cancelling(self) -> int:
+        return self._cancels
 
 
 def _cancel_standing(task: "asyncio.Task[Any]") -> bool:

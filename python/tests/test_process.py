@@ -49,6 +49,41 @@ threading.Thread(target=host, daemon=True).start()
 """
 
 
+def test_asyncio_run_ends_when_a_handler_takes_its_shutdown_cancel_back() -> None:
+    # asyncio.run cancels the tasks left at its end, a slot's task among
+    # them while its handler runs; a handler that catches that cancel and
+    # returns (or whose wait_for swallows it) ends its request. Before
+    # 3.11, whose tasks count no cancels, the slot's task then waited for a
+    # next request, and asyncio.run for it, for good.
+    done = _run(
+        """
+        import asyncio, askpool
+
+        async def main():
+            node = askpool.Node()
+            await node.__aenter__()
+            started = asyncio.Event()
+
+            @node.pool("p").handler
+            async def handle(msg, ctx):
+                started.set()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    return "took the cancel back"
+
+            asyncio.ensure_future(node.ask("p", 1, timeout=60))
+            await started.wait()
+
+        asyncio.run(main())
+        print("asyncio.run returned", flush=True)
+        """,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "asyncio.run returned" in done.stdout
+
+
 def test_exit_with_a_daemon_thread_in_ask_sync_is_clean() -> None:
     # Before: taking the GIL back during finalization made CPython end the
     # thread by an unwinding that aborted the process ("FATAL: exception
