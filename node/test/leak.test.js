@@ -15,9 +15,16 @@ function runFixture(name, timeout) {
   return JSON.parse(r.stdout);
 }
 
-test('100,000 asks with timeouts and aborts: counts back to idle, heap bounded', () => {
-  const { outcomes, heapBefore, heapAfter, stats, total } = runFixture('leak.js', 240_000);
+test('100,000 asks with timeouts and aborts, half through askHandle: counts and streams back to idle, heap bounded', () => {
+  const { outcomes, handles, heapBefore, heapAfter, stats, total } = runFixture('leak.js', 240_000);
   assert.equal(total, 100_000);
+  // A sixth each through askHandle with its stages read to the end, never
+  // read (the handle dropped: only its finalizer closes its stream), or
+  // returned after one.
+  for (const use of ['read', 'dropped', 'returned']) {
+    assert.ok(handles[use] >= total / 6 - 3, JSON.stringify(handles));
+  }
+  assert.equal(handles.unended, 0, 'every stage stream read through ended with a terminal stage');
   const sum = outcomes.ok + outcomes.timeout + outcomes.cancelled + outcomes.other;
   assert.equal(sum, total, 'every ask ended');
   assert.equal(outcomes.other, 0);
@@ -27,7 +34,7 @@ test('100,000 asks with timeouts and aborts: counts back to idle, heap bounded',
   assert.equal(stats.pending, 0, 'no ask pending');
   assert.equal(stats.outstanding, 0, 'no promise waiting on the addon');
   assert.equal(stats.requests, 0, 'no request held for a handler');
-  assert.equal(stats.streams, 0);
+  assert.equal(stats.streams, 0, 'every stage stream closed: read through, returned, or its dropped handle collected');
   assert.equal(stats.tasks, 16, 'only the idle workers (2 pools x 8) remain');
   assert.equal(stats.armedTimers, 0);
   assert.equal(stats.dlqDepth, 0);
