@@ -391,6 +391,12 @@ where
     }
 }
 
+/// How many of the store's polls a durable ask in flight waits between
+/// looks at its promise, for a settlement made in another process (one
+/// made through the same promises wakes it at once): it is only cut short
+/// by one, so it looks less often than a waiter, which waits for one.
+const SETTLED_ELSEWHERE_POLLS: u32 = 10;
+
 /// One ask of the id, recorded, while `_claim` is held; `Ok(None)` if the
 /// node refused it as already pending (nothing to record).
 async fn ask_once<M, R>(
@@ -413,14 +419,30 @@ where
         .ask_timeout
         .map_or(pending_for, |bound| bound.min(pending_for))
         .max(Duration::from_millis(1));
-    let outcome = ask
+    let mut asking = ask
         .node
         .ask(ask.pool.clone(), ask.msg)
         .request_id(ask.id)
         .timeout(wait)
         .payload_size(ask.size)
         .on_replay_outcome(recorder(&ask.promises, &key))
-        .await;
+        .send();
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut asking => break outcome,
+            // Settled meanwhile by someone else (by hand, through these
+            // promises at once, or another process's, found at a poll):
+            // that outcome stands, and the ask is cancelled at the pool
+            // (dropped), instead of its caller waiting for the handler or
+            // the promise's timeout (an hour by default).
+            () = ask.promises.next_completion_or_polls(SETTLED_ELSEWHERE_POLLS) => {
+                let looked = ask.promises.look(&key).await?;
+                if let Some(p) = looked.filter(|p| p.state.is_settled()) {
+                    return outcome_of(&p).map(Some);
+                }
+            }
+        }
+    };
     if matches!(outcome, Err(AskError::InvalidArgument { .. })) && ask.node.is_pending(ask.id) {
         return Ok(None);
     }

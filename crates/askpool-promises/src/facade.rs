@@ -148,7 +148,19 @@ impl DurablePromises {
     /// `poll` (a completion made elsewhere is found by looking). Needs a
     /// tokio runtime.
     pub(crate) async fn next_completion_or_poll(&self) {
-        let poll = self.poll.max(Duration::from_millis(1));
+        self.next_completion_within(self.poll).await;
+    }
+
+    /// As [`next_completion_or_poll`](Self::next_completion_or_poll), but
+    /// after `times` polls: for what a completion elsewhere only cuts
+    /// short (a durable ask in flight), not what waits for it.
+    pub(crate) async fn next_completion_or_polls(&self, times: u32) {
+        self.next_completion_within(self.poll.saturating_mul(times))
+            .await;
+    }
+
+    async fn next_completion_within(&self, poll: Duration) {
+        let poll = poll.max(Duration::from_millis(1));
         let _ = tokio::time::timeout(poll, self.settled.notified()).await;
     }
 

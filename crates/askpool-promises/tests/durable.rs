@@ -759,3 +759,65 @@ async fn a_promise_settled_elsewhere_while_the_ask_fails_is_the_asks_outcome() {
     gate.add_permits(1);
     assert_eq!(blocker.await.unwrap(), "first");
 }
+
+/// A node whose pool "stuck" starts its handler (and says so), which then
+/// never answers, until its request is cancelled.
+fn stuck_node(started: &Arc<tokio::sync::Notify>, cancelled: &Arc<AtomicUsize>) -> N {
+    let node = N::new();
+    let (started, cancelled) = (Arc::clone(started), Arc::clone(cancelled));
+    node.pool("stuck")
+        .handler(move |_m: String, ctx| {
+            let (started, cancelled) = (Arc::clone(&started), Arc::clone(&cancelled));
+            async move {
+                started.notify_one();
+                ctx.request_cancelled().await;
+                cancelled.fetch_add(1, Ordering::SeqCst);
+                Ok(String::new())
+            }
+        })
+        .unwrap();
+    node
+}
+
+/// A durable ask whose promise is settled by hand while its handler runs
+/// (an operator cancels it, here or in another process sharing the file)
+/// ends with that outcome, at once through the same promises and at a poll
+/// otherwise, instead of waiting for the handler or the promise's timeout
+/// (an hour by default); its ask is cancelled at the pool. (A review found
+/// the caller still waiting after 3 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_ask_settled_by_hand_ends_with_that_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    for elsewhere in [false, true] {
+        let (started, cancelled) = (Arc::new(tokio::sync::Notify::new()), Arc::default());
+        let node = stuck_node(&started, &cancelled);
+        let mine = promises(&path);
+        let ask = node.ask_durable(&mine, "stuck", "hi".into()).unwrap();
+        let id = ask.id().to_owned();
+        started.notified().await;
+        // Another process's promises on the same file (no notification).
+        let by = if elsewhere {
+            promises(&path)
+        } else {
+            mine.clone()
+        };
+        by.cancel(&id, b"operator".to_vec(), None).unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(5), ask).await;
+        match ended {
+            Ok(Err(AskError::FailedPrecondition { message })) => {
+                assert!(message.contains("canceled: operator"), "{message}")
+            }
+            other => panic!("elsewhere {elsewhere}: {other:?}"),
+        }
+        assert_eq!(mine.get(&id).unwrap().state, State::Canceled);
+        // Its handler was told.
+        for _ in 0..200 {
+            if cancelled.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(cancelled.load(Ordering::SeqCst), 1, "elsewhere {elsewhere}");
+    }
+}

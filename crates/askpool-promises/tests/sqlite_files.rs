@@ -128,6 +128,47 @@ fn another_programs_database_is_foreign() {
     assert_eq!(journal, "delete", "journal mode left alone");
 }
 
+/// Ours by its application id, but not what its version says: a negative
+/// version (which skipped every migration and opened a store with no
+/// tables), or a version whose tables are missing. Corrupt at open, not a
+/// "no such table" storage error at every later call.
+#[test]
+fn our_file_without_its_schema_is_corrupt() {
+    for version in [-1, SCHEMA_VERSION, 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.pragma_update(None, "application_id", APPLICATION_ID)
+                .unwrap();
+            c.pragma_update(None, "user_version", version).unwrap();
+        }
+        match SqliteStore::open(&path) {
+            Err(PromiseError::Corrupt { message, .. }) => {
+                assert!(message.contains(&format!("version {version}")), "{message}")
+            }
+            other => panic!(
+                "version {version}: expected Corrupt, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+        // Nothing changed in it.
+        assert_eq!(pragma(&path, "user_version"), version);
+    }
+    // A store with one of its tables dropped.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    drop(SqliteStore::open(&path).unwrap());
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("DROP TABLE callbacks")
+        .unwrap();
+    assert!(matches!(
+        SqliteStore::open(&path),
+        Err(PromiseError::Corrupt { .. })
+    ));
+}
+
 #[test]
 fn a_newer_schema_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -68,16 +68,29 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// What a file says it is: its application id, schema version and number
-/// of schema objects, read in one transaction (one snapshot: read one by
-/// one, they could straddle another process's migration of a new file).
-fn identity(conn: &Connection, path: &Path) -> Result<(i64, i64, i64)> {
+/// The tables every schema version from 1 on has.
+const TABLES: &[&str] = &["promises", "tasks", "callbacks"];
+
+/// What a file says it is: its application id, schema version, number of
+/// schema objects and how many of [`TABLES`] it has, read in one
+/// transaction (one snapshot: read one by one, they could straddle another
+/// process's migration of a new file).
+fn identity(conn: &Connection, path: &Path) -> Result<(i64, i64, i64, usize)> {
     let err = |e| map_err(path, e);
-    let read = |conn: &Connection| -> rusqlite::Result<(i64, i64, i64)> {
+    let read = |conn: &Connection| -> rusqlite::Result<(i64, i64, i64, usize)> {
+        let mut tables = 0;
+        for table in TABLES {
+            tables += conn.query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                [table],
+                |r| r.get::<_, i64>(0),
+            )? as usize;
+        }
         Ok((
             conn.pragma_query_value(None, "application_id", |r| r.get(0))?,
             conn.pragma_query_value(None, "user_version", |r| r.get(0))?,
             conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?,
+            tables,
         ))
     };
     if !conn.is_autocommit() {
@@ -92,10 +105,11 @@ fn identity(conn: &Connection, path: &Path) -> Result<(i64, i64, i64)> {
     Ok(found)
 }
 
-/// Refuses a file that is not ours, or is of a newer schema; returns its
-/// schema version.
+/// Refuses a file that is not ours, is of a newer schema, or is ours but
+/// not what its version says (a negative version, or tables missing);
+/// returns its schema version.
 fn check(conn: &Connection, path: &Path) -> Result<i64> {
-    let (app_id, version, objects) = identity(conn, path)?;
+    let (app_id, version, objects, tables) = identity(conn, path)?;
     if app_id != APPLICATION_ID && (app_id != 0 || objects > 0 || version != 0) {
         return Err(PromiseError::Foreign {
             path: path.to_owned(),
@@ -109,6 +123,17 @@ fn check(conn: &Connection, path: &Path) -> Result<i64> {
             path: path.to_owned(),
             found: version,
             supported: SCHEMA_VERSION,
+        });
+    }
+    // (A negative version would skip every migration: no tables, and every
+    // call on the store failing with "no such table".)
+    if version < 0 || (version >= 1 && tables != TABLES.len()) {
+        return Err(PromiseError::Corrupt {
+            path: path.to_owned(),
+            message: format!(
+                "schema version {version} with {tables} of its {} tables",
+                TABLES.len()
+            ),
         });
     }
     Ok(version)
