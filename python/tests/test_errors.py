@@ -303,6 +303,9 @@ async def test_bad_arguments_are_invalid_argument_value_errors() -> None:
             node.ask("p", 1, timeout=-1.0)
         with pytest.raises(ValueError):
             node.ask("p", 1, timeout=float("nan"))
+        # Finite, but past what a duration holds: said so.
+        with pytest.raises(askpool.InvalidArgumentError, match="seconds is too long"):
+            node.ask("p", 1, timeout=1e20)
         # Of the wrong type: the same error, not a TypeError nor a bool
         # taken for one second.
         for odd in (True, "1", [1]):

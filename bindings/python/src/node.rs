@@ -26,9 +26,18 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
 type Handle = AskHandle<Obj, Obj>;
 
-fn seconds(what: &str, value: f64) -> Result<Duration, AskError> {
+/// `value` seconds as a duration: negative, NaN, infinite and too large
+/// (past `Duration::MAX`, about 5.8e11 years) are `InvalidArgument`.
+pub(crate) fn seconds(what: &str, value: f64) -> Result<Duration, AskError> {
     Duration::try_from_secs_f64(value).map_err(|_| AskError::InvalidArgument {
-        message: format!("{what} must be a finite number of seconds >= 0, not {value}"),
+        message: if value.is_finite() && value >= 0.0 {
+            format!(
+                "{what} of {value} seconds is too long (at most {} seconds)",
+                Duration::MAX.as_secs()
+            )
+        } else {
+            format!("{what} must be a finite number of seconds >= 0, not {value}")
+        },
     })
 }
 

@@ -24,6 +24,7 @@ use pyo3::types::{PyBytes, PyTuple};
 
 use crate::driver::LoopDriver;
 use crate::errors::to_py;
+use crate::node::seconds;
 use crate::obj::Obj;
 use crate::task::FutureTask;
 
@@ -93,15 +94,8 @@ fn promise_tuple<'py>(py: Python<'py>, p: Promise) -> PyResult<Bound<'py, PyTupl
         .into_pyobject(py)
 }
 
-/// `seconds` as a duration: negative, NaN and infinite are `InvalidArgument`.
-fn duration(what: &str, seconds: f64) -> Result<Duration, AskError> {
-    Duration::try_from_secs_f64(seconds).map_err(|_| AskError::InvalidArgument {
-        message: format!("{what} must be a finite number of seconds >= 0, not {seconds}"),
-    })
-}
-
-fn millis(what: &str, seconds: f64) -> Result<u64, AskError> {
-    duration(what, seconds).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+fn millis(what: &str, value: f64) -> Result<u64, AskError> {
+    seconds(what, value).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A promise store. Every call that touches it releases the GIL: SQLite may
@@ -199,7 +193,7 @@ impl NativePromises {
                 .map_err(AskError::from),
         )?;
         let mut durable = DurablePromises::new(store);
-        let timeout = to_py(duration("durable_timeout", durable_timeout))?;
+        let timeout = to_py(seconds("durable_timeout", durable_timeout))?;
         if timeout < DurablePromises::MIN_TIMEOUT {
             return to_py(Err(AskError::InvalidArgument {
                 message: format!(
@@ -292,9 +286,9 @@ impl NativePromises {
         timeout: Option<f64>,
         poll: f64,
     ) -> PyResult<NativeWait> {
-        let timeout = to_py(timeout.map(|t| duration("timeout", t)).transpose())?;
+        let timeout = to_py(timeout.map(|t| seconds("timeout", t)).transpose())?;
         let mut durable = self.durable.clone();
-        durable.poll = to_py(duration("poll", poll))?.max(Duration::from_millis(1));
+        durable.poll = to_py(seconds("poll", poll))?.max(Duration::from_millis(1));
         let counted = WaitCount::enter(&self.waits);
         let wait = async move {
             let _counted = counted;
@@ -319,7 +313,7 @@ impl NativePromises {
     /// Deletes the promises settled more than `older_than` seconds ago,
     /// after timing out the expired pending ones; returns how many.
     fn prune(&self, py: Python<'_>, older_than: f64) -> PyResult<usize> {
-        let older_than = to_py(duration("older_than", older_than))?;
+        let older_than = to_py(seconds("older_than", older_than))?;
         let pruned = py.detach(|| self.durable.prune(older_than));
         to_py(pruned.map_err(AskError::from))
     }
