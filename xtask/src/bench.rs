@@ -239,7 +239,7 @@ pub fn run(only: Option<&str>, quick: bool) -> Result<(), String> {
     if let Ok(built) = built {
         timings.build_steps = built.steps;
     }
-    let report = compose(&outcomes, quick, &timings);
+    let report = compose(&outcomes, only, quick, &timings);
     let bench = root().join("target/bench");
     std::fs::create_dir_all(&bench).map_err(|e| e.to_string())?;
     std::fs::write(
@@ -361,7 +361,7 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn compose(outcomes: &[Outcome], quick: bool, timings: &Timings) -> Value {
+fn compose(outcomes: &[Outcome], only: Option<&str>, quick: bool, timings: &Timings) -> Value {
     let floors: Vec<Value> = outcomes
         .iter()
         .filter_map(|o| o.results.as_ref())
@@ -407,7 +407,11 @@ fn compose(outcomes: &[Outcome], quick: bool, timings: &Timings) -> Value {
     }
     json!({
         "quick": quick,
-        "command": if quick { "cargo xtask bench --quick" } else { "cargo xtask bench" },
+        "command": format!(
+            "cargo xtask bench{}{}",
+            if quick { " --quick" } else { "" },
+            only.map(|suite| format!(" {suite}")).unwrap_or_default()
+        ),
         "machine": {
             "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
             "cpu": cpu_model(),
@@ -495,10 +499,13 @@ fn markdown(r: &Value, notes: &[bench_notes::Note]) -> String {
             .unwrap_or_default()
     ));
     md.push_str(&run_time(r));
-    md.push_str(
-        "## Floors (measured in this run)\n\n| primitive | median | spread |\n|---|---|---|\n",
-    );
-    for f in r["floors"].as_array().cloned().unwrap_or_default() {
+    let floors = r["floors"].as_array().cloned().unwrap_or_default();
+    if !floors.is_empty() {
+        md.push_str(
+            "## Floors (measured in this run)\n\n| primitive | median | spread |\n|---|---|---|\n",
+        );
+    }
+    for f in floors {
         md.push_str(&format!(
             "| {} | {} | {}..{} |\n",
             f["name"].as_str().unwrap_or(""),
@@ -773,7 +780,7 @@ mod tests {
         assert_eq!(kotlin.status, "skipped: `mvn` not found");
         assert!(!failures(&outcomes).contains(&"kotlin"));
         assert!(failures(&outcomes).contains(&"ask"));
-        let report = compose(&outcomes, true, &Timings::default());
+        let report = compose(&outcomes, None, true, &Timings::default());
         let md = markdown(&report, &[]);
         assert!(
             md.contains("\n## kotlin — skipped: `mvn` not found\n"),

@@ -130,7 +130,10 @@ pub fn what_remains(report: &Value, notes: &[Note], heading: &str) -> String {
              the workload was renamed): {}.\n",
             stale
                 .iter()
-                .map(|n| format!("{}: {}", n.suite, n.workload))
+                .map(|n| match &n.baseline {
+                    Some(baseline) => format!("{}: {} (vs {baseline})", n.suite, n.workload),
+                    None => format!("{}: {}", n.suite, n.workload),
+                })
                 .collect::<Vec<_>>()
                 .join("; ")
         ));
