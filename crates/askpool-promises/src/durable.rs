@@ -384,8 +384,7 @@ where
             }
         }
         ask.promises.next_completion_or_poll().await;
-        let looked = ask.promises.look(&key).await?;
-        if let Some(p) = looked.filter(|p| p.state.is_settled()) {
+        if let Some(p) = ask.promises.look_settled(&key).await? {
             return outcome_of(&p);
         }
     }
@@ -436,8 +435,7 @@ where
             // (dropped), instead of its caller waiting for the handler or
             // the promise's timeout (an hour by default).
             () = ask.promises.next_completion_or_polls(SETTLED_ELSEWHERE_POLLS) => {
-                let looked = ask.promises.look(&key).await?;
-                if let Some(p) = looked.filter(|p| p.state.is_settled()) {
+                if let Some(p) = ask.promises.look_settled(&key).await? {
                     return outcome_of(&p).map(Some);
                 }
             }

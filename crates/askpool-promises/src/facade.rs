@@ -191,6 +191,30 @@ impl DurablePromises {
         }
     }
 
+    /// The promise's [`Status`](crate::Status), read without its param and
+    /// value; `None` while the store is locked (looked at again later).
+    async fn look_status(&self, id: &str) -> Result<Option<crate::Status>> {
+        let (store, key, now) = (Arc::clone(&self.store), id.to_owned(), now_millis());
+        match off_runtime(move || store.status(&key, now)).await {
+            Ok(s) => Ok(Some(s)),
+            Err(PromiseError::Locked { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The promise if it has settled (or its timeout was due, and reading
+    /// it settled it); `None` while it is pending or the store is locked.
+    /// A pending promise is told by its status alone: a waiter polling for
+    /// one with a large param or value does not read them every time.
+    pub(crate) async fn look_settled(&self, id: &str) -> Result<Option<Promise>> {
+        match self.look_status(id).await? {
+            Some(status) if status.settled => {
+                Ok(self.look(id).await?.filter(|p| p.state.is_settled()))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The promise, looked at again at the next poll (or completion) while
     /// the store is locked.
     pub(crate) async fn current(&self, id: &str) -> Result<Promise> {
@@ -213,9 +237,16 @@ impl DurablePromises {
             let notified = self.settled.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let until_timeout = match self.look(id).await? {
-                Some(p) if p.state.is_settled() => return Ok(p),
-                Some(p) => Duration::from_millis(p.timeout_at.saturating_sub(now_millis())),
+            // Its status first: a pending promise's param is not read at
+            // every poll.
+            let until_timeout = match self.look_status(id).await? {
+                Some(status) if status.settled => match self.look(id).await? {
+                    Some(p) if p.state.is_settled() => return Ok(p),
+                    _ => self.poll,
+                },
+                Some(status) => {
+                    Duration::from_millis(status.timeout_at.saturating_sub(now_millis()))
+                }
                 None => self.poll,
             };
             tokio::select! {

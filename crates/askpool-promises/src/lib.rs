@@ -46,5 +46,5 @@ pub use model::{
 };
 pub use pattern::matches as pattern_matches;
 pub use sqlite::{CrashHook, SqliteOptions, SqliteStore, APPLICATION_ID, SCHEMA_VERSION};
-pub use store::{Result, Store};
+pub use store::{Result, Status, Store};
 pub use sweeper::spawn_sweeper;

@@ -12,7 +12,7 @@ use crate::model::{
     CreateRequest, Created, Lease, Millis, Promise, SearchQuery, State, Task, TaskKind, TaskState,
 };
 use crate::rules::{self, CompleteDecision};
-use crate::store::Result;
+use crate::store::{Result, Status};
 
 /// A task before the store gave it an id.
 pub(crate) struct NewTask {
@@ -73,6 +73,11 @@ impl NewCallback {
 /// count up from 1 and are never reused.
 pub(crate) trait Tx {
     fn promise(&mut self, id: &str) -> Result<Option<Promise>>;
+    /// A promise's state and timeout, without its param and value (what a
+    /// waiter looks at on every poll).
+    fn promise_state(&mut self, id: &str) -> Result<Option<(State, Millis)>> {
+        Ok(self.promise(id)?.map(|p| (p.state, p.timeout_at)))
+    }
     /// Inserts `p` unless its id exists; whether it did.
     fn insert_promise(&mut self, p: &Promise) -> Result<bool>;
     /// Stores what settling and resuming change: state, value, complete
@@ -309,6 +314,19 @@ pub(crate) fn create(tx: &mut impl Tx, req: &CreateRequest, now: Millis) -> Resu
 
 pub(crate) fn get(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Promise> {
     touch_existing(tx, id, rules::clamp(now))
+}
+
+/// Whether the promise has settled, or its timeout is due (it settles as
+/// it is read, by `get`), and its timeout: read without its param and value.
+pub(crate) fn status(tx: &mut impl Tx, id: &str, now: Millis) -> Result<Status> {
+    let (state, timeout_at) = tx
+        .promise_state(id)?
+        .ok_or_else(|| PromiseError::NotFound { id: id.to_owned() })?;
+    let now = rules::clamp(now);
+    Ok(Status {
+        settled: state.is_settled() || (state == State::Pending && now >= timeout_at),
+        timeout_at,
+    })
 }
 
 /// `get` for a read transaction: `None` if the promise's timeout is due,
@@ -561,6 +579,9 @@ macro_rules! store_via_ops {
             fn get(&self, id: &str, now: Millis) -> Result<Promise> {
                 self.read(|t| $crate::ops::get_if_current(t, id, now))?
                     .map_or_else(|| self.run(|t| $crate::ops::get(t, id, now)), Ok)
+            }
+            fn status(&self, id: &str, now: Millis) -> Result<$crate::store::Status> {
+                self.read(|t| $crate::ops::status(t, id, now))
             }
             fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
                 self.run(|t| $crate::ops::complete(t, req, now))

@@ -30,11 +30,29 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     })
 }
 
+/// See [`Store::status`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// Settled, or its timeout is due.
+    pub settled: bool,
+    pub timeout_at: Millis,
+}
+
 pub trait Store: Send + Sync {
     /// Creates a promise (idempotent by key); see [`rules`](crate::rules).
     fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created>;
     /// The promise, timed out first if its time has come.
     fn get(&self, id: &str, now: Millis) -> Result<Promise>;
+    /// Whether the promise has settled (or its timeout is due: `get` then
+    /// settles it), and its timeout, without reading its param and value:
+    /// what a waiter polls.
+    fn status(&self, id: &str, now: Millis) -> Result<Status> {
+        let p = self.get(id, now)?;
+        Ok(Status {
+            settled: p.state.is_settled(),
+            timeout_at: p.timeout_at,
+        })
+    }
     /// Resolves, rejects or cancels a promise, once; replays on its key.
     fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed>;
     fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>>;
@@ -68,6 +86,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn get(&self, id: &str, now: Millis) -> Result<Promise> {
         (**self).get(id, now)
+    }
+    fn status(&self, id: &str, now: Millis) -> Result<Status> {
+        (**self).status(id, now)
     }
     fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
         (**self).complete(req, now)

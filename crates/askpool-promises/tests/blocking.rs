@@ -11,26 +11,27 @@ use askpool::Node;
 use askpool_promises::{
     now_millis, spawn_sweeper, CallbackOutcome, CallbackRequest, ClaimRequest, Claimed,
     CompleteRequest, Completed, Completion, CreateRequest, Created, DurableAsk, DurablePromises,
-    Lease, MemoryStore, Millis, Promise, PromiseError, Result, SearchQuery, Snapshot, State, Store,
-    Task,
+    Lease, MemoryStore, Millis, Promise, PromiseError, Result, SearchQuery, Snapshot, State,
+    Status, Store, Task,
 };
 
-/// A store whose sweeps and gets wait `wait` (as a SQLite store waits for
-/// another process's write), and whose first `locked_gets` gets fail
-/// `Locked` (its busy timeout passed).
+/// A store whose sweeps and reads wait `wait` (as a SQLite store waits for
+/// another process's write), whose first `locked_gets` reads fail `Locked`
+/// (its busy timeout passed), and which counts its full reads (`gets`) and
+/// its status reads.
 #[derive(Default)]
 struct SlowStore {
     inner: MemoryStore,
     wait: Duration,
     sweeps: AtomicUsize,
     locked_gets: AtomicUsize,
+    gets: AtomicUsize,
+    statuses: AtomicUsize,
 }
 
-impl Store for SlowStore {
-    fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created> {
-        self.inner.create(req, now)
-    }
-    fn get(&self, id: &str, now: Millis) -> Result<Promise> {
+impl SlowStore {
+    /// What every read goes through first: the wait, and a lock maybe.
+    fn read(&self) -> Result<()> {
         std::thread::sleep(self.wait);
         let locked = self
             .locked_gets
@@ -41,7 +42,23 @@ impl Store for SlowStore {
                 path: "slow.db".into(),
             });
         }
+        Ok(())
+    }
+}
+
+impl Store for SlowStore {
+    fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created> {
+        self.inner.create(req, now)
+    }
+    fn get(&self, id: &str, now: Millis) -> Result<Promise> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        self.read()?;
         self.inner.get(id, now)
+    }
+    fn status(&self, id: &str, now: Millis) -> Result<Status> {
+        self.statuses.fetch_add(1, Ordering::SeqCst);
+        self.read()?;
+        self.inner.status(id, now)
     }
     fn complete(&self, req: &CompleteRequest, now: Millis) -> Result<Completed> {
         self.inner.complete(req, now)
@@ -197,5 +214,48 @@ async fn durable_asks_on_a_slow_locked_store_stall_nothing() {
     assert!(
         longest < Duration::from_millis(200),
         "a tick waited {longest:?} behind the await"
+    );
+}
+
+/// A waiter polls a pending promise by its status, not by reading it whole:
+/// its param (here 4 MiB) is read once it settled, not at every poll (a
+/// review measured a waiter reading it 10 times a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_polls_a_pending_promise_without_reading_its_param() {
+    let store = Arc::new(SlowStore::default());
+    let mut promises = DurablePromises::from_arc(store.clone() as Arc<dyn Store>);
+    promises.poll = Duration::from_millis(5);
+    promises
+        .create("big", vec![7; 4 << 20], 60_000, None)
+        .unwrap();
+    let waiter = {
+        let promises = promises.clone();
+        tokio::spawn(async move { promises.wait("big").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Settled past these promises (as by another process: no notification,
+    // found by polling).
+    let resolve = CompleteRequest {
+        id: "big".into(),
+        completion: Completion::Resolve,
+        value: b"done".to_vec(),
+        key: None,
+    };
+    store.inner.complete(&resolve, now_millis()).unwrap();
+    let p = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.value, Some(b"done".to_vec()));
+    let gets = store.gets.load(Ordering::SeqCst);
+    let statuses = store.statuses.load(Ordering::SeqCst);
+    assert!(
+        statuses >= 20,
+        "{statuses} status reads in 300 ms of 5 ms polls"
+    );
+    assert!(
+        gets <= 2,
+        "{gets} full reads of a promise that settled once"
     );
 }

@@ -187,6 +187,22 @@ impl Tx for SqlTx<'_> {
             .map_err(|e| self.err(e))
     }
 
+    fn promise_state(&mut self, id: &str) -> Result<Option<(State, Millis)>> {
+        let mut stmt = self
+            .tx
+            .prepare_cached("SELECT state, timeout_at FROM promises WHERE id = ?1")
+            .map_err(|e| self.err(e))?;
+        stmt.query_row([id], |r| {
+            let state: i64 = r.get(0)?;
+            Ok((
+                State::from_code(state).ok_or_else(|| bad("promise state"))?,
+                r.get::<_, i64>(1)? as u64,
+            ))
+        })
+        .optional()
+        .map_err(|e| self.err(e))
+    }
+
     fn insert_promise(&mut self, p: &Promise) -> Result<bool> {
         let sql = format!(
             "INSERT INTO promises ({PROMISE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
