@@ -719,7 +719,9 @@ class Node:
         """An ask whose outcome is recorded in ``self.promises``: its promise
         id (``handle.id``, also the request id) can be awaited with
         ``await_durable`` after this process restarts, without running the
-        handler again. ``msg`` and the reply are pickled into the store."""
+        handler again. ``msg`` and the reply are pickled into the store: a
+        store file is trusted input (whoever can write it can run code in
+        the processes that await its durable asks, as with any pickle)."""
         _valid_names(("a pool name", pool), ("request_id", request_id))
         loop, driver = self._here("Node.ask_durable")
         handle = DurableHandle(loop=loop)
