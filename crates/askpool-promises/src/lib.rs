@@ -44,6 +44,7 @@ pub use model::{
     Completion, CreateRequest, Created, Lease, Millis, Promise, SearchQuery, Snapshot, State,
     Target, Task, TaskKind, TaskState, MAX_TIME,
 };
+pub use ops::SEARCH_TIME_OUT_BATCH;
 pub use pattern::matches as pattern_matches;
 pub use sqlite::{CrashHook, SqliteOptions, SqliteStore, APPLICATION_ID, SCHEMA_VERSION};
 pub use store::{Result, Status, Store};

@@ -376,13 +376,25 @@ fn check_search(q: &SearchQuery) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn search(tx: &mut impl Tx, q: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
+/// How many due promises one write of a search times out: a search that
+/// finds many takes several writes, so the store's write lock (which other
+/// processes wait for, up to their busy timeout) is never held for all.
+pub const SEARCH_TIME_OUT_BATCH: usize = 1_000;
+
+/// Times out up to `limit` of the promises `q`'s pattern matches that are
+/// due, oldest deadline first (for `search`, between its reads).
+pub(crate) fn time_out_matches(
+    tx: &mut impl Tx,
+    q: &SearchQuery,
+    now: Millis,
+    limit: usize,
+) -> Result<()> {
     check_search(q)?;
     let now = rules::clamp(now);
-    for id in tx.expired(now, Some(&q.pattern), usize::MAX)? {
+    for id in tx.expired(now, Some(&q.pattern), limit)? {
         touch(tx, &id, now)?;
     }
-    tx.search(q)
+    Ok(())
 }
 
 /// `search` for a read transaction: `None` if a promise the pattern matches
@@ -587,8 +599,24 @@ macro_rules! store_via_ops {
                 self.run(|t| $crate::ops::complete(t, req, now))
             }
             fn search(&self, query: &SearchQuery, now: Millis) -> Result<Vec<Promise>> {
-                self.read(|t| $crate::ops::search_if_current(t, query, now))?
-                    .map_or_else(|| self.run(|t| $crate::ops::search(t, query, now)), Ok)
+                // Each batch of due matches timed out in a write of its
+                // own, then read again (every due match is timed out
+                // before the page is read).
+                loop {
+                    if let Some(found) =
+                        self.read(|t| $crate::ops::search_if_current(t, query, now))?
+                    {
+                        return Ok(found);
+                    }
+                    self.run(|t| {
+                        $crate::ops::time_out_matches(
+                            t,
+                            query,
+                            now,
+                            $crate::ops::SEARCH_TIME_OUT_BATCH,
+                        )
+                    })?;
+                }
             }
             fn register_callback(
                 &self,

@@ -8,7 +8,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 
 use askpool_promises::{
     CallbackRequest, CompleteRequest, Completion, CrashHook, CreateRequest, PromiseError,
-    SqliteStore, State, Store, Target, TaskKind,
+    SearchQuery, SqliteStore, State, Store, Target, TaskKind, SEARCH_TIME_OUT_BATCH,
 };
 
 const T: u64 = 1_000_000;
@@ -284,4 +284,40 @@ fn a_process_killed_at_any_moment_of_a_busy_write_loop_leaves_a_consistent_file(
             }
         }
     }
+}
+
+/// A search that finds many promises due times them out a batch per write,
+/// so the write lock other processes wait for is never held for all of
+/// them: a crash in the second batch leaves the first one's timeouts
+/// committed (one write for all, as before, left none), and the search
+/// made again times out the rest.
+#[test]
+fn a_search_times_out_many_due_promises_a_batch_per_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path().join("many.db")).unwrap();
+    let due = 2 * SEARCH_TIME_OUT_BATCH + 500;
+    for i in 0..due {
+        s.create(&CreateRequest::new(format!("due-{i:05}"), 1_000), 0)
+            .unwrap();
+    }
+    let page = SearchQuery::new("due-*");
+    // One crash point per plain promise timed out: this one is in the
+    // second batch.
+    s.set_crash_hook(Some(CrashHook::FailAt(SEARCH_TIME_OUT_BATCH + 500)));
+    assert!(matches!(s.search(&page, 2_000), Err(PromiseError::Crashed)));
+    s.set_crash_hook(None);
+    let timed_out = |s: &SqliteStore| {
+        s.snapshot()
+            .unwrap()
+            .promises
+            .iter()
+            .filter(|p| p.state != State::Pending)
+            .count()
+    };
+    assert_eq!(timed_out(&s), SEARCH_TIME_OUT_BATCH);
+    let found = s.search(&page, 2_000).unwrap();
+    assert_eq!(found.len(), page.limit);
+    assert!(found.iter().all(|p| p.state == State::TimedOut));
+    assert_eq!(timed_out(&s), due);
+    check_consistent(&s);
 }
