@@ -67,6 +67,30 @@ class HandlerCancelTest {
         }
     }
 
+    @Test
+    fun `cancelled() called after its pool closed returns at once`() = runBlocking {
+        // The close marks the running request cancelled before the handler
+        // ever waits on `cancelled()` (so no signal existed to complete):
+        // the wait must see the mark, not wait for a signal never sent.
+        Node().use { node ->
+            val started = CompletableDeferred<Unit>()
+            val poolClosed = CompletableDeferred<Unit>()
+            val pool = node.pool("p") { _, ctx ->
+                started.complete(Unit)
+                poolClosed.await()
+                assertTrue(ctx.isCancelled)
+                withTimeout(5.seconds) { ctx.cancelled() }
+                "told"
+            }
+            val h = node.send("p", "x", AskOptions(timeout = 30.seconds))
+            withTimeout(10.seconds) { started.await() }
+            pool.close()
+            poolClosed.complete(Unit)
+            // A close does not interrupt a handler: its reply still arrives.
+            assertEquals("told", withTimeout(10.seconds) { h.await() })
+        }
+    }
+
     /** Holds the thread of its first dispatch (the event thread, below) until [gate] opens. */
     private class HoldFirstDispatch : CoroutineDispatcher() {
         val entered = CountDownLatch(1)
