@@ -389,17 +389,11 @@ class _CountingTask(asyncio.Task):  # type: ignore[type-arg]
         return self._cancels
 
 
-def _cancel_standing(task: "asyncio.Task[Any]") -> bool:
-    """Whether a cancel of ``task`` was asked and not taken back (3.11+;
-    before, asyncio does not count them: one asked and not yet delivered,
-    as the extension's ``cancel_standing`` reads it)."""
-    cancelling = getattr(task, "cancelling", None)
-    if cancelling is not None:
-        return bool(cancelling() > 0)
-    if getattr(task, "_must_cancel", False):
-        return True
-    waiter = getattr(task, "_fut_waiter", None)
-    return waiter is not None and bool(waiter.cancelled())
+#: Whether a cancel of a task was asked and not taken back (3.11+'s
+#: `cancelling()`, a `_CountingTask`'s before; else one asked and not yet
+#: delivered): the extension's own reading, which it uses to pick a slot's
+#: task.
+_cancel_standing = _native._cancel_standing
 
 
 def _cancel_where_awaited(first: Any, exc: BaseException) -> Optional[BaseException]:

@@ -26,6 +26,24 @@ async def _hosted_waiter(node: Node, name: str, seen: list[bool], started: async
         return None
 
 
+async def _turn_pool(node: Node, seen: list[bool]) -> None:
+    """Pool "turn": its handler yields once (its next step goes to the
+    slot's idle task), then, but for "warm", waits for its request's cancel
+    and records what `ctx.cancelled` says then. Warmed: its slot's task made
+    and idle (a handler's first step is handed to it only once it exists)."""
+
+    @node.pool("turn").handler
+    async def handle(msg: Any, ctx: Context) -> Any:
+        await asyncio.sleep(0)
+        if msg == "warm":
+            return msg
+        await asyncio.wait_for(ctx.wait_cancelled(), 5)
+        seen.append(ctx.cancelled)
+        return None
+
+    assert await node.ask("turn", "warm") == "warm"
+
+
 async def test_cancelling_the_awaiting_task_cancels_the_handler() -> None:
     seen: list[bool] = []
     started = asyncio.Event()
@@ -56,19 +74,7 @@ async def test_a_caller_cancelled_in_the_turn_its_handler_goes_on_in_cancels_the
     seen: list[bool] = []
     handles: list[askpool.AskHandle] = []
     async with Node() as node:
-
-        @node.pool("turn").handler
-        async def handle(msg: Any, ctx: Context) -> Any:
-            await asyncio.sleep(0)
-            if msg == "warm":
-                return msg
-            await asyncio.wait_for(ctx.wait_cancelled(), 5)
-            seen.append(ctx.cancelled)
-            return None
-
-        # The slot's task made and idle (a handler's first step is handed to
-        # it only once it exists).
-        assert await node.ask("turn", "warm") == "warm"
+        await _turn_pool(node, seen)
 
         async def caller() -> Any:
             ask = node.ask("turn", 1, timeout=10)
@@ -168,16 +174,7 @@ async def test_a_cancelled_caller_task_does_not_keep_its_ask_alive() -> None:
 
     refs: dict[str, "weakref.ref[Any]"] = {}
     async with Node() as node:
-
-        @node.pool("turn").handler
-        async def handle(msg: Any, ctx: Context) -> Any:
-            await asyncio.sleep(0)
-            if msg == "warm":
-                return msg
-            await asyncio.wait_for(ctx.wait_cancelled(), 5)
-            return None
-
-        assert await node.ask("turn", "warm") == "warm"
+        await _turn_pool(node, [])
 
         async def caller() -> Any:
             # Nothing of the ask in this frame's own variables (which the

@@ -256,8 +256,10 @@ impl SlotTask {
 /// not yet delivered is the task's `_must_cancel`, or the future it waits
 /// on cancelled (the slot's waiter, by a handler that cancelled its own
 /// task and returned at once); without this the next request ran as that
-/// task and met the cancel.
-fn cancel_standing(task: &Bound<'_, PyAny>) -> PyResult<bool> {
+/// task and met the cancel. The wrapper's `Slot.resume` asks it too
+/// (`_native._cancel_standing`).
+#[pyfunction(name = "_cancel_standing")]
+pub(crate) fn cancel_standing(task: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = task.py();
     static COUNTS: OnceLock<bool> = OnceLock::new();
     // Before 3.11 a slot's own task counts them too (`_CountingTask`); a

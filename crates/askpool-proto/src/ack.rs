@@ -264,7 +264,7 @@ impl Progress {
     /// Whether the report is within [`MAX_BYTES`](Self::MAX_BYTES) and
     /// [`MAX_METADATA`](Self::MAX_METADATA).
     pub fn within_bounds(&self) -> bool {
-        self.metadata.len() <= Self::MAX_METADATA && self.size() <= Self::MAX_BYTES
+        self.check_bounds().is_ok()
     }
 
     /// `InvalidArgument` for a report past the bounds, saying which; what a

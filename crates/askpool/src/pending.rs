@@ -213,11 +213,19 @@ impl<R> AskSlot<R> {
     /// one without any); anything else is the outcome of an earlier request
     /// that reused the id.
     fn answers(&self, frame: &ToCaller<R>) -> bool {
-        match (self.fingerprint, frame) {
-            (Some(ours), ToCaller::Reply { fingerprint, .. })
-            | (Some(ours), ToCaller::Refused { fingerprint, .. }) => *fingerprint == Some(ours),
+        match frame {
+            ToCaller::Reply { fingerprint, .. } | ToCaller::Refused { fingerprint, .. } => {
+                self.answers_outcome(*fingerprint)
+            }
             _ => true,
         }
+    }
+
+    /// [`answers`](Self::answers) for an outcome (a reply or a refusal) of
+    /// a request with `fingerprint`.
+    fn answers_outcome(&self, fingerprint: Option<PayloadFingerprint>) -> bool {
+        self.fingerprint
+            .is_none_or(|ours| fingerprint == Some(ours))
     }
 
     fn ack(&self, stage: AckStage, now: impl FnOnce() -> Timestamp) {
@@ -769,18 +777,25 @@ impl<M, R> CallerSide<M, R> {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
-        // `answers`, for a reply.
-        let answers = slot
-            .fingerprint
-            .is_none_or(|ours| fingerprint == Some(ours));
-        if !slot.pending.load(Ordering::Relaxed) || !answers {
+        if !slot.pending.load(Ordering::Relaxed) || !slot.answers_outcome(fingerprint) {
             return self.deliver(ToCaller::Reply {
                 ids,
                 outcome,
                 fingerprint,
             });
         }
-        // As `deliver_to` does with a reply.
+        self.offer_reply(slot, ids, outcome, fingerprint);
+    }
+
+    /// Offers a reply to the slot of its ask: reconciled if the ask timed
+    /// out (its slot closed), counted as ignored if it is a duplicate.
+    fn offer_reply(
+        &self,
+        slot: &AskSlot<R>,
+        ids: AskIds,
+        outcome: Outcome<R>,
+        fingerprint: Option<PayloadFingerprint>,
+    ) {
         match slot.offer(SlotEvent::Reply(outcome)) {
             Offered::Closed(event) => self.reconcile_event(ids, fingerprint, event),
             Offered::Taken => {}
@@ -1025,10 +1040,7 @@ impl<M, R> CallerSide<M, R> {
                 outcome,
                 fingerprint,
                 ..
-            } => match slot.offer(SlotEvent::Reply(outcome)) {
-                Offered::Closed(event) => return self.reconcile_event(ids, fingerprint, event),
-                offered => matches!(offered, Offered::Taken),
-            },
+            } => return self.offer_reply(slot, ids, outcome, fingerprint),
             // The slot of a timed-out ask is closed: the refusal of an
             // attempt is handed back, and dropped (nothing was done).
             ToCaller::Refused { error, .. } => {

@@ -70,6 +70,10 @@ impl<M> WorkerQueue<M> {
     }
 }
 
+/// An ask's slot and the caller side of the node that holds it (see
+/// `PoolShared::local_slot_of`).
+type LocalSlot<'a, M, R> = (Arc<AskSlot<R>>, &'a CallerSide<M, R>);
+
 /// What an admitted request shares between its dedup entry, its queue item,
 /// its handler's context and its responder: one allocation per request.
 pub(crate) struct Admitted {
@@ -405,16 +409,22 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// batched as before.
     fn send_about(&self, request: &Admitted, frame: ToCaller<R>, now: Option<Timestamp>) {
         let batched = self.config.batch_acks && matches!(frame, ToCaller::Ack { .. });
-        if let Some(slot) = request.reply_to.as_ref().filter(|_| !batched) {
-            if let (Some(slot), Some((_, caller))) = (slot.upgrade(), &self.local_caller) {
-                if let Some(slot) = slot.downcast_ref::<AskSlot<R>>() {
-                    Self::note_sent(&frame);
-                    caller.deliver_direct(slot, frame, now);
-                    return;
-                }
-            }
+        if let Some((slot, caller)) = (!batched).then(|| self.local_slot_of(request)).flatten() {
+            Self::note_sent(&frame);
+            caller.deliver_direct(&slot, frame, now);
+            return;
         }
         self.send(frame);
+    }
+
+    /// The slot of `request`'s ask and this node's caller side, when the
+    /// ask is this node's own and its slot is still alive (see
+    /// `Admitted::reply_to`): where a frame about it goes directly.
+    #[inline(always)]
+    fn local_slot_of(&self, request: &Admitted) -> Option<LocalSlot<'_, M, R>> {
+        let slot = request.reply_to.as_ref()?.upgrade()?;
+        let (_, caller) = self.local_caller.as_ref()?;
+        Some((slot.downcast::<AskSlot<R>>().ok()?, caller))
     }
 
     /// [`send_about`](Self::send_about) for an Ack (`RECEIVED`) or a Read
@@ -427,14 +437,10 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             _ => ToCaller::Ack { ids },
         };
         let batched = self.config.batch_acks && stage != AckStage::Read;
-        if let Some(slot) = request.reply_to.as_ref().filter(|_| !batched) {
-            if let (Some(slot), Some((_, caller))) = (slot.upgrade(), &self.local_caller) {
-                if let Some(slot) = slot.downcast_ref::<AskSlot<R>>() {
-                    telemetry::ack_sent(stage, None);
-                    caller.stage_direct(slot, ids, stage, now, frame);
-                    return;
-                }
-            }
+        if let Some((slot, caller)) = (!batched).then(|| self.local_slot_of(request)).flatten() {
+            telemetry::ack_sent(stage, None);
+            caller.stage_direct(&slot, ids, stage, now, frame);
+            return;
         }
         self.send(frame(ids));
     }
@@ -444,17 +450,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// there.
     fn reply_about(&self, request: &Admitted, outcome: Outcome<R>) {
         let meta = &request.meta;
-        if let Some(slot) = request.reply_to.as_ref() {
-            if let (Some(slot), Some((_, caller))) = (slot.upgrade(), &self.local_caller) {
-                if let Some(slot) = slot.downcast_ref::<AskSlot<R>>() {
-                    telemetry::ack_sent(
-                        AckStage::terminal_for_outcome(&outcome),
-                        outcome.as_ref().err().map(AskError::code),
-                    );
-                    caller.reply_direct(slot, meta.ids, outcome, meta.fingerprint);
-                    return;
-                }
-            }
+        if let Some((slot, caller)) = self.local_slot_of(request) {
+            telemetry::ack_sent(
+                AckStage::terminal_for_outcome(&outcome),
+                outcome.as_ref().err().map(AskError::code),
+            );
+            caller.reply_direct(&slot, meta.ids, outcome, meta.fingerprint);
+            return;
         }
         self.send(ToCaller::Reply {
             ids: meta.ids,
