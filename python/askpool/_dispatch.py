@@ -73,6 +73,11 @@ def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
         message = str(exc)
     except BaseException as e:  # noqa: BLE001 - the handler's error wins
         message = f"<str() failed: {type(e).__name__}>"
+        if isinstance(e, _LEAVES_THE_LOOP):
+            # A Ctrl-C (or an exit) that struck while the message was
+            # made: the handler's error is still answered, and the
+            # interrupt still leaves the loop, as from any task.
+            _leave_the_loop(e)
     if not isinstance(message, str):  # a str subclass's __str__ may cheat
         message = "<str() gave no string>"
     return (_valid_text(name), _valid_text(message), code)
@@ -100,11 +105,18 @@ def failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
     awaiting (answered by the extension). A ``SystemExit`` or
     ``KeyboardInterrupt`` then leaves the loop, as from any task."""
     if isinstance(exc, _LEAVES_THE_LOOP):
-        try:
-            asyncio.get_running_loop().call_soon(_reraise, exc)
-        except RuntimeError:  # no loop: nowhere to leave
-            pass
+        _leave_the_loop(exc)
     return _describe(exc)
+
+
+def _leave_the_loop(exc: BaseException) -> None:
+    """Raises ``exc`` (a ``KeyboardInterrupt`` or ``SystemExit``) out of
+    the running loop at its next turn, where code that must answer first
+    caught it."""
+    try:
+        asyncio.get_running_loop().call_soon(_reraise, exc)
+    except RuntimeError:  # no loop: nowhere to leave
+        pass
 
 
 def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:

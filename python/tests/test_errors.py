@@ -267,6 +267,47 @@ def test_system_exit_in_a_handler_leaves_the_loop_as_in_any_task(
         assert [type(e) for e in answered] == [askpool.HandlerError]
 
 
+class _StrExits(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(3)
+
+
+@pytest.mark.parametrize("awaits", [False, True])
+def test_an_exit_raised_while_describing_a_handler_error_answers_and_leaves_the_loop(
+    awaits: bool,
+) -> None:
+    # SystemExit stands for KeyboardInterrupt (pytest traps that one): a
+    # Ctrl-C that strikes while a handler's error is described. Before, it
+    # was taken for the message's failure and lost: the loop went on.
+    answered: list[askpool.HandlerError] = []
+
+    async def main() -> None:
+        async with Node() as node:
+            pool = node.pool("exits")
+
+            @pool.handler
+            async def handle(msg: Any, ctx: Context) -> Any:
+                if awaits:
+                    await asyncio.sleep(0)
+                raise _StrExits()
+
+            try:
+                await node.ask("exits", 1, timeout=5)
+            except askpool.HandlerError as e:
+                answered.append(e)
+            await asyncio.sleep(1)
+
+    with pytest.raises(SystemExit) as info:
+        asyncio.run(main())
+    assert info.value.code == 3
+    if not awaits:
+        # Answered at once, inside `ask`: the caller saw its answer first
+        # (after an await, the exit leaves the loop before the caller runs).
+        assert [(e.type_name, e.message) for e in answered] == [
+            ("_StrExits", "<str() failed: SystemExit>")
+        ]
+
+
 async def test_handler_raising_a_taxonomy_error_keeps_its_code() -> None:
     async with Node() as node:
         pool = node.pool("strict")
