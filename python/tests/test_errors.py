@@ -234,15 +234,28 @@ async def test_a_handler_raising_a_base_exception_is_answered_and_not_reported(
     assert reported == []
 
 
+class _StrExits(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(3)
+
+
 @pytest.mark.parametrize("awaits", [False, True])
-@pytest.mark.parametrize("exc_type", [SystemExit])  # KeyboardInterrupt alike; pytest traps it
+@pytest.mark.parametrize(
+    "raised, answer",
+    [(SystemExit, ("SystemExit", "")), (_StrExits, ("_StrExits", "<str() failed: SystemExit>"))],
+    ids=["raised", "from-str"],
+)
 def test_system_exit_in_a_handler_leaves_the_loop_as_in_any_task(
-    awaits: bool, exc_type: type[BaseException]
+    awaits: bool, raised: type[BaseException], answer: tuple[str, str]
 ) -> None:
     # asyncio lets SystemExit and KeyboardInterrupt out of a task and out of
     # the loop; a handler's does the same whether or not it awaited (after
-    # its caller got its answer), instead of becoming a reply and nothing else.
-    answered: list[BaseException] = []
+    # its caller got its answer), instead of becoming a reply and nothing
+    # else. SystemExit stands for KeyboardInterrupt, which pytest traps.
+    # "from-str": one raised while the handler's error is described (a
+    # Ctrl-C striking in its __str__), which was taken for the message's
+    # failure and lost.
+    answered: list[askpool.HandlerError] = []
 
     async def main() -> None:
         async with Node() as node:
@@ -252,7 +265,7 @@ def test_system_exit_in_a_handler_leaves_the_loop_as_in_any_task(
             async def handle(msg: Any, ctx: Context) -> Any:
                 if awaits:
                     await asyncio.sleep(0)
-                raise exc_type()
+                raise raised()
 
             try:
                 await node.ask("quits", 1, timeout=5)
@@ -260,52 +273,12 @@ def test_system_exit_in_a_handler_leaves_the_loop_as_in_any_task(
                 answered.append(e)
             await asyncio.sleep(1)
 
-    with pytest.raises(exc_type):
+    with pytest.raises(SystemExit):
         asyncio.run(main())
-    if not awaits:
-        # Answered at once, inside `ask`: the caller saw its answer first.
-        assert [type(e) for e in answered] == [askpool.HandlerError]
-
-
-class _StrExits(Exception):
-    def __str__(self) -> str:
-        raise SystemExit(3)
-
-
-@pytest.mark.parametrize("awaits", [False, True])
-def test_an_exit_raised_while_describing_a_handler_error_answers_and_leaves_the_loop(
-    awaits: bool,
-) -> None:
-    # SystemExit stands for KeyboardInterrupt (pytest traps that one): a
-    # Ctrl-C that strikes while a handler's error is described. Before, it
-    # was taken for the message's failure and lost: the loop went on.
-    answered: list[askpool.HandlerError] = []
-
-    async def main() -> None:
-        async with Node() as node:
-            pool = node.pool("exits")
-
-            @pool.handler
-            async def handle(msg: Any, ctx: Context) -> Any:
-                if awaits:
-                    await asyncio.sleep(0)
-                raise _StrExits()
-
-            try:
-                await node.ask("exits", 1, timeout=5)
-            except askpool.HandlerError as e:
-                answered.append(e)
-            await asyncio.sleep(1)
-
-    with pytest.raises(SystemExit) as info:
-        asyncio.run(main())
-    assert info.value.code == 3
     if not awaits:
         # Answered at once, inside `ask`: the caller saw its answer first
         # (after an await, the exit leaves the loop before the caller runs).
-        assert [(e.type_name, e.message) for e in answered] == [
-            ("_StrExits", "<str() failed: SystemExit>")
-        ]
+        assert [(e.type_name, e.message) for e in answered] == [answer]
 
 
 async def test_handler_raising_a_taxonomy_error_keeps_its_code() -> None:
