@@ -97,7 +97,7 @@ function napiFloors() {
   const buf = new Uint32Array(4 * 1024);
   const floors = [
     floor(FLOOR_NAME, () => core.isClosed()),
-    floor('napi call (fastDrain, nothing ready)', () => native.fastDrain(id, buf)),
+    floor('raw N-API call (fastDrain, nothing ready)', () => native.fastDrain(id, buf)),
   ];
   core.close();
   return floors;
@@ -153,7 +153,7 @@ async function main() {
   // From `perf record` of the sequential loop on the 2-core dev machine
   // (Nov 2026), not measured by this run.
   const where =
-    'per ask the addon is entered 3 times (ask, drain, reply+drain, plain functions) and ' +
+    'per ask the addon is entered 3 times (ask, drain, reply+drain: raw N-API functions) and ' +
     'nothing crosses threads (see the wakes fact); a perf profile puts ~42% of the time in ' +
     'the addon, nearly all of it the askpool runtime (dedup table, ack/read/reply frames, ' +
     'stage log, pending map, clock reads) and ~5% the binding (drain, wakers, object slots), ' +
@@ -187,7 +187,8 @@ async function main() {
         'pure-JS queue + Promise ask',
         seqTheirs,
         'the pure-JS ask entering the addon twice per ask (fastDrain with nothing ' +
-          'ready), nothing done inside: no addon-backed sequential ask does less',
+          'ready: a raw N-API call and an empty drain), no protocol work: no ' +
+          'addon-backed sequential ask does less',
         null,
       ),
       comparison(

@@ -295,6 +295,46 @@ test('a Rust panic becomes a JS error, and the process carries on', async () => 
   core.close();
 });
 
+test('the hot calls (raw N-API) refuse bad arguments and turn a panic into INTERNAL', async () => {
+  const native = require('../lib/native');
+  const { fromNative } = require('../lib/errors');
+  const node = new Node();
+  node.pool('echo').handle((m) => m);
+  assert.equal(await node.ask('echo', 1), 1);
+  const core = new native.Core(() => {});
+  const id = core.fastPath();
+  const buf = new Uint32Array(64);
+  const refused = [
+    () => native.fastDrain(id + 1000, buf),
+    () => native.fastDrain(id, new Uint8Array(64)),
+    () => native.fastDrain(id),
+    () => native.fastDrain('0', buf),
+    () => native.fastAsk(id, 0, 0),
+    () => native.fastReplyDrain(id, 0, 0, [1, 2]),
+  ];
+  for (const call of refused) {
+    assert.throws(call, (e) => {
+      const mapped = fromNative(e);
+      return mapped instanceof InvalidArgumentError && mapped.code === 'INVALID_ARGUMENT';
+    }, String(call));
+  }
+  assert.equal(native.fastDrain(id, buf), 0);
+  native.debugPanicNextHotCall();
+  assert.throws(
+    () => native.fastDrain(id, buf),
+    (e) => fromNative(e) instanceof InternalError && /panic in askpool: debug_panic_next_hot_call/.test(e.message),
+  );
+  // The next call, and every ask through the wrapper, goes on.
+  assert.equal(native.fastDrain(id, buf), 0);
+  core.close();
+  native.debugPanicNextHotCall();
+  const err = await node.ask('echo', 2).catch((e) => e);
+  assert.ok(err instanceof InternalError, `${err?.name}: ${err?.message}`);
+  assert.equal(await node.ask('echo', 3), 3);
+  assert.equal(node.stats().outstanding, 0);
+  await node.close();
+});
+
 test('a panic polling one ask fails that ask with INTERNAL; the next asks succeed', async () => {
   const native = require('../lib/native');
   const node = new Node();

@@ -551,7 +551,7 @@ pub fn debug_panic_next_ask() {
 }
 
 /// A panic caught while polling a task, as the taxonomy's `Internal`.
-fn panic_error(panic: &(dyn std::any::Any + Send)) -> AskError {
+pub(crate) fn panic_error(panic: &(dyn std::any::Any + Send)) -> AskError {
     let message = panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
