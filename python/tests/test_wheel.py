@@ -47,7 +47,9 @@ def _wheel() -> str:
 def _python39() -> Optional[str]:
     """An interpreter of the oldest supported version, if this machine has one."""
     candidates = [shutil.which("python3.9") or ""]
-    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9")))
+    # Where pyenv keeps its versions, as xtask looks (PYENV_ROOT, else ~/.pyenv).
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    candidates += sorted(glob.glob(os.path.join(pyenv, "versions/3.9*/bin/python3.9")))
     for candidate in candidates:
         if candidate and subprocess.run([candidate, "--version"], capture_output=True).returncode == 0:
             return candidate

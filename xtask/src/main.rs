@@ -235,8 +235,30 @@ fn test(slow: bool) -> Result<(), String> {
         sim(1, 1_000_000, 1, None)?;
         miri()?;
     }
-    eprintln!("\nxtask test: all green in {:.1?}", started.elapsed());
+    let skipped = SKIPPED.lock().unwrap_or_else(|e| e.into_inner());
+    if skipped.is_empty() {
+        eprintln!("\nxtask test: all green in {:.1?}", started.elapsed());
+    } else {
+        eprintln!(
+            "\nxtask test: green in {:.1?}, with {} part(s) skipped:",
+            started.elapsed(),
+            skipped.len()
+        );
+        for part in skipped.iter() {
+            eprintln!("  - skipped {part}");
+        }
+    }
     Ok(())
+}
+
+/// Parts of a run skipped for want of something on this machine, named
+/// again in its last lines, where a green run is read.
+static SKIPPED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Skips `part` of this run, saying why now and again at its end.
+pub(crate) fn skipped(part: String) {
+    eprintln!("\nxtask: skipping {part}");
+    SKIPPED.lock().unwrap_or_else(|e| e.into_inner()).push(part);
 }
 
 /// The loom models of the dedup table. crossbeam's loom support needs its
@@ -269,7 +291,7 @@ fn miri() -> Result<(), String> {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_miri {
-        eprintln!("\nxtask: skipping miri: no nightly toolchain with miri here");
+        skipped("miri: no nightly toolchain with miri here".into());
         return Ok(());
     }
     let target = root().join("target/miri");

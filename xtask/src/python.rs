@@ -53,10 +53,25 @@ fn ensure_venv() -> Result<(), String> {
             &[],
         )?;
     }
-    if TOOLS.iter().all(|t| venv_bin(t).exists()) {
+    if TOOLS.iter().all(|t| venv_bin(t).exists()) && pinned_already(&venv(), PINNED) {
         return Ok(());
     }
-    pip_install(&python, PINNED)
+    install_pinned(&python, &venv(), PINNED)
+}
+
+/// The pins a venv's tools were last installed by, beside them: a venv kept
+/// from before a pin changed is brought to the new pins, as a fresh one is.
+fn pins_file(venv: &Path) -> PathBuf {
+    venv.join("xtask-pins")
+}
+
+fn pinned_already(venv: &Path, pins: &[&str]) -> bool {
+    std::fs::read_to_string(pins_file(venv)).is_ok_and(|held| held == pins.join("\n"))
+}
+
+fn install_pinned(python: &Path, venv: &Path, pins: &[&str]) -> Result<(), String> {
+    pip_install(python, pins)?;
+    std::fs::write(pins_file(venv), pins.join("\n")).map_err(|e| format!("{}: {e}", venv.display()))
 }
 
 /// `pip install` of `packages` into the venv of `python`.
@@ -121,6 +136,9 @@ fn wheel_stale(wheel: &Path) -> bool {
         root.join("python/pyproject.toml"),
         root.join("crates"),
         root.join("Cargo.lock"),
+        // The release profile and workspace dependency features.
+        root.join("Cargo.toml"),
+        root.join(".cargo/config.toml"),
     ];
     sources.iter().any(|s| {
         let time = if s.is_dir() {
@@ -236,11 +254,16 @@ const OTHER_PYTHONS: [&str; 2] = ["3.9", "3.13"];
 
 fn other_python(version: &str, wheel: &Path) -> Result<(), String> {
     let Some(interpreter) = find_python(version) else {
-        eprintln!("\nxtask: skipping the Python {version} run: no python{version} here");
+        crate::skipped(format!("the Python {version} run: no python{version} here"));
         return Ok(());
     };
     let venv = root().join(format!("target/py{version}-venv"));
     let python = venv.join("bin/python");
+    let pytest = PINNED
+        .iter()
+        .copied()
+        .filter(|p| p.starts_with("pytest"))
+        .collect::<Vec<_>>();
     if !crate::succeeds(&python, &["-m", "pytest", "--version"]) {
         let _ = std::fs::remove_dir_all(&venv);
         exec(
@@ -249,12 +272,9 @@ fn other_python(version: &str, wheel: &Path) -> Result<(), String> {
             &root(),
             &[],
         )?;
-        let pytest = PINNED
-            .iter()
-            .copied()
-            .filter(|p| p.starts_with("pytest"))
-            .collect::<Vec<_>>();
-        pip_install(&python, &pytest)?;
+    }
+    if !pinned_already(&venv, &pytest) {
+        install_pinned(&python, &venv, &pytest)?;
     }
     install_wheel(&python, wheel)?;
     let wheel = wheel.to_string_lossy();
