@@ -234,9 +234,12 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
 }
 
 impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
-    fn start(b: AskBuilder<'_, M, R>) -> Self {
+    fn start(mut b: AskBuilder<'_, M, R>) -> Self {
         let node = Arc::clone(&b.node.shared);
-        let options = b.options;
+        // Read in place: the options are most of the builder's bytes, and
+        // a copy of them would be made for nothing.
+        let preferred_worker = b.options.preferred_worker.take();
+        let options = &b.options;
         let now = node.clock.now();
         let request_id = options
             .request_id
@@ -262,19 +265,19 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             meta: RequestMeta {
                 ids,
                 pool: b.pool,
-                preferred_worker: options.preferred_worker,
+                preferred_worker,
                 budget: timeout,
                 attempt: 0,
                 fingerprint: options.fingerprint,
                 expects_reply: !b.one_way,
             },
             rng: SmallRng::seed_from_u64(jitter_seed(request_id, node.caller_id)),
-            slot: Arc::new(AskSlot::new(
+            slot: AskSlot::new_shared(
                 node.config.track_stages.then_some(now),
                 options.fingerprint,
                 b.one_way,
                 &span,
-            )),
+            ),
             payload: Some(b.payload),
             timer: None,
             queued_deadline: None,

@@ -175,6 +175,23 @@ pub(crate) struct AskSlot<R> {
 }
 
 impl<R> AskSlot<R> {
+    /// [`new`](Self::new), shared. Written straight into its allocation:
+    /// `Arc::new` takes the slot by value, made on the stack and copied
+    /// twice (hundreds of bytes, most of them its stage log).
+    pub(crate) fn new_shared(
+        track_from: Option<Timestamp>,
+        fingerprint: Option<PayloadFingerprint>,
+        ends_at_ack: bool,
+        span: &tracing::Span,
+    ) -> Arc<Self> {
+        let mut slot = Arc::new_uninit();
+        Arc::get_mut(&mut slot)
+            .expect("a new Arc is not shared")
+            .write(Self::new(track_from, fingerprint, ends_at_ack, span));
+        // SAFETY: written just above.
+        unsafe { slot.assume_init() }
+    }
+
     /// A slot; `track_from` starts its ACK lifecycle at SENT.
     pub(crate) fn new(
         track_from: Option<Timestamp>,
