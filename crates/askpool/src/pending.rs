@@ -762,7 +762,7 @@ impl<M, R> CallerSide<M, R> {
     pub(crate) fn stage_direct(
         &self,
         slot: &AskSlot<R>,
-        ids: AskIds,
+        ids: &AskIds,
         stage: AckStage,
         now: Option<Timestamp>,
         frame: impl FnOnce(AskIds) -> ToCaller<R>,
@@ -774,7 +774,7 @@ impl<M, R> CallerSide<M, R> {
             return;
         }
         if !slot.pending.load(Ordering::Relaxed) {
-            return self.deliver(frame(ids));
+            return self.deliver(frame(*ids));
         }
         slot.ack(stage, || now.unwrap_or_else(|| self.clock.now()));
     }
@@ -784,7 +784,7 @@ impl<M, R> CallerSide<M, R> {
     pub(crate) fn reply_direct(
         &self,
         slot: &AskSlot<R>,
-        ids: AskIds,
+        ids: &AskIds,
         outcome: Outcome<R>,
         fingerprint: Option<PayloadFingerprint>,
     ) where
@@ -796,7 +796,7 @@ impl<M, R> CallerSide<M, R> {
         }
         if !slot.pending.load(Ordering::Relaxed) || !slot.answers_outcome(fingerprint) {
             return self.deliver(ToCaller::Reply {
-                ids,
+                ids: *ids,
                 outcome,
                 fingerprint,
             });
@@ -809,12 +809,12 @@ impl<M, R> CallerSide<M, R> {
     fn offer_reply(
         &self,
         slot: &AskSlot<R>,
-        ids: AskIds,
+        ids: &AskIds,
         outcome: Outcome<R>,
         fingerprint: Option<PayloadFingerprint>,
     ) {
         match slot.offer(SlotEvent::Reply(outcome)) {
-            Offered::Closed(event) => self.reconcile_event(ids, fingerprint, event),
+            Offered::Closed(event) => self.reconcile_event(*ids, fingerprint, event),
             Offered::Taken => {}
             Offered::Duplicate => self.ignored(),
         }
@@ -1057,7 +1057,7 @@ impl<M, R> CallerSide<M, R> {
                 outcome,
                 fingerprint,
                 ..
-            } => return self.offer_reply(slot, ids, outcome, fingerprint),
+            } => return self.offer_reply(slot, &ids, outcome, fingerprint),
             // The slot of a timed-out ask is closed: the refusal of an
             // attempt is handed back, and dropped (nothing was done).
             ToCaller::Refused { error, .. } => {

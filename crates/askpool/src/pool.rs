@@ -431,7 +431,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// (`READ`), which carry nothing but the ids: delivered into the ask's
     /// slot without making the frame, when it goes there.
     fn stage_about(&self, request: &Admitted, stage: AckStage, now: Option<Timestamp>) {
-        let ids = request.meta.ids;
+        let ids = &request.meta.ids;
         let frame = |ids| match stage {
             AckStage::Read => ToCaller::Read { ids },
             _ => ToCaller::Ack { ids },
@@ -442,7 +442,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
             caller.stage_direct(&slot, ids, stage, now, frame);
             return;
         }
-        self.send(frame(ids));
+        self.send(frame(*ids));
     }
 
     /// [`send_about`](Self::send_about) for the reply to `request`:
@@ -455,7 +455,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 AckStage::terminal_for_outcome(&outcome),
                 outcome.as_ref().err().map(AskError::code),
             );
-            caller.reply_direct(&slot, meta.ids, outcome, meta.fingerprint);
+            caller.reply_direct(&slot, &meta.ids, outcome, meta.fingerprint);
             return;
         }
         self.send(ToCaller::Reply {
@@ -513,7 +513,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// hears only whether it was accepted: an Ack, or the error that refused
     /// it, so that a refused tell is never lost silently.
     fn admit(&self, env: Envelope<M>) {
-        let Envelope { meta, payload } = env;
+        // The envelope is read where it lies and its meta moved once, into
+        // the request: each move of it on the way is a copy of its bytes.
+        let meta = &env.meta;
         let ids = meta.ids;
         // Loaded while the request is built (an allocation, the caller's
         // slot, a clock read): a new id's bucket is a cache miss.
@@ -537,11 +539,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let expects_reply = meta.expects_reply;
         // Built before the table is consulted, so that a new entry can hold
         // it; a duplicate (rare) drops it again.
+        let reply_to = self.local_slot(&ids);
         let request = Arc::new(Admitted {
-            meta,
+            meta: env.meta,
             cancel: CancelSignal::default(),
-            reply_to: self.local_slot(&ids),
+            reply_to,
         });
+        let payload = env.payload;
         // Read here, not taken from the caller: its reading comes before
         // the payload's clone and the breaker's lock (time a processing
         // deadline and the RECEIVED stage must not lose).
