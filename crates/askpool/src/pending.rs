@@ -617,12 +617,6 @@ impl<R> PendingMap<R> {
         self.shard(id).get(&id).cloned()
     }
 
-    /// The slot pending under `id`, held weakly (no strong count taken and
-    /// given back).
-    pub(crate) fn downgrade(&self, id: RequestId) -> Option<Weak<AskSlot<R>>> {
-        self.shard(id).get(&id).map(Arc::downgrade)
-    }
-
     pub(crate) fn remove(&self, id: RequestId) {
         // Dropped outside the lock.
         let slot = {

@@ -430,14 +430,22 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// [`send_about`](Self::send_about) for an Ack (`RECEIVED`) or a Read
     /// (`READ`), which carry nothing but the ids: delivered into the ask's
     /// slot without making the frame, when it goes there.
-    fn stage_about(&self, request: &Admitted, stage: AckStage, now: Option<Timestamp>) {
+    /// `local` is the ask's slot where the caller has it at hand already.
+    fn stage_about(
+        &self,
+        request: &Admitted,
+        stage: AckStage,
+        now: Option<Timestamp>,
+        local: Option<LocalSlot<'_, M, R>>,
+    ) {
         let ids = &request.meta.ids;
         let frame = |ids| match stage {
             AckStage::Read => ToCaller::Read { ids },
             _ => ToCaller::Ack { ids },
         };
         let batched = self.config.batch_acks && stage != AckStage::Read;
-        if let Some((slot, caller)) = (!batched).then(|| self.local_slot_of(request)).flatten() {
+        let local = || local.or_else(|| self.local_slot_of(request));
+        if let Some((slot, caller)) = (!batched).then(local).flatten() {
             telemetry::ack_sent(stage, None);
             caller.stage_direct(&slot, ids, stage, now, frame);
             return;
@@ -466,14 +474,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     }
 
     /// The pending slot of the ask that sent `ids`, if it is this node's
-    /// own (see `local_caller`).
-    fn local_slot(&self, ids: &AskIds) -> Option<Weak<dyn Any + Send + Sync>> {
+    /// own (see `local_caller`), and this node's caller side.
+    fn local_slot(&self, ids: &AskIds) -> Option<LocalSlot<'_, M, R>> {
         let (caller_id, caller) = self.local_caller.as_ref()?;
         if ids.caller_id != *caller_id {
             return None;
         }
-        let slot: Weak<dyn Any + Send + Sync> = caller.pending.downgrade(ids.request_id)?;
-        Some(slot)
+        Some((caller.pending.get(ids.request_id)?, caller))
     }
 
     /// Counts a frame sent back to a caller (`askpool_acks_sent_total`).
@@ -539,7 +546,11 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let expects_reply = meta.expects_reply;
         // Built before the table is consulted, so that a new entry can hold
         // it; a duplicate (rare) drops it again.
-        let reply_to = self.local_slot(&ids);
+        // Found here once: the request keeps it weakly, and its Ack goes
+        // to it from here, not found again from there.
+        let local = self.local_slot(&ids);
+        let reply_to =
+            (local.as_ref()).map(|(slot, _)| Arc::downgrade(slot) as Weak<dyn Any + Send + Sync>);
         let request = Arc::new(Admitted {
             meta: env.meta,
             cancel: CancelSignal::default(),
@@ -562,7 +573,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let answer = match action {
             InboundAction::RunHandlerAndAck => {
                 self.counters.admitted.add(1);
-                self.stage_about(&request, AckStage::Received, Some(now));
+                self.stage_about(&request, AckStage::Received, Some(now), local);
                 self.enqueue(WorkItem { request, payload });
                 return;
             }
@@ -791,7 +802,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     pub(crate) fn read(&self, request: &Admitted) {
         let meta = &request.meta;
         if meta.expects_reply {
-            self.stage_about(request, AckStage::Read, None);
+            self.stage_about(request, AckStage::Read, None, None);
         }
     }
 
