@@ -118,6 +118,9 @@ pub struct StageTimeouts {
 }
 
 impl CallerAsk {
+    // Inline: built by value and handed on by value, a 128-byte machine is
+    // otherwise copied in and out of each call.
+    #[inline]
     pub fn new(policy: RetryPolicy, started: Timestamp, timeout: Duration) -> Self {
         Self {
             policy,
@@ -136,6 +139,7 @@ impl CallerAsk {
     /// Adds stage deadlines. Missing one fails the ask with
     /// `DeadlineExceeded` and sends a best-effort cancel.
     #[must_use]
+    #[inline]
     pub fn with_stage_timeouts(mut self, timeouts: StageTimeouts) -> Self {
         let before_total = |d: Duration| Some(self.started + d).filter(|t| *t < self.deadline);
         self.delivery_deadline = timeouts.delivery.and_then(before_total);
@@ -181,6 +185,9 @@ impl CallerAsk {
     }
 
     /// Sends the first attempt at once.
+    // Inline, with the steps below: every ask starts, and the first
+    // re-send's delay it schedules is a chain of small calls otherwise.
+    #[inline]
     pub fn start(&mut self, now: Timestamp, rng: &mut dyn RngCore) -> CallerStep {
         if self.phase != CallerPhase::Idle {
             return CallerStep::nothing();
@@ -330,6 +337,7 @@ impl CallerAsk {
         }
     }
 
+    #[inline]
     fn send_attempt(&mut self, now: Timestamp, rng: &mut dyn RngCore) -> CallerStep {
         self.attempts_sent += 1;
         self.next_resend = None;
@@ -346,6 +354,7 @@ impl CallerAsk {
     }
 
     /// Schedules the next re-send, unless it would fall at or past the deadline.
+    #[inline]
     fn schedule_resend(&mut self, now: Timestamp, rng: &mut dyn RngCore) {
         let at = now + self.policy.delay(self.attempts_sent + 1, rng);
         self.next_resend = (at < self.deadline).then_some(at);
