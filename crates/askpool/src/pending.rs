@@ -245,6 +245,7 @@ impl<R> AskSlot<R> {
             .is_none_or(|ours| fingerprint == Some(ours))
     }
 
+    #[inline]
     fn ack(&self, stage: AckStage, now: impl FnOnce() -> Timestamp) {
         let mut inner = self.inner.lock();
         let first = !inner.acked;
@@ -335,6 +336,7 @@ impl<R> AskSlot<R> {
 
     /// Stores `event` unless one is already waiting or the slot is closed;
     /// wakes the handle.
+    #[inline]
     pub(crate) fn offer(&self, event: SlotEvent<R>) -> Offered<R> {
         let waker = {
             let mut inner = self.inner.lock();
@@ -391,6 +393,7 @@ impl<R> AskSlot<R> {
     }
 
     /// Takes what arrived since the last call and registers `waker`.
+    #[inline]
     pub(crate) fn take(&self, waker: &Waker) -> Arrivals<R> {
         let mut inner = self.inner.lock();
         match &inner.waker {
@@ -601,6 +604,7 @@ impl<R> PendingMap<R> {
 
     /// Enters `slot` under `id`; false (and nothing changes) if `id` is
     /// already pending.
+    #[inline]
     pub(crate) fn insert_new(&self, id: RequestId, slot: &Arc<AskSlot<R>>) -> bool {
         match self.shard(id).entry(id) {
             std::collections::hash_map::Entry::Occupied(_) => false,
@@ -613,10 +617,12 @@ impl<R> PendingMap<R> {
         }
     }
 
+    #[inline]
     pub(crate) fn get(&self, id: RequestId) -> Option<Arc<AskSlot<R>>> {
         self.shard(id).get(&id).cloned()
     }
 
+    #[inline]
     pub(crate) fn remove(&self, id: RequestId) {
         // Dropped outside the lock.
         let slot = {
@@ -753,6 +759,7 @@ impl<M, R> CallerSide<M, R> {
     /// [`deliver_direct`](Self::deliver_direct) of an Ack (`stage`
     /// RECEIVED) or a Read (READ), which every slot of their ids answers:
     /// `frame` makes the frame only if it is routed.
+    #[inline]
     pub(crate) fn stage_direct(
         &self,
         slot: &AskSlot<R>,
@@ -775,6 +782,7 @@ impl<M, R> CallerSide<M, R> {
 
     /// [`deliver_direct`](Self::deliver_direct) of a reply, the frame made
     /// only if it is routed.
+    #[inline]
     pub(crate) fn reply_direct(
         &self,
         slot: &AskSlot<R>,

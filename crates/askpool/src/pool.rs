@@ -431,6 +431,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// (`READ`), which carry nothing but the ids: delivered into the ask's
     /// slot without making the frame, when it goes there.
     /// `local` is the ask's slot where the caller has it at hand already.
+    #[inline]
     fn stage_about(
         &self,
         request: &Admitted,
@@ -456,6 +457,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// [`send_about`](Self::send_about) for the reply to `request`:
     /// offered to the ask's slot without making the frame, when it goes
     /// there.
+    #[inline]
     fn reply_about(&self, request: &Admitted, outcome: Outcome<R>) {
         let meta = &request.meta;
         if let Some((slot, caller)) = self.local_slot_of(request) {
