@@ -298,6 +298,7 @@ impl<R> AskSlot<R> {
     }
 
     /// Records the terminal `pick` chooses from the stage the ask reached.
+    #[inline]
     fn record_terminal_after(&self, pick: impl FnOnce(AckStage) -> AckStage, now: Timestamp) {
         let mut inner = self.inner.lock();
         let waker = inner.stages.as_mut().and_then(|log| {
