@@ -168,6 +168,7 @@ impl CallerAsk {
 
     /// When the driver must call [`on_timer`](Self::on_timer) next; `None`
     /// once the ask is resolved (no timer may outlive it).
+    #[inline]
     pub fn next_wakeup(&self) -> Option<Timestamp> {
         let read = self.read_deadline.filter(|_| !self.read);
         let earliest = |a: Timestamp, b: Option<Timestamp>| b.map_or(a, |b| a.min(b));
@@ -236,6 +237,7 @@ impl CallerAsk {
     /// `AskReply` arrived: the request's outcome, live or replayed, error
     /// or not. It is final: the pool caches it under the request id, so a
     /// re-send would only replay it (a handler's transient error included).
+    #[inline]
     pub fn on_reply(&mut self) -> CallerStep {
         match self.phase {
             CallerPhase::Done | CallerPhase::Idle => CallerStep::nothing(),

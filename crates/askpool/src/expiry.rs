@@ -89,6 +89,7 @@ impl<T> ExpiryIndex<T> {
 
     /// Removes the entry at `key`; false if it is not there (already popped
     /// by the sweeper, or removed).
+    #[inline]
     pub(crate) fn remove(&mut self, key: ExpiryKey) -> bool {
         // Mostly the front (entries end in about the order they came): no
         // search then, and the entry leaves the ring at once (emptied in

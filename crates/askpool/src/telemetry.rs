@@ -163,6 +163,7 @@ pub(crate) fn stage_duration(stage: AckStage, since_previous: Duration) {
     );
 }
 
+#[inline]
 pub(crate) fn end_to_end(error: Option<&AskError>, latency: Duration) {
     let index = outcome_index(error.map(AskError::code));
     record(&keys().end_to_end[index], latency.as_secs_f64());
