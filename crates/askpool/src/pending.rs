@@ -809,6 +809,7 @@ impl<M, R> CallerSide<M, R> {
 
     /// Offers a reply to the slot of its ask: reconciled if the ask timed
     /// out (its slot closed), counted as ignored if it is a duplicate.
+    #[inline]
     fn offer_reply(
         &self,
         slot: &AskSlot<R>,
