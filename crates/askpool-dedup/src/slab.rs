@@ -183,12 +183,20 @@ impl Slab {
         let layout = self.segment_layout(segment);
         // Zeroed: a slot's first node is written field by field with
         // atomic stores, over atomics that must already hold a value (a
-        // node's version starts at 0).
+        // node's version starts at 0). Asked for with the allocator's
+        // least alignment and aligned here: the system allocator zeroes an
+        // over-aligned block with a memset of all of it, where a plainly
+        // aligned one is `calloc`'s, which gets a large segment as fresh
+        // pages the kernel zeroed already. A segment is never freed, so
+        // its start before the rounding need not be kept.
+        let padded =
+            Layout::from_size_align(layout.size() + layout.align(), 1).expect("a segment's layout");
         // SAFETY: a non-zero size (a node is never zero-sized).
-        let base = unsafe { std::alloc::alloc_zeroed(layout) };
-        if base.is_null() {
-            std::alloc::handle_alloc_error(layout);
+        let block = unsafe { std::alloc::alloc_zeroed(padded) };
+        if block.is_null() {
+            std::alloc::handle_alloc_error(padded);
         }
+        let base = block.wrapping_add(block.addr().wrapping_neg() & (layout.align() - 1));
         let first = (FIRST as usize) << segment;
         let bits = first.trailing_zeros() as usize;
         self.biased[bits].store(

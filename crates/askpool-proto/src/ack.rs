@@ -462,6 +462,7 @@ impl AckTracker {
     /// [`advance`](Self::advance) without a copy of the event: it is
     /// borrowed from the history, for a driver that copies it only when
     /// someone reads it (most asks have no stage reader).
+    #[inline]
     pub fn record(&mut self, to: AckStage, now: Timestamp) -> Result<&StageEvent, StageError> {
         self.apply(to, None, now)
     }
@@ -537,6 +538,9 @@ impl AckTracker {
         Ok(())
     }
 
+    // Inline (across crates, into a driver's `record`): with no progress
+    // report, its checks fold away; a tracked ask records three stages.
+    #[inline]
     fn apply(
         &mut self,
         to: AckStage,

@@ -436,6 +436,7 @@ impl CircuitBreaker {
     }
 
     /// The request of `permit` succeeded.
+    #[inline]
     pub fn on_success(&mut self, permit: BreakerPermit, now: Timestamp) -> BreakerStep {
         self.report(permit, Some(false), now)
     }
@@ -473,6 +474,9 @@ impl CircuitBreaker {
 
     /// `failed`: `Some(false)` success, `Some(true)` counted failure, `None`
     /// not counted.
+    // Inline: each caller passes its own constant `failed`, which folds
+    // away most of the match (every ask reports one).
+    #[inline]
     fn report(
         &mut self,
         permit: BreakerPermit,

@@ -118,6 +118,9 @@ pub struct StageTimeouts {
 }
 
 impl CallerAsk {
+    // Inline: built by value and handed on by value, a 128-byte machine is
+    // otherwise copied in and out of each call.
+    #[inline]
     pub fn new(policy: RetryPolicy, started: Timestamp, timeout: Duration) -> Self {
         Self {
             policy,
@@ -136,6 +139,7 @@ impl CallerAsk {
     /// Adds stage deadlines. Missing one fails the ask with
     /// `DeadlineExceeded` and sends a best-effort cancel.
     #[must_use]
+    #[inline]
     pub fn with_stage_timeouts(mut self, timeouts: StageTimeouts) -> Self {
         let before_total = |d: Duration| Some(self.started + d).filter(|t| *t < self.deadline);
         self.delivery_deadline = timeouts.delivery.and_then(before_total);
@@ -164,6 +168,7 @@ impl CallerAsk {
 
     /// When the driver must call [`on_timer`](Self::on_timer) next; `None`
     /// once the ask is resolved (no timer may outlive it).
+    #[inline]
     pub fn next_wakeup(&self) -> Option<Timestamp> {
         let read = self.read_deadline.filter(|_| !self.read);
         let earliest = |a: Timestamp, b: Option<Timestamp>| b.map_or(a, |b| a.min(b));
@@ -181,6 +186,9 @@ impl CallerAsk {
     }
 
     /// Sends the first attempt at once.
+    // Inline, with the steps below: every ask starts, and the first
+    // re-send's delay it schedules is a chain of small calls otherwise.
+    #[inline]
     pub fn start(&mut self, now: Timestamp, rng: &mut dyn RngCore) -> CallerStep {
         if self.phase != CallerPhase::Idle {
             return CallerStep::nothing();
@@ -229,6 +237,7 @@ impl CallerAsk {
     /// `AskReply` arrived: the request's outcome, live or replayed, error
     /// or not. It is final: the pool caches it under the request id, so a
     /// re-send would only replay it (a handler's transient error included).
+    #[inline]
     pub fn on_reply(&mut self) -> CallerStep {
         match self.phase {
             CallerPhase::Done | CallerPhase::Idle => CallerStep::nothing(),
@@ -330,6 +339,7 @@ impl CallerAsk {
         }
     }
 
+    #[inline]
     fn send_attempt(&mut self, now: Timestamp, rng: &mut dyn RngCore) -> CallerStep {
         self.attempts_sent += 1;
         self.next_resend = None;
@@ -346,6 +356,7 @@ impl CallerAsk {
     }
 
     /// Schedules the next re-send, unless it would fall at or past the deadline.
+    #[inline]
     fn schedule_resend(&mut self, now: Timestamp, rng: &mut dyn RngCore) {
         let at = now + self.policy.delay(self.attempts_sent + 1, rng);
         self.next_resend = (at < self.deadline).then_some(at);

@@ -127,6 +127,9 @@ impl<R> InboundTransition<R> {
 }
 
 /// The table of DESIGN section 3. `current` is `None` for an absent key.
+// Inline: a driver calls it with a known event (a request, a handler's
+// outcome) twice per request, and the rest of the table folds away.
+#[inline]
 pub fn step<R: Clone>(
     current: Option<&InboundState<R>>,
     event: InboundEvent<R>,

@@ -78,6 +78,7 @@ impl RetryPolicy {
     }
 
     /// The delay before send number `attempt` (2 = first re-send), before jitter.
+    #[inline]
     pub fn base_delay(&self, attempt: u32) -> Duration {
         let exponent = attempt.saturating_sub(2).min(1024) as i32;
         let secs = self.initial_delay.as_secs_f64() * self.multiplier.powi(exponent);
@@ -86,6 +87,7 @@ impl RetryPolicy {
     }
 
     /// The delay before send number `attempt`, with jitter drawn from `rng`.
+    #[inline]
     pub fn delay(&self, attempt: u32, rng: &mut dyn RngCore) -> Duration {
         let base = self.base_delay(attempt).as_secs_f64();
         // 53 random bits -> uniform in [0, 1), then to [-1, 1).

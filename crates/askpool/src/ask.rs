@@ -212,7 +212,9 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
     deadline_fired: bool,
     /// An outcome decided outside `poll` (refused at start, `cancel()`).
     /// `Ok(None)` is a tell's acknowledgement.
-    early: Option<Result<Option<R>, AskError>>,
+    /// Boxed: rare, and the handle is moved whole (by every `.await` of
+    /// it), which an outcome inline would make 40 bytes longer.
+    early: Option<Box<Result<Option<R>, AskError>>>,
     /// Whether the slot is in the pending map.
     registered: bool,
     /// The pool's circuit-breaker permit, reported when the ask ends.
@@ -234,9 +236,12 @@ pub struct AskHandle<M: Clone + Send + 'static, R: Clone + Send + 'static> {
 }
 
 impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
-    fn start(b: AskBuilder<'_, M, R>) -> Self {
+    fn start(mut b: AskBuilder<'_, M, R>) -> Self {
         let node = Arc::clone(&b.node.shared);
-        let options = b.options;
+        // Read in place: the options are most of the builder's bytes, and
+        // a copy of them would be made for nothing.
+        let preferred_worker = b.options.preferred_worker.take();
+        let options = &b.options;
         let now = node.clock.now();
         let request_id = options
             .request_id
@@ -262,19 +267,19 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             meta: RequestMeta {
                 ids,
                 pool: b.pool,
-                preferred_worker: options.preferred_worker,
+                preferred_worker,
                 budget: timeout,
                 attempt: 0,
                 fingerprint: options.fingerprint,
                 expects_reply: !b.one_way,
             },
             rng: SmallRng::seed_from_u64(jitter_seed(request_id, node.caller_id)),
-            slot: Arc::new(AskSlot::new(
+            slot: AskSlot::new_shared(
                 node.config.track_stages.then_some(now),
                 options.fingerprint,
                 b.one_way,
                 &span,
-            )),
+            ),
             payload: Some(b.payload),
             timer: None,
             queued_deadline: None,
@@ -303,14 +308,14 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
                 // closing) keeps its letter.
                 handle.file_dead_letter(&e, reason, now);
             }
-            handle.early = Some(Err(e));
+            handle.early = Some(Box::new(Err(e)));
             handle.payload = None;
             return handle;
         }
         let step = handle.machine.start(now, &mut handle.rng);
         if let Some(error) = handle.perform(step, now) {
             handle.conclude(&error, now);
-            handle.early = Some(Err(error));
+            handle.early = Some(Box::new(Err(error)));
             handle.release();
         }
         handle
@@ -445,7 +450,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
             return;
         }
         // Its outcome is what the next poll gives.
-        self.early = self.give_up();
+        self.early = self.give_up().map(Box::new);
         self.release();
     }
 
@@ -678,7 +683,7 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// Drives the ask. `Ok(None)` is a tell's acknowledgement.
     fn poll_outcome(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<R>, AskError>> {
         let this = self;
-        if let Some(result) = this.early.take() {
+        if let Some(result) = this.early.take().map(|early| *early) {
             // Concluded where it was decided (start or cancel).
             this.release();
             this.finished = true;

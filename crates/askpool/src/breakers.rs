@@ -76,6 +76,7 @@ impl Breakers {
 
     /// A permit to ask `pool`: `Ok(None)` when breakers are off or the pool
     /// has no breaker yet (it never failed: it is closed).
+    #[inline]
     pub(crate) fn acquire(
         &self,
         pool: &PoolName,
@@ -105,6 +106,7 @@ impl Breakers {
         }))
     }
 
+    #[inline]
     pub(crate) fn report(
         &self,
         pool: &PoolName,

@@ -30,6 +30,9 @@ impl NodeClock {
         }
     }
 
+    // Inline: read several times per ask, from generic code that is
+    // compiled in the user's crate, where a plain function is not inlined.
+    #[inline]
     pub(crate) fn now(&self) -> Timestamp {
         Timestamp::from_duration(Instant::now().saturating_duration_since(self.epoch))
     }
@@ -77,6 +80,7 @@ impl IdSource {
         )
     }
 
+    #[inline]
     pub(crate) fn request_id(&self, wall_micros: u64) -> RequestId {
         if self.deterministic {
             return RequestId::from_parts(wall_micros, self.next_u64());

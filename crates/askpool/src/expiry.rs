@@ -89,10 +89,18 @@ impl<T> ExpiryIndex<T> {
 
     /// Removes the entry at `key`; false if it is not there (already popped
     /// by the sweeper, or removed).
+    #[inline]
     pub(crate) fn remove(&mut self, key: ExpiryKey) -> bool {
         // Mostly the front (entries end in about the order they came): no
-        // search then.
+        // search then, and the entry leaves the ring at once (emptied in
+        // place, it would be moved out twice: by the take, then the pop).
         let at = match self.ring.front() {
+            Some((k, Some(_))) if *k == key => {
+                self.ring.pop_front();
+                self.live -= 1;
+                self.settle();
+                return true;
+            }
             Some((k, _)) if k.1 == key.1 => 0,
             _ => self.ring.partition_point(|(k, _)| k.1 < key.1),
         };

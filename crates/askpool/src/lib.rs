@@ -27,6 +27,13 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+// `#[inline]` on a small function of the ask's path: the node, its pools
+// and its asks are generic over the payload and reply types, so their code
+// is compiled in the crate that names those types (a binding, an example),
+// where a plain function of this crate is not inlined, nor one of this
+// crate's codegen units into another. Each was measured (callgrind,
+// `examples/ask_loop.rs`) and kept only where it cut instructions.
+
 mod ask;
 mod breakers;
 mod cancel;

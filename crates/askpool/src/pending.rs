@@ -175,6 +175,23 @@ pub(crate) struct AskSlot<R> {
 }
 
 impl<R> AskSlot<R> {
+    /// [`new`](Self::new), shared. Written straight into its allocation:
+    /// `Arc::new` takes the slot by value, made on the stack and copied
+    /// twice (hundreds of bytes, most of them its stage log).
+    pub(crate) fn new_shared(
+        track_from: Option<Timestamp>,
+        fingerprint: Option<PayloadFingerprint>,
+        ends_at_ack: bool,
+        span: &tracing::Span,
+    ) -> Arc<Self> {
+        let mut slot = Arc::new_uninit();
+        Arc::get_mut(&mut slot)
+            .expect("a new Arc is not shared")
+            .write(Self::new(track_from, fingerprint, ends_at_ack, span));
+        // SAFETY: written just above.
+        unsafe { slot.assume_init() }
+    }
+
     /// A slot; `track_from` starts its ACK lifecycle at SENT.
     pub(crate) fn new(
         track_from: Option<Timestamp>,
@@ -228,6 +245,7 @@ impl<R> AskSlot<R> {
             .is_none_or(|ours| fingerprint == Some(ours))
     }
 
+    #[inline]
     fn ack(&self, stage: AckStage, now: impl FnOnce() -> Timestamp) {
         let mut inner = self.inner.lock();
         let first = !inner.acked;
@@ -280,6 +298,7 @@ impl<R> AskSlot<R> {
     }
 
     /// Records the terminal `pick` chooses from the stage the ask reached.
+    #[inline]
     fn record_terminal_after(&self, pick: impl FnOnce(AckStage) -> AckStage, now: Timestamp) {
         let mut inner = self.inner.lock();
         let waker = inner.stages.as_mut().and_then(|log| {
@@ -318,6 +337,7 @@ impl<R> AskSlot<R> {
 
     /// Stores `event` unless one is already waiting or the slot is closed;
     /// wakes the handle.
+    #[inline]
     pub(crate) fn offer(&self, event: SlotEvent<R>) -> Offered<R> {
         let waker = {
             let mut inner = self.inner.lock();
@@ -374,6 +394,7 @@ impl<R> AskSlot<R> {
     }
 
     /// Takes what arrived since the last call and registers `waker`.
+    #[inline]
     pub(crate) fn take(&self, waker: &Waker) -> Arrivals<R> {
         let mut inner = self.inner.lock();
         match &inner.waker {
@@ -584,6 +605,7 @@ impl<R> PendingMap<R> {
 
     /// Enters `slot` under `id`; false (and nothing changes) if `id` is
     /// already pending.
+    #[inline]
     pub(crate) fn insert_new(&self, id: RequestId, slot: &Arc<AskSlot<R>>) -> bool {
         match self.shard(id).entry(id) {
             std::collections::hash_map::Entry::Occupied(_) => false,
@@ -596,16 +618,12 @@ impl<R> PendingMap<R> {
         }
     }
 
+    #[inline]
     pub(crate) fn get(&self, id: RequestId) -> Option<Arc<AskSlot<R>>> {
         self.shard(id).get(&id).cloned()
     }
 
-    /// The slot pending under `id`, held weakly (no strong count taken and
-    /// given back).
-    pub(crate) fn downgrade(&self, id: RequestId) -> Option<Weak<AskSlot<R>>> {
-        self.shard(id).get(&id).map(Arc::downgrade)
-    }
-
+    #[inline]
     pub(crate) fn remove(&self, id: RequestId) {
         // Dropped outside the lock.
         let slot = {
@@ -742,10 +760,11 @@ impl<M, R> CallerSide<M, R> {
     /// [`deliver_direct`](Self::deliver_direct) of an Ack (`stage`
     /// RECEIVED) or a Read (READ), which every slot of their ids answers:
     /// `frame` makes the frame only if it is routed.
+    #[inline]
     pub(crate) fn stage_direct(
         &self,
         slot: &AskSlot<R>,
-        ids: AskIds,
+        ids: &AskIds,
         stage: AckStage,
         now: Option<Timestamp>,
         frame: impl FnOnce(AskIds) -> ToCaller<R>,
@@ -757,17 +776,18 @@ impl<M, R> CallerSide<M, R> {
             return;
         }
         if !slot.pending.load(Ordering::Relaxed) {
-            return self.deliver(frame(ids));
+            return self.deliver(frame(*ids));
         }
         slot.ack(stage, || now.unwrap_or_else(|| self.clock.now()));
     }
 
     /// [`deliver_direct`](Self::deliver_direct) of a reply, the frame made
     /// only if it is routed.
+    #[inline]
     pub(crate) fn reply_direct(
         &self,
         slot: &AskSlot<R>,
-        ids: AskIds,
+        ids: &AskIds,
         outcome: Outcome<R>,
         fingerprint: Option<PayloadFingerprint>,
     ) where
@@ -779,7 +799,7 @@ impl<M, R> CallerSide<M, R> {
         }
         if !slot.pending.load(Ordering::Relaxed) || !slot.answers_outcome(fingerprint) {
             return self.deliver(ToCaller::Reply {
-                ids,
+                ids: *ids,
                 outcome,
                 fingerprint,
             });
@@ -789,15 +809,16 @@ impl<M, R> CallerSide<M, R> {
 
     /// Offers a reply to the slot of its ask: reconciled if the ask timed
     /// out (its slot closed), counted as ignored if it is a duplicate.
+    #[inline]
     fn offer_reply(
         &self,
         slot: &AskSlot<R>,
-        ids: AskIds,
+        ids: &AskIds,
         outcome: Outcome<R>,
         fingerprint: Option<PayloadFingerprint>,
     ) {
         match slot.offer(SlotEvent::Reply(outcome)) {
-            Offered::Closed(event) => self.reconcile_event(ids, fingerprint, event),
+            Offered::Closed(event) => self.reconcile_event(*ids, fingerprint, event),
             Offered::Taken => {}
             Offered::Duplicate => self.ignored(),
         }
@@ -1040,7 +1061,7 @@ impl<M, R> CallerSide<M, R> {
                 outcome,
                 fingerprint,
                 ..
-            } => return self.offer_reply(slot, ids, outcome, fingerprint),
+            } => return self.offer_reply(slot, &ids, outcome, fingerprint),
             // The slot of a timed-out ask is closed: the refusal of an
             // attempt is handed back, and dropped (nothing was done).
             ToCaller::Refused { error, .. } => {

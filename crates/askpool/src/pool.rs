@@ -430,24 +430,34 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// [`send_about`](Self::send_about) for an Ack (`RECEIVED`) or a Read
     /// (`READ`), which carry nothing but the ids: delivered into the ask's
     /// slot without making the frame, when it goes there.
-    fn stage_about(&self, request: &Admitted, stage: AckStage, now: Option<Timestamp>) {
-        let ids = request.meta.ids;
+    /// `local` is the ask's slot where the caller has it at hand already.
+    #[inline]
+    fn stage_about(
+        &self,
+        request: &Admitted,
+        stage: AckStage,
+        now: Option<Timestamp>,
+        local: Option<LocalSlot<'_, M, R>>,
+    ) {
+        let ids = &request.meta.ids;
         let frame = |ids| match stage {
             AckStage::Read => ToCaller::Read { ids },
             _ => ToCaller::Ack { ids },
         };
         let batched = self.config.batch_acks && stage != AckStage::Read;
-        if let Some((slot, caller)) = (!batched).then(|| self.local_slot_of(request)).flatten() {
+        let local = || local.or_else(|| self.local_slot_of(request));
+        if let Some((slot, caller)) = (!batched).then(local).flatten() {
             telemetry::ack_sent(stage, None);
             caller.stage_direct(&slot, ids, stage, now, frame);
             return;
         }
-        self.send(frame(ids));
+        self.send(frame(*ids));
     }
 
     /// [`send_about`](Self::send_about) for the reply to `request`:
     /// offered to the ask's slot without making the frame, when it goes
     /// there.
+    #[inline]
     fn reply_about(&self, request: &Admitted, outcome: Outcome<R>) {
         let meta = &request.meta;
         if let Some((slot, caller)) = self.local_slot_of(request) {
@@ -455,7 +465,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 AckStage::terminal_for_outcome(&outcome),
                 outcome.as_ref().err().map(AskError::code),
             );
-            caller.reply_direct(&slot, meta.ids, outcome, meta.fingerprint);
+            caller.reply_direct(&slot, &meta.ids, outcome, meta.fingerprint);
             return;
         }
         self.send(ToCaller::Reply {
@@ -466,14 +476,13 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     }
 
     /// The pending slot of the ask that sent `ids`, if it is this node's
-    /// own (see `local_caller`).
-    fn local_slot(&self, ids: &AskIds) -> Option<Weak<dyn Any + Send + Sync>> {
+    /// own (see `local_caller`), and this node's caller side.
+    fn local_slot(&self, ids: &AskIds) -> Option<LocalSlot<'_, M, R>> {
         let (caller_id, caller) = self.local_caller.as_ref()?;
         if ids.caller_id != *caller_id {
             return None;
         }
-        let slot: Weak<dyn Any + Send + Sync> = caller.pending.downgrade(ids.request_id)?;
-        Some(slot)
+        Some((caller.pending.get(ids.request_id)?, caller))
     }
 
     /// Counts a frame sent back to a caller (`askpool_acks_sent_total`).
@@ -513,7 +522,9 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// hears only whether it was accepted: an Ack, or the error that refused
     /// it, so that a refused tell is never lost silently.
     fn admit(&self, env: Envelope<M>) {
-        let Envelope { meta, payload } = env;
+        // The envelope is read where it lies and its meta moved once, into
+        // the request: each move of it on the way is a copy of its bytes.
+        let meta = &env.meta;
         let ids = meta.ids;
         // Loaded while the request is built (an allocation, the caller's
         // slot, a clock read): a new id's bucket is a cache miss.
@@ -537,11 +548,17 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let expects_reply = meta.expects_reply;
         // Built before the table is consulted, so that a new entry can hold
         // it; a duplicate (rare) drops it again.
+        // Found here once: the request keeps it weakly, and its Ack goes
+        // to it from here, not found again from there.
+        let local = self.local_slot(&ids);
+        let reply_to =
+            (local.as_ref()).map(|(slot, _)| Arc::downgrade(slot) as Weak<dyn Any + Send + Sync>);
         let request = Arc::new(Admitted {
-            meta,
+            meta: env.meta,
             cancel: CancelSignal::default(),
-            reply_to: self.local_slot(&ids),
+            reply_to,
         });
+        let payload = env.payload;
         // Read here, not taken from the caller: its reading comes before
         // the payload's clone and the breaker's lock (time a processing
         // deadline and the RECEIVED stage must not lose).
@@ -558,7 +575,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
         let answer = match action {
             InboundAction::RunHandlerAndAck => {
                 self.counters.admitted.add(1);
-                self.stage_about(&request, AckStage::Received, Some(now));
+                self.stage_about(&request, AckStage::Received, Some(now), local);
                 self.enqueue(WorkItem { request, payload });
                 return;
             }
@@ -787,7 +804,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     pub(crate) fn read(&self, request: &Admitted) {
         let meta = &request.meta;
         if meta.expects_reply {
-            self.stage_about(request, AckStage::Read, None);
+            self.stage_about(request, AckStage::Read, None, None);
         }
     }
 

@@ -55,15 +55,18 @@ pub(crate) struct WorkerWake {
 }
 
 impl WorkerWake {
+    #[inline]
     pub(crate) fn register(&self, waker: &Waker) {
         self.waker.register(waker);
     }
 
     /// Takes this wake-up for one wait; false if another wait has it.
+    #[inline]
     pub(crate) fn claim(&self) -> bool {
         !self.claimed.swap(true, Ordering::Acquire)
     }
 
+    #[inline]
     pub(crate) fn release(&self) {
         self.claimed.store(false, Ordering::Release);
     }
@@ -213,6 +216,7 @@ impl QueueSignal {
 
     /// Enlists `me` (its waker registered) for this queue's next push. The
     /// caller looks at the queue once more afterwards.
+    #[inline]
     pub(crate) fn enlist(&self, me: &Arc<WorkerWake>) {
         if self.is_owner(me) {
             self.owner_waiting.store(true, Ordering::SeqCst);
@@ -252,6 +256,7 @@ impl QueueSignal {
     /// pick (a re-poll between its two looks) and so hid it. Whether a pick
     /// happened cannot be told reliably from here, so any work left wakes
     /// someone: at worst a spare wake-up while the queue is busy.
+    #[inline]
     pub(crate) fn finish_wait(&self, me: &Arc<WorkerWake>) {
         if self.is_owner(me) {
             self.owner_waiting.store(false, Ordering::SeqCst);

@@ -35,6 +35,7 @@ pub fn shard_count() -> usize {
 /// The calling thread's shard among `count` (a power of two): threads are
 /// numbered in the order they first ask, so the runtime's few threads get
 /// different shards.
+#[inline]
 pub fn thread_shard(count: usize) -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
@@ -154,6 +155,9 @@ pub struct StripedCounter {
 }
 
 impl StripedCounter {
+    /// Inline: counted on every request, from generic code compiled in the
+    /// user's crate (where a plain function is not inlined).
+    #[inline]
     pub fn add(&self, n: i64) {
         self.stripes.mine().fetch_add(n, Ordering::Relaxed);
     }

@@ -150,10 +150,12 @@ pub(crate) fn describe() {
 }
 
 /// A frame a pool sent back; `code` is the error code of an error reply.
+#[inline]
 pub(crate) fn ack_sent(stage: AckStage, code: Option<ErrorCode>) {
     increment(&keys().acks_sent[stage_index(stage) * OUTCOMES + outcome_index(code)]);
 }
 
+#[inline]
 pub(crate) fn stage_duration(stage: AckStage, since_previous: Duration) {
     record(
         &keys().stage_duration[stage_index(stage)],
@@ -161,6 +163,7 @@ pub(crate) fn stage_duration(stage: AckStage, since_previous: Duration) {
     );
 }
 
+#[inline]
 pub(crate) fn end_to_end(error: Option<&AskError>, latency: Duration) {
     let index = outcome_index(error.map(AskError::code));
     record(&keys().end_to_end[index], latency.as_secs_f64());
@@ -174,6 +177,7 @@ pub(crate) fn end_to_end(error: Option<&AskError>, latency: Duration) {
     }
 }
 
+#[inline]
 pub(crate) fn pending(delta: f64) {
     gauge!("askpool_pending_acks").increment(delta);
 }

@@ -249,6 +249,7 @@ pub(crate) async fn next_request<M: Send + 'static, R: Clone + Send + 'static>(
 }
 
 /// This worker's own queue first, then the pool's.
+#[inline]
 fn try_take<M: Send + 'static, R: Clone + Send + 'static>(
     pool: &PoolShared<M, R>,
     own: Option<&WorkerInbox<M>>,
