@@ -63,8 +63,9 @@ def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
     if isinstance(exc, AskpoolError):
         try:
             found = exc.code
-        except BaseException:  # noqa: BLE001 - a property that raises: no code
+        except BaseException as e:  # noqa: BLE001 - a property that raises: no code
             found = None
+            _leave_if_exit(e)
         # A subclass may set anything there (an Enum, a number): only a
         # string names a code; anything else is a plain handler error.
         code = found if isinstance(found, str) else None
@@ -73,14 +74,28 @@ def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
         message = str(exc)
     except BaseException as e:  # noqa: BLE001 - the handler's error wins
         message = f"<str() failed: {type(e).__name__}>"
-        if isinstance(e, _LEAVES_THE_LOOP):
-            # A Ctrl-C (or an exit) that struck while the message was
-            # made: the handler's error is still answered, and the
-            # interrupt still leaves the loop, as from any task.
-            _leave_the_loop(e)
-    if not isinstance(message, str):  # a str subclass's __str__ may cheat
-        message = "<str() gave no string>"
-    return (_valid_text(name), _valid_text(message), code)
+        _leave_if_exit(e)
+    return (_valid_text(_exact_str(name)), _valid_text(_exact_str(message)), code)
+
+
+def _exact_str(text: object) -> str:
+    """``text`` as a plain ``str``: the methods of a ``str`` subclass,
+    which ``_valid_text`` calls, may raise or cheat; ``str.__str__``
+    copies its characters without calling any of them."""
+    if type(text) is str:
+        return text
+    if isinstance(text, str):
+        return str.__str__(text)
+    return "<str() gave no string>"
+
+
+def _leave_if_exit(exc: BaseException) -> None:
+    """A ``KeyboardInterrupt`` or ``SystemExit`` that struck while a
+    handler's error was described (its ``__str__``, its ``code``, a
+    Ctrl-C at that moment): the error is still answered, and the interrupt
+    still leaves the loop, as from any task."""
+    if isinstance(exc, _LEAVES_THE_LOOP):
+        _leave_the_loop(exc)
 
 
 def _valid_text(text: str) -> str:
@@ -130,7 +145,8 @@ def _answer_failure(reply: _native.Reply, exc: BaseException) -> None:
             reply.cancelled()
         else:
             reply.error(*described)
-    except BaseException:  # noqa: BLE001 - answered below, by type alone
+    except BaseException as e:  # noqa: BLE001 - answered below, by type alone
+        _leave_if_exit(e)
         try:
             reply.error(_valid_text(type(exc).__name__), "<the exception could not be described>")
         except BaseException:  # noqa: BLE001 - already answered

@@ -239,11 +239,31 @@ class _StrExits(Exception):
         raise SystemExit(3)
 
 
+class _CodeExits(askpool.AskpoolError):
+    @property
+    def code(self) -> str:  # type: ignore[override]  # read-only over an attribute
+        raise SystemExit(3)
+
+
+class _ExitingText(str):
+    def isascii(self) -> bool:
+        raise SystemExit(3)
+
+
+class _StrGivesExitingText(Exception):
+    def __str__(self) -> str:
+        return _ExitingText("over quota")
+
+
 @pytest.mark.parametrize("awaits", [False, True])
 @pytest.mark.parametrize(
     "raised, answer",
-    [(SystemExit, ("SystemExit", "")), (_StrExits, ("_StrExits", "<str() failed: SystemExit>"))],
-    ids=["raised", "from-str"],
+    [
+        (SystemExit, ("SystemExit", "")),
+        (_StrExits, ("_StrExits", "<str() failed: SystemExit>")),
+        (_CodeExits, ("_CodeExits", "")),
+    ],
+    ids=["raised", "from-str", "from-code"],
 )
 def test_system_exit_in_a_handler_leaves_the_loop_as_in_any_task(
     awaits: bool, raised: type[BaseException], answer: tuple[str, str]
@@ -252,9 +272,9 @@ def test_system_exit_in_a_handler_leaves_the_loop_as_in_any_task(
     # the loop; a handler's does the same whether or not it awaited (after
     # its caller got its answer), instead of becoming a reply and nothing
     # else. SystemExit stands for KeyboardInterrupt, which pytest traps.
-    # "from-str": one raised while the handler's error is described (a
-    # Ctrl-C striking in its __str__), which was taken for the message's
-    # failure and lost.
+    # "from-str", "from-code": one raised while the handler's error is
+    # described (a Ctrl-C striking in its __str__ or its code property),
+    # which was taken for that part's failure and lost.
     answered: list[askpool.HandlerError] = []
 
     async def main() -> None:
@@ -467,15 +487,26 @@ class _StrRaisesBase(Exception):
 
 @pytest.mark.parametrize("awaits", [False, True])
 @pytest.mark.parametrize(
-    "make", [_EnumCoded, _CodeRaises, _StrRaisesBase], ids=["enum-code", "code-raises", "str-raises"]
+    "make, message",
+    [
+        (_EnumCoded, "over quota"),
+        (_CodeRaises, "over quota"),
+        (_StrRaisesBase, "<str() failed: _Stop>"),
+        (_StrGivesExitingText, "over quota"),
+    ],
+    ids=["enum-code", "code-raises", "str-raises", "str-subclass-raises"],
 )
 async def test_an_exception_hard_to_describe_still_answers_and_the_slot_goes_on(
-    make: Callable[[str], BaseException], awaits: bool
+    make: Callable[[str], BaseException], message: str, awaits: bool
 ) -> None:
     # Before: after an await, describing such an exception raised in the
     # slot's task, which ended holding the request: it and every later
     # request of the slot timed out. Before any await, the caller got an
-    # InternalError about a type cast.
+    # InternalError about a type cast. "str-subclass-raises": a __str__
+    # that returns a str subclass whose own methods raise (an exit): its
+    # characters are copied without calling them (before, the exit escaped
+    # the description: a placeholder message or an InternalError, and the
+    # exit lost).
     async with Node() as node:
         pool = node.pool("odd", concurrency=1)
 
@@ -489,7 +520,7 @@ async def test_an_exception_hard_to_describe_still_answers_and_the_slot_goes_on(
 
         with pytest.raises(askpool.HandlerError) as info:
             await node.ask("odd", "raise", timeout=2)
-        assert info.value.type_name == make.__name__
+        assert (info.value.type_name, info.value.message) == (make.__name__, message)
         for i in range(3):
             assert await node.ask("odd", i, timeout=2) == i
 

@@ -307,6 +307,40 @@ fn find_python(version: &str) -> Option<PathBuf> {
         .map(|e| e.path().join("bin").join(&named))
         .filter(|p| crate::succeeds(p, &["-c", "import venv"]))
         .collect();
-    found.sort();
+    // The newest patch release: by number (3.9.10 after 3.9.9), not by text.
+    found.sort_by_key(|p| patch_of(p));
     found.pop()
+}
+
+/// The patch number of a pyenv interpreter at `versions/X.Y.PATCH/bin/..`.
+fn patch_of(interpreter: &Path) -> u32 {
+    let version = interpreter
+        .ancestors()
+        .nth(2)
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    version
+        .rsplit('.')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_pyenv_patch_release_is_picked_by_number() {
+        let mut found: Vec<PathBuf> = ["3.9.9", "3.9.10", "3.9.2"]
+            .iter()
+            .map(|v| PathBuf::from(format!("/p/versions/{v}/bin/python3.9")))
+            .collect();
+        found.sort_by_key(|p| patch_of(p));
+        assert_eq!(
+            found.pop(),
+            Some(PathBuf::from("/p/versions/3.9.10/bin/python3.9"))
+        );
+    }
 }

@@ -6,8 +6,8 @@
 //! reentrancy barrier and its argument conversions, about 150 ns of a
 //! 190 ns call here, where the same call through N-API alone costs about
 //! 40 ns. A class method costs more still (unwrapping its instance, checking
-//! its type tag). Their TypeScript declarations are `native-fast.d.ts`, the
-//! header of the generated `native.d.ts`.
+//! its type tag). Their TypeScript declarations are `node/native-header.d.ts`,
+//! the header of the generated `native.d.ts`.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
