@@ -359,21 +359,21 @@ test('a handler giving up on its cancel (throwing what ctx.signal carries) answe
   await node.close();
 });
 
-test("a handler's cancel: signal aborted when first read, cancelled kept once seen", async () => {
-  const node = new Node();
+// Asks a handler that waits on a gate, cancels the ask while it waits,
+// then opens the gate: `look(ctx)` is what the handler reads after it.
+// Returns the handle, the handler's ctx and what `look` gave.
+async function cancelWhileRunning(node, look) {
   let release;
   const gate = new Promise((resolve) => {
     release = resolve;
   });
-  let ctxOf;
-  const seen = {};
+  let ctx;
+  let seen;
   const ended = new Promise((resolve) => {
-    node.pool('slow').handle(async (msg, ctx) => {
-      ctxOf = ctx;
+    node.pool('slow').handle(async (msg, c) => {
+      ctx = c;
       await gate;
-      // Cancelled while waiting: both say so at once.
-      seen.cancelled = ctx.cancelled;
-      seen.aborted = ctx.signal.aborted;
+      seen = look(c);
       resolve();
       return 'late';
     });
@@ -385,10 +385,20 @@ test("a handler's cancel: signal aborted when first read, cancelled kept once se
   await tick();
   release();
   await ended;
+  return { handle, ctx, seen };
+}
+
+test("a handler's cancel: signal aborted when first read, cancelled kept once seen", async () => {
+  const node = new Node();
+  // Cancelled while waiting: both say so at once.
+  const { ctx, seen } = await cancelWhileRunning(node, (c) => ({
+    cancelled: c.cancelled,
+    aborted: c.signal.aborted,
+  }));
   assert.deepEqual(seen, { cancelled: true, aborted: true });
   await tick();
   // After the handler ended: still cancelled, as it saw.
-  assert.equal(ctxOf.cancelled, true);
+  assert.equal(ctx.cancelled, true);
   await node.close();
 });
 
@@ -396,34 +406,13 @@ test("a handler's cancel, seen through ctx.cancelled only (no signal): still can
   // No signal read: nothing but the memo of what ctx.cancelled saw keeps it
   // true once the request has left the addon.
   const node = new Node();
-  let release;
-  const gate = new Promise((resolve) => {
-    release = resolve;
-  });
-  let ctxOf;
-  let seen;
-  const ended = new Promise((resolve) => {
-    node.pool('slow').handle(async (msg, ctx) => {
-      ctxOf = ctx;
-      await gate;
-      seen = ctx.cancelled;
-      resolve();
-      return 'late';
-    });
-  });
-  const handle = node.askHandle('slow', 1);
-  handle.result.catch(() => {});
-  await tick();
-  handle.cancel();
-  await tick();
-  release();
-  await ended;
+  const { handle, ctx, seen } = await cancelWhileRunning(node, (c) => c.cancelled);
   assert.equal(seen, true, 'cancelled while running');
   await assert.rejects(handle.result, { code: 'ASK_CANCELLED' });
   await tick();
   await tick();
   // After the handler ended: still cancelled, as it saw.
-  assert.equal(ctxOf.cancelled, true);
+  assert.equal(ctx.cancelled, true);
   await node.close();
 });
 

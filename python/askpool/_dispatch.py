@@ -90,10 +90,11 @@ def _exact_str(text: object) -> str:
 
 
 def _leave_if_exit(exc: BaseException) -> None:
-    """A ``KeyboardInterrupt`` or ``SystemExit`` that struck while a
-    handler's error was described (its ``__str__``, its ``code``, a
-    Ctrl-C at that moment): the error is still answered, and the interrupt
-    still leaves the loop, as from any task."""
+    """Lets ``exc`` leave the loop if it is a ``KeyboardInterrupt`` or
+    ``SystemExit`` (the handler's own, or one that struck while its error
+    was described: its ``__str__``, its ``code``, a Ctrl-C at that moment):
+    the request is still answered first, and the interrupt leaves the loop
+    as from any task."""
     if isinstance(exc, _LEAVES_THE_LOOP):
         _leave_the_loop(exc)
 
@@ -119,8 +120,7 @@ def failure(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
     """The description of the exception of a handler that raised before
     awaiting (answered by the extension). A ``SystemExit`` or
     ``KeyboardInterrupt`` then leaves the loop, as from any task."""
-    if isinstance(exc, _LEAVES_THE_LOOP):
-        _leave_the_loop(exc)
+    _leave_if_exit(exc)
     return _describe(exc)
 
 

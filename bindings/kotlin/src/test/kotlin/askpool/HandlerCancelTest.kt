@@ -48,19 +48,11 @@ class HandlerCancelTest {
     @Test
     fun `a handler's own withTimeout after its pool closed is still a handler failure`() = runBlocking {
         Node().use { node ->
-            val started = CompletableDeferred<Unit>()
-            val poolClosed = CompletableDeferred<Unit>()
-            val pool = node.pool("p") { _, ctx ->
-                started.complete(Unit)
-                poolClosed.await()
+            val h = node.closeWhileRunning { ctx ->
                 // Told of the close, not cancelled: a reply still reaches the caller.
                 assertTrue(ctx.isCancelled)
                 withTimeout(1) { delay(10_000) }
             }
-            val h = node.send("p", "x", AskOptions(timeout = 30.seconds))
-            withTimeout(10.seconds) { started.await() }
-            pool.close()
-            poolClosed.complete(Unit)
             val e = failure { h.await() }
             assertTrue(e is AskException.HandlerFailed, e.toString())
             assertTrue((e as AskException.HandlerFailed).typeName.contains("TimeoutCancellationException"), e.typeName)
@@ -73,22 +65,33 @@ class HandlerCancelTest {
         // ever waits on `cancelled()` (so no signal existed to complete):
         // the wait must see the mark, not wait for a signal never sent.
         Node().use { node ->
-            val started = CompletableDeferred<Unit>()
-            val poolClosed = CompletableDeferred<Unit>()
-            val pool = node.pool("p") { _, ctx ->
-                started.complete(Unit)
-                poolClosed.await()
+            val h = node.closeWhileRunning { ctx ->
                 assertTrue(ctx.isCancelled)
                 withTimeout(5.seconds) { ctx.cancelled() }
                 "told"
             }
-            val h = node.send("p", "x", AskOptions(timeout = 30.seconds))
-            withTimeout(10.seconds) { started.await() }
-            pool.close()
-            poolClosed.complete(Unit)
             // A close does not interrupt a handler: its reply still arrives.
             assertEquals("told", withTimeout(10.seconds) { h.await() })
         }
+    }
+
+    /**
+     * Asks pool "p", whose handler waits until the pool is closed and then
+     * runs [after]; returns the ask's handle once the pool is closed.
+     */
+    private suspend fun Node.closeWhileRunning(after: suspend (RequestContext) -> Any?): AskHandle {
+        val started = CompletableDeferred<Unit>()
+        val poolClosed = CompletableDeferred<Unit>()
+        val pool = pool("p") { _, ctx ->
+            started.complete(Unit)
+            poolClosed.await()
+            after(ctx)
+        }
+        val h = send("p", "x", AskOptions(timeout = 30.seconds))
+        withTimeout(10.seconds) { started.await() }
+        pool.close()
+        poolClosed.complete(Unit)
+        return h
     }
 
     /** Holds the thread of its first dispatch (the event thread, below) until [gate] opens. */
