@@ -379,3 +379,90 @@ async fn processing_timeouts_end_timed_out_and_accepted_asks_cut_short_failed() 
         vec![Sent, Received, Failed]
     );
 }
+
+/// A relay streams its asks one after another, each from SENT to its
+/// terminal stage, and ends once it has ended; opened late it keeps only
+/// the most recent `MAX_RELAYED_ASKS` asks (a request asked again for an
+/// hour keeps no more), and a second stream while one is open ends at once.
+#[tokio::test(start_paused = true)]
+async fn a_relay_streams_its_asks_in_turn_and_keeps_a_bounded_number() {
+    use askpool::{StageRelay, MAX_RELAYED_ASKS};
+    use AckStage::*;
+    let node = node();
+    node.pool("p")
+        .handler(|n: u64, _ctx| async move {
+            if n % 2 == 0 {
+                Ok(n.to_string())
+            } else {
+                Err(AskError::handler_failed("Odd", "odd"))
+            }
+        })
+        .unwrap();
+
+    let relay = StageRelay::new();
+    let mut live = relay.open();
+    assert!(relay.open().next().await.is_none(), "one stream at a time");
+    for n in 0..2 {
+        let h = node.ask("p", n).send();
+        relay.relay(&h);
+        let _ = h.await;
+    }
+    relay.end();
+    let mut seen = Vec::new();
+    while let Some(e) = live.next().await {
+        seen.push(e.stage);
+    }
+    assert_eq!(
+        seen,
+        vec![Sent, Received, Read, Fulfilled, Sent, Received, Read, Failed]
+    );
+    drop(live);
+
+    let relay = StageRelay::new();
+    let asks = MAX_RELAYED_ASKS as u64 + 4;
+    for n in 0..asks {
+        let h = node.ask("p", n * 2).send();
+        relay.relay(&h);
+        h.await.unwrap();
+    }
+    relay.end();
+    let late: Vec<AckStage> = relay.source().open().map(|e| e.stage).collect().await;
+    assert_eq!(late.len(), MAX_RELAYED_ASKS * 4, "{late:?}");
+    assert_eq!(
+        late.iter().filter(|s| **s == Sent).count(),
+        MAX_RELAYED_ASKS
+    );
+    // Dropped, its stream lets the next one start again from the record.
+    let again: Vec<AckStage> = relay.open().map(|e| e.stage).collect().await;
+    assert_eq!(again, late);
+}
+
+/// A relay's stream waits for the ask being relayed, and for the next ask
+/// until the relay ends: it neither ends early nor hangs after the end.
+#[tokio::test(start_paused = true)]
+async fn a_relay_stream_waits_for_asks_to_come_and_ends_after_the_last() {
+    use askpool::StageRelay;
+    use AckStage::*;
+    let node = node();
+    node.pool("p")
+        .handler(|n: u64, _ctx| async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok(n.to_string())
+        })
+        .unwrap();
+    let relay = StageRelay::new();
+    let reader = tokio::spawn(relay.open().map(|e| e.stage).collect::<Vec<_>>());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let h = node.ask("p", 1).send();
+    relay.relay(&h);
+    h.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!reader.is_finished(), "the relay has not ended");
+    relay.end();
+    assert_eq!(reader.await.unwrap(), vec![Sent, Received, Read, Fulfilled]);
+    // Asks relayed after the end are not streamed.
+    let h = node.ask("p", 2).send();
+    relay.relay(&h);
+    h.await.unwrap();
+    assert_eq!(relay.open().count().await, 4);
+}

@@ -37,7 +37,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use askpool::{AskError, Node, PoolName, RequestId};
+use std::sync::Arc;
+
+use askpool::{AskError, Node, PoolName, RequestId, StageRelay, StageSource, StageStream};
 use tokio::runtime::Handle;
 
 use crate::facade::{Claim, DurablePromises};
@@ -97,15 +99,16 @@ impl Durable for String {
 /// polled in a tokio runtime, as any ask.
 pub struct DurableHandle<R> {
     id: String,
-    inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>>,
+    inner: Outcome<R>,
+    /// The stages of the asks this handle makes; ended with the handle.
+    stages: Arc<StageRelay<R>>,
 }
 
+type Outcome<R> = Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>>;
+
 impl<R: Send + 'static> DurableHandle<R> {
-    fn ready(id: String, outcome: Result<R, AskError>) -> Self {
-        Self {
-            id,
-            inner: Box::pin(async move { outcome }),
-        }
+    fn new(id: String, inner: Outcome<R>, stages: Arc<StageRelay<R>>) -> Self {
+        Self { id, inner, stages }
     }
 }
 
@@ -114,12 +117,43 @@ impl<R> DurableHandle<R> {
     pub fn id(&self) -> &str {
         &self.id
     }
+
+    /// The stages of the asks this handle makes, one ask after another:
+    /// SENT to a terminal stage for the first ask, then the same for each
+    /// ask made again after a transient failure (a timeout, an unavailable
+    /// or missing pool), and the end of the stream once the handle has its
+    /// outcome (or is dropped). None when the outcome was already in the
+    /// store, nor while this handle only waits for an ask of the same id
+    /// made through another handle. One stream at a time (see
+    /// [`StageStream`]); empty when the node does not track stages.
+    pub fn stages(&self) -> StageStream<R> {
+        self.stages.open()
+    }
+
+    /// What opens [`stages`](Self::stages) later, even after this handle is
+    /// gone (see [`StageRelay`] for what it keeps).
+    pub fn stage_source(&self) -> StageSource<R> {
+        self.stages.source()
+    }
 }
 
 impl<R> Future for DurableHandle<R> {
     type Output = Result<R, AskError>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+        let outcome = self.inner.as_mut().poll(cx);
+        if outcome.is_ready() {
+            // Every ask it made was relayed before its outcome was known.
+            self.stages.end();
+        }
+        outcome
+    }
+}
+
+impl<R> Drop for DurableHandle<R> {
+    fn drop(&mut self) {
+        // A detached ask goes on, but this handle's stream stops after the
+        // ask it is reading.
+        self.stages.end();
     }
 }
 
@@ -228,7 +262,9 @@ where
         // (an object changed after the ask, or one the encoding does not
         // keep, a JS Date, would run otherwise as it was never stored).
         let runtime = Handle::try_current().ok();
-        Ok(resume(self, promises, id, created.promise, runtime))
+        let (key, stages) = (id.to_string(), StageRelay::new());
+        let inner = resume(self, promises, id, created.promise, runtime, &stages);
+        Ok(DurableHandle::new(key, inner, stages))
     }
 
     fn await_durable(
@@ -245,7 +281,13 @@ where
         // Where the ask would run is where this was called (see `resume`),
         // not where the handle is polled.
         let runtime = Handle::try_current().ok();
-        let (node, promises, key) = (self.clone(), promises.clone(), id.clone());
+        let stages = StageRelay::new();
+        let (node, promises, key, relay) = (
+            self.clone(),
+            promises.clone(),
+            id.clone(),
+            Arc::clone(&stages),
+        );
         let inner = async move {
             let promise = promises.current(&key).await?;
             // Someone else's promise would be read as an outcome, or asked
@@ -255,12 +297,9 @@ where
                     message: format!("promise {key} was not made by a durable ask"),
                 });
             }
-            resume(&node, &promises, request_id, promise, runtime).await
+            resume(&node, &promises, request_id, promise, runtime, &relay).await
         };
-        Ok(DurableHandle {
-            id,
-            inner: Box::pin(inner),
-        })
+        Ok(DurableHandle::new(id, Box::pin(inner), stages))
     }
 }
 
@@ -270,26 +309,28 @@ fn is_durable_ask(p: &Promise) -> bool {
 }
 
 /// Answers from a settled promise, or (re-)sends the ask and records it,
-/// on `runtime` if there is one.
+/// on `runtime` if there is one, relaying its asks' stages to `stages`.
 fn resume<M, R>(
     node: &Node<M, R>,
     promises: &DurablePromises,
     id: RequestId,
     promise: Promise,
     runtime: Option<Handle>,
-) -> DurableHandle<R>
+    stages: &Arc<StageRelay<R>>,
+) -> Outcome<R>
 where
     M: Durable + Clone + Send + 'static,
     R: Durable + Clone + Send + 'static,
 {
     let key = id.to_string();
     if promise.state.is_settled() {
-        return DurableHandle::ready(key, outcome_of(&promise));
+        let outcome = outcome_of(&promise);
+        return Box::pin(async move { outcome });
     }
     let pool = promise.tags.get(POOL_TAG).cloned().unwrap_or_default();
     let msg = match M::from_bytes(&promise.param) {
         Ok(msg) => msg,
-        Err(message) => return DurableHandle::ready(key, Err(AskError::DecodeFailure { message })),
+        Err(message) => return Box::pin(async move { Err(AskError::DecodeFailure { message }) }),
     };
     let size = promise.param.len();
     let ask = DurableAskOf {
@@ -299,6 +340,7 @@ where
         pool,
         msg,
         size,
+        stages: Arc::clone(stages),
     };
     // The first await of an id (a new durable ask, a restarted caller's)
     // runs on the runtime whether or not its handle is still awaited: a
@@ -312,7 +354,7 @@ where
     // promise settled (an hour by default). If it gets to ask after all
     // (the other ask ended without an outcome), the ask itself is
     // detached as the first one is.
-    let inner: Pin<Box<dyn Future<Output = Result<R, AskError>> + Send>> = match runtime {
+    match runtime {
         Some(runtime) if !promises.is_claimed(&key) => {
             let task = runtime.spawn(ask_and_record(ask, false));
             Box::pin(async move { joined(task.await) })
@@ -320,8 +362,7 @@ where
         Some(_) => Box::pin(ask_and_record(ask, true)),
         // Outside a runtime the handle drives the ask, as any ask.
         None => Box::pin(ask_and_record(ask, false)),
-    };
-    DurableHandle { id: key, inner }
+    }
 }
 
 /// Everything a durable ask needs to ask (again).
@@ -333,6 +374,8 @@ struct DurableAskOf<M, R> {
     pool: String,
     msg: M,
     size: usize,
+    /// Where its asks' stages go (its handle's stream).
+    stages: Arc<StageRelay<R>>,
 }
 
 fn joined<R>(joined: Result<Result<R, AskError>, tokio::task::JoinError>) -> Result<R, AskError> {
@@ -426,6 +469,7 @@ where
         .payload_size(ask.size)
         .on_replay_outcome(recorder(&ask.promises, &key))
         .send();
+    ask.stages.relay(&asking);
     let outcome = loop {
         tokio::select! {
             outcome = &mut asking => break outcome,

@@ -29,7 +29,8 @@ use crate::breakers::{Permit, Verdict};
 use crate::dlq::{self, DeadLetter, DeadLetterReason};
 use crate::expiry::ExpiryKey;
 use crate::node::{Node, NodeShared};
-use crate::pending::{Arrivals, AskSlot, SlotEvent, StageSource, StageStream};
+use crate::pending::{Arrivals, AskSlot, SlotEvent};
+use crate::stages::{StageSource, StageStream};
 use crate::telemetry;
 
 /// The options of an ask or a tell, as plain data: what a binding parses
@@ -477,13 +478,17 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
     /// from another task while this handle is awaited. Empty when the node
     /// was configured with `track_stages: false`.
     pub fn stages(&self) -> StageStream<R> {
-        StageStream::new(Arc::clone(&self.slot))
+        StageStream::of_ask(self.slot())
     }
 
     /// What opens [`stages`](Self::stages) later, even after this handle is
     /// gone (it keeps the ask's stage record, not the ask).
     pub fn stage_source(&self) -> StageSource<R> {
-        StageSource::new(Arc::clone(&self.slot))
+        StageSource::of_ask(self.slot())
+    }
+
+    pub(crate) fn slot(&self) -> Arc<AskSlot<R>> {
+        Arc::clone(&self.slot)
     }
 
     /// Performs the machine's send; returns the ask's error if the step (or

@@ -48,6 +48,7 @@ mod pending;
 mod pool;
 mod queue;
 pub mod shard;
+mod stages;
 mod stats;
 mod telemetry;
 mod transport;
@@ -60,7 +61,8 @@ pub use config::{
 };
 pub use dlq::{DeadLetter, DeadLetterReason};
 pub use node::{Node, PoolBuilder, WorkerPool};
-pub use pending::{LateOutcome, LateResult, StageSource, StageStream};
+pub use pending::{LateOutcome, LateResult};
+pub use stages::{StageRelay, StageSource, StageStream, MAX_RELAYED_ASKS};
 pub use stats::{live_pools, NodeStats, PoolStats};
 #[cfg(feature = "prometheus")]
 pub use telemetry::install_prometheus;

@@ -11,7 +11,6 @@
 //! [`AskHandle`]: crate::AskHandle
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
@@ -411,7 +410,7 @@ impl<R> AskSlot<R> {
 
     /// Starts the unread queue of the ask's stream: the events so far, then
     /// every event from now on. `false` if a stream is open already.
-    fn open_stream(&self) -> bool {
+    pub(crate) fn open_stream(&self) -> bool {
         let mut inner = self.inner.lock();
         match &mut inner.stages {
             Some(log) if log.unread.is_some() => false,
@@ -425,7 +424,7 @@ impl<R> AskSlot<R> {
 
     /// The ask's stream was dropped: a stream opened later starts again from
     /// the record (and nothing queues for the dropped one meanwhile).
-    fn close_stream(&self) {
+    pub(crate) fn close_stream(&self) {
         let mut inner = self.inner.lock();
         if let Some(log) = &mut inner.stages {
             log.unread = None;
@@ -448,76 +447,6 @@ impl<R> AskSlot<R> {
         }
         log.waker = Some(cx.waker().clone());
         Poll::Pending
-    }
-}
-
-/// The stage events of one ask, as they happen: SENT, RECEIVED, READ,
-/// PARTIAL progress, then one terminal stage, after which the stream ends.
-/// Events carry their time and the time since the previous stage. Empty when
-/// the node does not track stages. One stream per ask at a time: a second
-/// one opened while the first is open ends at once (two would split the
-/// events between them, and one would wait forever); once the first is
-/// dropped, the next opened starts from the ask's record.
-pub struct StageStream<R> {
-    slot: Arc<AskSlot<R>>,
-    first: bool,
-}
-
-impl<R> StageStream<R> {
-    pub(crate) fn new(slot: Arc<AskSlot<R>>) -> Self {
-        let first = slot.open_stream();
-        Self { slot, first }
-    }
-}
-
-/// An ask's stage record, from which its [`StageStream`] can be opened
-/// later. What a binding keeps when it hands the [`AskHandle`] itself to an
-/// executor: opening a stream for every ask would copy every stage event
-/// into a queue nobody reads. A stream opened late starts with the record so
-/// far: SENT, RECEIVED, READ, the most recent
-/// [`MAX_PARTIAL_EVENTS`](askpool_proto::ack::MAX_PARTIAL_EVENTS) progress
-/// events and the terminal stage.
-///
-/// [`AskHandle`]: crate::AskHandle
-pub struct StageSource<R> {
-    slot: Arc<AskSlot<R>>,
-}
-
-impl<R> StageSource<R> {
-    pub(crate) fn new(slot: Arc<AskSlot<R>>) -> Self {
-        Self { slot }
-    }
-
-    /// The ask's stage stream (one per ask: a second one ends at once, see
-    /// [`StageStream`]).
-    pub fn open(&self) -> StageStream<R> {
-        StageStream::new(Arc::clone(&self.slot))
-    }
-}
-
-impl<R> Clone for StageSource<R> {
-    fn clone(&self) -> Self {
-        Self {
-            slot: Arc::clone(&self.slot),
-        }
-    }
-}
-
-impl<R> Drop for StageStream<R> {
-    fn drop(&mut self) {
-        if self.first {
-            self.slot.close_stream();
-        }
-    }
-}
-
-impl<R> futures::Stream for StageStream<R> {
-    type Item = StageEvent;
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StageEvent>> {
-        if !self.first {
-            return Poll::Ready(None);
-        }
-        self.slot.poll_stage(cx)
     }
 }
 
