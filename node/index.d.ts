@@ -374,6 +374,14 @@ export class DurableAsk<Reply = any> implements PromiseLike<Reply> {
   ): Promise<A | B>;
   catch<B = never>(onRejected?: ((reason: unknown) => B | PromiseLike<B>) | null): Promise<Reply | B>;
   finally(onFinally?: (() => void) | null): Promise<Reply>;
+  /**
+   * The ACK stages of the asks it makes, once per handle: SENT to a
+   * terminal stage for each (an ask made again after a transient failure
+   * starts at SENT again), ending with its outcome. Empty when the store
+   * already had the outcome, or while it only waits for an ask of the same
+   * id made by another handle.
+   */
+  stages(): AsyncIterableIterator<StageEvent>;
 }
 
 /**
@@ -416,7 +424,7 @@ export class Node {
   /** An ask recorded as a durable promise; message and reply are stored as JSON. */
   askDurable<Reply = any>(pool: PoolRef, msg: unknown, options?: { id?: string }): DurableAsk<Reply>;
   /** The outcome of a durable ask by id: stored, or asked again if pending. */
-  awaitDurable<Reply = any>(id: string): Promise<Reply>;
+  awaitDurable<Reply = any>(id: string): DurableAsk<Reply>;
   /**
    * Durable promises in the file opened by `openPromises`; once the node is
    * closed, every call throws UnavailableError (`await` rejects with it).

@@ -35,7 +35,10 @@ export declare class Core {
    * already ended.
    */
   cancel(task: number): void
-  /** Opens the stage stream of a running ask; returns its stream id. */
+  /**
+   * Opens the stage stream of a running ask (or durable ask); returns
+   * its stream id.
+   */
   openStages(task: number): number
   /**
    * Reads the next stage event of `stream` (reported as `STAGE` or

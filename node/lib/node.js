@@ -499,19 +499,16 @@ class Pool {
   }
 }
 
-/** One ask in flight, with its request id, `cancel()` and `stages()`. */
-class AskHandle {
+// An outcome in flight (`result`, awaitable as the handle itself) and the
+// stage stream of the asks it makes.
+class Staged {
   #node;
-  #task;
   #stream;
   #iterating = false;
   /** @internal */
-  constructor(node, task, ids, stream, result) {
+  constructor(node, stream, result) {
     this.#node = node;
-    this.#task = task;
     this.#stream = stream;
-    this.requestId = typeof ids.requestId === 'string' ? ids.requestId : '';
-    this.correlationId = typeof ids.correlationId === 'string' ? ids.correlationId : '';
     this.result = result;
   }
   then(onFulfilled, onRejected) {
@@ -523,26 +520,13 @@ class AskHandle {
   finally(onFinally) {
     return this.result.finally(onFinally);
   }
-  /** Cancels the ask: it rejects with AskCancelledError and the pool is told. */
-  cancel() {
-    // The caller asked for that rejection: left unawaited, it must not
-    // become an unhandled rejection (which ends the process).
-    this.#observed();
-    this.#node._cancel(this.#task, this.result);
-  }
-  // The outcome is observed another way (a cancel, the stages, whose last
-  // is the terminal one): a failure before anyone awaits the handle is not
-  // an unhandled rejection. `result` still rejects for whoever awaits it.
-  #observed() {
-    this.result.catch(() => {});
-  }
-  /** The ask's ACK stages (SENT, RECEIVED, READ, PARTIAL..., one terminal). */
+  /** The ACK stages (SENT, RECEIVED, READ, PARTIAL..., a terminal one). */
   stages() {
     if (this.#iterating) {
-      throw new InvalidArgumentError('invalid argument: stages() can be read once per ask');
+      throw new InvalidArgumentError(`invalid argument: stages() can be read once per ${this.constructor.name}`);
     }
     this.#iterating = true;
-    this.#observed();
+    observed(this.result);
     // Refused before anything was sent (an aborted signal, a closed node):
     // an ask with no stages.
     if (this.#stream < 0) return noStages();
@@ -551,23 +535,50 @@ class AskHandle {
   }
 }
 
+// The outcome is observed another way (a cancel, the stages, whose last is
+// the terminal one): a failure before anyone awaits the handle is not an
+// unhandled rejection (which ends the process). It still rejects for
+// whoever awaits it.
+function observed(result) {
+  result.catch(() => {});
+}
+
+/** One ask in flight, with its request id, `cancel()` and `stages()`. */
+class AskHandle extends Staged {
+  #node;
+  #task;
+  /** @internal */
+  constructor(node, task, ids, stream, result) {
+    super(node, stream, result);
+    this.#node = node;
+    this.#task = task;
+    this.requestId = typeof ids.requestId === 'string' ? ids.requestId : '';
+    this.correlationId = typeof ids.correlationId === 'string' ? ids.correlationId : '';
+  }
+  /** Cancels the ask: it rejects with AskCancelledError and the pool is told. */
+  cancel() {
+    // The caller asked for that rejection.
+    observed(this.result);
+    this.#node._cancel(this.#task, this.result);
+  }
+}
+
 async function* noStages() {}
 
-/** A durable ask in flight: its promise id and its outcome. */
-class DurableAsk {
+/**
+ * A durable ask in flight: its promise id, its outcome, and `stages()`:
+ * those of the asks it makes, one after another (none when the store had
+ * the outcome).
+ */
+class DurableAsk extends Staged {
   /** @internal */
-  constructor(id, result) {
+  constructor(node, id, stream, result) {
+    super(node, stream, result);
     this.id = id;
-    this.result = result;
-  }
-  then(onFulfilled, onRejected) {
-    return this.result.then(onFulfilled, onRejected);
-  }
-  catch(onRejected) {
-    return this.result.catch(onRejected);
-  }
-  finally(onFinally) {
-    return this.result.finally(onFinally);
+    // Its outcome is kept in its promise (`awaitDurable(id)` reads it, after
+    // a restart too), and a close ends it on purpose: left unawaited, it is
+    // no unhandled rejection. `result` still rejects for whoever awaits it.
+    observed(result);
   }
 }
 
@@ -787,28 +798,31 @@ class Node {
       task = call(() => this.#core.askDurable(name, slot, bytes, given));
     } catch (e) {
       this.#schedule();
-      const result = Promise.reject(e);
-      return new DurableAsk(given ?? '', result);
+      return new DurableAsk(this, given ?? '', -1, Promise.reject(e));
     }
-    const id = this.#core.requestId(task);
-    const result = this.#await(task, undefined, false);
-    // Its outcome is kept in its promise (`awaitDurable(id)` reads it, after
-    // a restart too), and a close ends it on purpose: left unawaited, it is
-    // no unhandled rejection (which would end the process). `result` still
-    // rejects for whoever awaits it.
-    result.catch(() => {});
-    return new DurableAsk(id, result);
+    return this.#durableAsk(task);
   }
 
-  /** The outcome of the durable ask `id` (stored, or asked again if pending). */
+  /**
+   * The outcome of the durable ask `id` (stored, or asked again if pending),
+   * as a DurableAsk.
+   */
   awaitDurable(id) {
     let task;
     try {
       task = call(() => this.#core.awaitDurable(promiseId(id)));
     } catch (e) {
-      return Promise.reject(e);
+      return new DurableAsk(this, typeof id === 'string' ? id : '', -1, Promise.reject(e));
     }
-    return this.#await(task, undefined, false);
+    return this.#durableAsk(task);
+  }
+
+  #durableAsk(task) {
+    const id = this.#core.requestId(task);
+    const stream = this.#core.openStages(task);
+    const handle = new DurableAsk(this, id, stream, this.#await(task, undefined, false));
+    unreadStreams.register(handle, { stream, core: this.#core }, handle);
+    return handle;
   }
 
   /** Durable promises in the file opened by `openPromises`. */

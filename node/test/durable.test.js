@@ -89,6 +89,38 @@ test('durable asks without a store, or with a bad id, fail with typed errors', a
   }
 });
 
+test('a durable ask streams the stages of its asks; one answered from the store has none', async () => {
+  const node = new Node();
+  node.pool('p').handle(async (m, ctx) => {
+    ctx.progress(0.5, 'half');
+    await new Promise((r) => setTimeout(r, 5));
+    return m.toUpperCase();
+  });
+  const tmp = tempFile();
+  try {
+    node.openPromises(tmp.file);
+    const ask = node.askDurable('p', 'hi');
+    const names = [];
+    for await (const s of ask.stages()) names.push(s.stage === 'PARTIAL' ? `${s.stage} ${s.note}` : s.stage);
+    assert.deepEqual(names, ['SENT', 'RECEIVED', 'READ', 'PARTIAL half', 'FULFILLED']);
+    assert.equal(await ask, 'HI');
+    assert.throws(() => ask.stages(), { code: 'INVALID_ARGUMENT' });
+    const again = node.awaitDurable(ask.id);
+    assert.equal(again.id, ask.id);
+    assert.equal(await again, 'HI');
+    const none = [];
+    for await (const s of again.stages()) none.push(s.stage);
+    assert.deepEqual(none, []);
+    // Refused before it started: no stages, and the refusal still rejects.
+    const refused = node.awaitDurable('not an id');
+    for await (const s of refused.stages()) assert.fail(`a stage of a refused await: ${s.stage}`);
+    await assert.rejects(refused, InvalidArgumentError);
+    await node.close();
+  } finally {
+    tmp.done();
+  }
+});
+
 test('values JSON cannot hold, bad pools and null options: typed errors, nothing held', async () => {
   const node = new Node();
   let runs = 0;

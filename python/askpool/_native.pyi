@@ -9,6 +9,7 @@ __all__ = [
     "Context",
     "LoopDriver",
     "NativeAsk",
+    "NativeDurable",
     "NativeNode",
     "NativePool",
     "NativePromises",
@@ -90,6 +91,12 @@ class NativeAsk:
     def next_stage(self, driver: LoopDriver, target: asyncio.Future[Any]) -> None: ...
 
 @final
+class NativeDurable:
+    @property
+    def id(self) -> str: ...
+    def next_stage(self, driver: LoopDriver, target: asyncio.Future[Any]) -> None: ...
+
+@final
 class NativePool:
     @property
     def name(self) -> str: ...
@@ -160,14 +167,14 @@ class NativeNode:
         pool: str,
         msg: Any,
         request_id: Optional[str] = None,
-    ) -> str: ...
+    ) -> NativeDurable: ...
     def await_durable(
         self,
         driver: LoopDriver,
         target: asyncio.Future[Any],
         promises: NativePromises,
         id: str,
-    ) -> None: ...
+    ) -> NativeDurable: ...
     def dead_letters(
         self,
     ) -> list[tuple[str, str, str, Any, Any, int, str]]: ...

@@ -8,7 +8,16 @@ import inspect
 import threading
 import weakref
 from types import TracebackType
-from typing import Any, AsyncGenerator, Callable, Generator, NamedTuple, Optional, TypeVar
+from typing import (
+    Any,
+    AsyncGenerator,
+    Callable,
+    Generator,
+    NamedTuple,
+    Optional,
+    Protocol,
+    TypeVar,
+)
 
 from . import _dispatch, _native
 from ._dispatch import Handler, _bare_handovers
@@ -280,8 +289,48 @@ class _NextTurn:
 
 _new_turn = object.__new__
 
+_StageTuple = tuple[str, float, float, Optional[float], Optional[str]]
 
-class AskHandle(asyncio.Future[Any]):
+
+class _StageSource(Protocol):
+    def next_stage(self, driver: _native.LoopDriver, target: asyncio.Future[Any]) -> None: ...
+
+
+class _Staged:
+    """``stages()`` of a handle whose ``_native`` reads stage events (an
+    ask's, a durable ask's)."""
+
+    # Its handles declare the slot: a second base of a Future subclass can
+    # add no slot of its own (the two layouts would conflict).
+    __slots__ = ()
+    _native: _StageSource
+    _stages_taken: bool
+
+    def stages(self) -> AsyncGenerator[StageEvent, None]:
+        """The stage events as they happen, ending after the last terminal
+        one. Empty on a node made with ``track_stages=False``. One stream
+        per handle: a second call raises ``InvalidArgumentError`` (two
+        iterators would each get part of the events)."""
+        if getattr(self, "_stages_taken", False):
+            from ._errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"stages() of {type(self).__name__} can be read once")
+        self._stages_taken = True  # type: ignore[misc]  # (see __slots__)
+        return self._stage_events()
+
+    async def _stage_events(self) -> AsyncGenerator[StageEvent, None]:
+        loop = _running_loop(f"{type(self).__name__}.stages()")
+        driver = _driver(loop)
+        while True:
+            target: asyncio.Future[Optional[_StageTuple]] = loop.create_future()
+            self._native.next_stage(driver, target)
+            event = await target
+            if event is None:
+                return
+            yield StageEvent(*event)
+
+
+class AskHandle(asyncio.Future[Any], _Staged):
     """An ask in flight: an asyncio future of the reply. Cancelling it (or
     the task awaiting it) sends the protocol cancel to the pool."""
 
@@ -346,29 +395,6 @@ class AskHandle(asyncio.Future[Any]):
         self._native.cancel()
         return super().cancel(msg)
 
-    def stages(self) -> AsyncGenerator[StageEvent, None]:
-        """The ask's stage events as they happen, ending after the terminal
-        one. Empty on a node made with ``track_stages=False``. One stream
-        per ask: a second call raises ``InvalidArgumentError`` (two
-        iterators would each get part of the events)."""
-        if getattr(self, "_stages_taken", False):
-            from ._errors import InvalidArgumentError
-
-            raise InvalidArgumentError("stages() of an ask can be read once")
-        self._stages_taken = True
-        return self._stage_events()
-
-    async def _stage_events(self) -> AsyncGenerator[StageEvent, None]:
-        loop = _running_loop("AskHandle.stages()")
-        driver = _driver(loop)
-        while True:
-            target: asyncio.Future[Optional[tuple[str, float, float, Optional[float], Optional[str]]]]
-            target = loop.create_future()
-            self._native.next_stage(driver, target)
-            event = await target
-            if event is None:
-                return
-            yield StageEvent(*event)
 
 
 def _is_async_handler(declared: object) -> bool:
@@ -386,12 +412,17 @@ def _unwrapped(fn: Any) -> object:
         return fn
 
 
-class DurableHandle(asyncio.Future[Any]):
+class DurableHandle(asyncio.Future[Any], _Staged):
     """A durable ask in flight: an asyncio future of the reply, with the id
-    of the promise that records it."""
+    of the promise that records it. ``stages()`` streams the asks it makes,
+    one after another (SENT to a terminal stage each; an ask made again
+    after a transient failure starts at SENT again), and ends with its
+    outcome; it is empty when the store already had the outcome, or while
+    the handle only waits for an ask of the same id made by another."""
 
-    __slots__ = ("id",)
+    __slots__ = ("id", "_native", "_stages_taken")
     id: str
+    _native: _native.NativeDurable
 
 
 async def _close_with_loop(pool: Pool, native: _native.NativePool) -> None:
@@ -725,9 +756,10 @@ class Node:
         _valid_names(("a pool name", pool), ("request_id", request_id))
         loop, driver = self._here("Node.ask_durable")
         handle = DurableHandle(loop=loop)
-        handle.id = self._native.ask_durable(
+        handle._native = self._native.ask_durable(
             driver, handle, self._store(), pool, msg, request_id
         )
+        handle.id = handle._native.id
         return handle
 
     def await_durable(self, id: str) -> DurableHandle:
@@ -736,8 +768,8 @@ class Node:
         _valid_names(("id", id))
         loop, driver = self._here("Node.await_durable")
         handle = DurableHandle(loop=loop)
-        handle.id = id
-        self._native.await_durable(driver, handle, self._store(), id)
+        handle._native = self._native.await_durable(driver, handle, self._store(), id)
+        handle.id = handle._native.id
         return handle
 
     def _store(self) -> _native.NativePromises:

@@ -259,6 +259,31 @@ async def test_ask_durable_records_the_outcome(promises: Promises) -> None:
         assert runs == 1
 
 
+async def test_a_durable_ask_streams_the_stages_of_its_asks(promises: Promises) -> None:
+    async with Node(promises=promises) as node:
+        pool = node.pool("work")
+
+        @pool.handler
+        async def handle(msg: str, ctx: Context) -> str:
+            await asyncio.sleep(0)
+            ctx.progress(0.5, "half")
+            await asyncio.sleep(0)
+            return msg.upper()
+
+        handle_ = node.ask_durable("work", "hi")
+        events = [e async for e in handle_.stages()]
+        assert await handle_ == "HI"
+        assert [e.stage for e in events] == ["SENT", "RECEIVED", "READ", "PARTIAL", "FULFILLED"]
+        assert (events[3].fraction, events[3].note) == (0.5, "half")
+        with pytest.raises(askpool.InvalidArgumentError):
+            handle_.stages()
+        # Answered from the store: no ask made, no stages.
+        again = node.await_durable(handle_.id.upper())
+        assert again.id == handle_.id
+        assert [e async for e in again.stages()] == []
+        assert await again == "HI"
+
+
 async def test_a_cancelled_durable_wait_still_settles_the_promise(
     promises: Promises,
 ) -> None:

@@ -145,11 +145,13 @@ impl Core {
         self.wake_task(task);
     }
 
-    /// Opens the stage stream of a running ask; returns its stream id.
+    /// Opens the stage stream of a running ask (or durable ask); returns
+    /// its stream id.
     #[napi(catch_unwind)]
     pub fn open_stages(&mut self, task: u32) -> Result<u32> {
         let stream = match self.task_mut(task) {
             Some(Task::Ask(h)) => h.stages(),
+            Some(Task::Durable(h)) => h.stages(),
             _ => return Err(errors::invalid(format!("task {task} is not a running ask"))),
         };
         Ok(self.streams.insert(stream))

@@ -13,6 +13,7 @@ mod obj;
 mod pool;
 mod promises;
 mod send;
+mod stages;
 mod stats;
 mod task;
 
@@ -149,6 +150,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<driver::LoopDriver>()?;
     m.add_class::<node::NativeNode>()?;
     m.add_class::<node::NativeAsk>()?;
+    m.add_class::<node::NativeDurable>()?;
     m.add_class::<pool::NativePool>()?;
     m.add_class::<pool::Ctx>()?;
     m.add_class::<pool::Reply>()?;

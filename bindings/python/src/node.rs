@@ -1,13 +1,12 @@
 //! `NativeNode`: a core [`Node`] of Python objects.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, PayloadFingerprint,
-    PoolName, RequestId, StageEvent, StageSource, StageStream, WorkerId,
+    PoolName, RequestId, WorkerId,
 };
-use futures::StreamExt;
 use parking_lot::Mutex;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -18,8 +17,9 @@ use crate::errors::{self, to_py};
 use crate::obj::Obj;
 use crate::pool::NativePool;
 use crate::promises::NativePromises;
+use crate::stages::StageReader;
 use crate::task::FutureTask;
-use askpool_promises::DurableAsk;
+use askpool_promises::{DurableAsk, DurableHandle};
 
 /// How often a blocked `ask_sync` looks at the thread's signals.
 const SIGNAL_CHECK: Duration = Duration::from_millis(50);
@@ -246,14 +246,9 @@ fn reply(py: Python<'_>, result: Result<Obj, AskError>) -> Result<Py<PyAny>, Ask
 
 fn spawn_ask(driver: &LoopDriver, handle: Handle, target: Py<PyAny>) -> NativeAsk {
     let ids = *handle.ids();
-    let source = handle.stage_source();
+    let stages = StageReader::new(handle.stage_source());
     let task = FutureTask::spawn(&driver.shared, handle, target, reply);
-    NativeAsk {
-        task,
-        ids,
-        source,
-        stages: OnceLock::new(),
-    }
+    NativeAsk { task, ids, stages }
 }
 
 #[pymethods]
@@ -420,7 +415,7 @@ impl NativeNode {
 
     /// A durable ask: a promise in `promises` (its id is the request id)
     /// records the outcome, so after a restart `await_durable(id)` gets it
-    /// without running the handler again. Returns the id.
+    /// without running the handler again.
     #[pyo3(signature = (driver, target, promises, pool, msg, request_id=None))]
     #[allow(clippy::too_many_arguments)]
     fn ask_durable(
@@ -432,7 +427,7 @@ impl NativeNode {
         pool: &str,
         msg: Py<PyAny>,
         request_id: Option<&str>,
-    ) -> PyResult<String> {
+    ) -> PyResult<NativeDurable> {
         self.check_process(py)?;
         let id = request_id
             .map(|id| to_py(parse::<RequestId>("request_id", id)))
@@ -451,16 +446,7 @@ impl NativeNode {
                     None => self.node.ask_durable(&promises.durable, pool, msg),
                 }
             });
-            let handle = to_py(handle)?;
-            let id = handle.id().to_owned();
-            let done = target.clone_ref(py);
-            let task = FutureTask::spawn(&driver.shared, handle, target, reply);
-            // A caller that stops waiting (a cancelled task, a timeout
-            // around the handle) drops the handle: the ask itself goes on,
-            // detached in the core; an await of an id being asked elsewhere
-            // stops polling the store.
-            task.abandon_when_done(done.bind(py))?;
-            Ok(id)
+            spawn_durable(py, driver, to_py(handle)?, target)
         })
     }
 
@@ -473,18 +459,14 @@ impl NativeNode {
         target: Py<PyAny>,
         promises: &NativePromises,
         id: &str,
-    ) -> PyResult<()> {
+    ) -> PyResult<NativeDurable> {
         self.check_process(py)?;
         driver.eager(py, || {
             let handle = py.detach(|| {
                 let _runtime = crate::runtime().enter();
                 self.node.await_durable(&promises.durable, id)
             });
-            let handle = to_py(handle)?;
-            let done = target.clone_ref(py);
-            let task = FutureTask::spawn(&driver.shared, handle, target, reply);
-            // As for `ask_durable`.
-            task.abandon_when_done(done.bind(py))
+            spawn_durable(py, driver, to_py(handle)?, target)
         })
     }
 
@@ -562,28 +544,41 @@ impl NativeNode {
 pub(crate) struct NativeAsk {
     task: Arc<FutureTask<Handle>>,
     ids: AskIds,
-    source: StageSource<Obj>,
-    /// Opened by the first `next_stage`: most asks never read their stages,
-    /// and an open stream queues every event.
-    stages: OnceLock<Arc<Mutex<StageStream<Obj>>>>,
+    stages: StageReader,
 }
 
-fn stage_tuple(py: Python<'_>, e: StageEvent) -> Result<Py<PyAny>, AskError> {
-    let (fraction, note) = match e.progress {
-        Some(p) => (Some(p.fraction_f64()), Some(p.note)),
-        None => (None, None),
-    };
-    let tuple = (
-        e.stage.as_str(),
-        e.since_sent.as_secs_f64(),
-        e.since_previous.as_secs_f64(),
-        fraction,
-        note,
-    );
-    tuple
-        .into_pyobject(py)
-        .map(|t| t.into_any().unbind())
-        .map_err(|e| AskError::internal(e.to_string()))
+/// A durable ask in flight: its promise id and its asks' stages (the
+/// outcome goes to the asyncio future it was started with).
+#[pyclass(frozen, module = "askpool._native")]
+pub(crate) struct NativeDurable {
+    #[pyo3(get)]
+    id: String,
+    stages: StageReader,
+}
+
+fn spawn_durable(
+    py: Python<'_>,
+    driver: &LoopDriver,
+    handle: DurableHandle<Obj>,
+    target: Py<PyAny>,
+) -> PyResult<NativeDurable> {
+    let id = handle.id().to_owned();
+    let stages = StageReader::new(handle.stage_source());
+    let done = target.clone_ref(py);
+    let task = FutureTask::spawn(&driver.shared, handle, target, reply);
+    // A caller that stops waiting (a cancelled task, a timeout around the
+    // handle) drops the handle: the ask itself goes on, detached in the
+    // core; an await of an id being asked elsewhere stops polling the store.
+    task.abandon_when_done(done.bind(py))?;
+    Ok(NativeDurable { id, stages })
+}
+
+#[pymethods]
+impl NativeDurable {
+    /// As `NativeAsk.next_stage`, for the asks the durable ask makes.
+    fn next_stage(&self, py: Python<'_>, driver: &LoopDriver, target: Py<PyAny>) {
+        self.stages.next(py, driver, target);
+    }
 }
 
 #[pymethods]
@@ -607,16 +602,6 @@ impl NativeAsk {
     /// `(stage, since_sent, since_previous, fraction, note)`, or `None` after
     /// the terminal one.
     fn next_stage(&self, py: Python<'_>, driver: &LoopDriver, target: Py<PyAny>) {
-        let stages = self
-            .stages
-            .get_or_init(|| Arc::new(Mutex::new(self.source.open())));
-        let stages = Arc::clone(stages);
-        let next = futures::future::poll_fn(move |cx| stages.lock().poll_next_unpin(cx));
-        driver.eager(py, || {
-            FutureTask::spawn(&driver.shared, next, target, |py, event| match event {
-                Some(e) => stage_tuple(py, e),
-                None => Ok(py.None()),
-            });
-        });
+        self.stages.next(py, driver, target);
     }
 }

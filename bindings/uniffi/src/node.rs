@@ -139,7 +139,7 @@ pub struct NativeNode {
     id: i64,
     /// The node's `track_stages`: without it a stage record is empty, so
     /// none is kept.
-    track_stages: bool,
+    pub(crate) track_stages: bool,
     /// Cancel switches of running asks, by the caller's token.
     asks: AskSwitches,
     /// Pool names interned for the primitive-only ask path: ids by name

@@ -258,7 +258,9 @@ impl Durable for Msg {
 #[uniffi::export]
 impl NativeNode {
     /// Starts a durable ask of `payload` to `pool` (under `id`, or a fresh
-    /// one); the outcome goes to the listener under `token`. Returns the id.
+    /// one); the outcome goes to the listener under `token`, and its asks'
+    /// stage record is kept under `token` for `open_stages` (until freed)
+    /// if the node tracks stages. Returns the id.
     pub fn ask_durable(
         self: Arc<Self>,
         promises: Arc<NativePromises>,
@@ -277,7 +279,8 @@ impl NativeNode {
             }
             None => self.node().ask_durable(&promises.durable, &pool, msg)?,
         };
-        Ok(self.drive_durable(handle, token))
+        let keep_stages = self.track_stages;
+        Ok(self.drive_durable(handle, token, keep_stages))
     }
 
     /// The outcome of the durable ask `id` (asked again if still pending),
@@ -290,7 +293,7 @@ impl NativeNode {
     ) -> Result<(), NativeError> {
         let _rt = runtime().enter();
         let handle = self.node().await_durable(&promises.durable, &id)?;
-        self.drive_durable(handle, token);
+        self.drive_durable(handle, token, false);
         Ok(())
     }
 }
@@ -301,9 +304,17 @@ impl NativeNode {
     /// handle and fails the waiter with `AskCancelled`: the ask itself runs
     /// on and is recorded (it was started in the runtime); this wait would
     /// otherwise hold a task and the waiter until the ask ends.
-    fn drive_durable(self: &Arc<Self>, handle: DurableHandle<Msg>, token: i64) -> String {
+    fn drive_durable(
+        self: &Arc<Self>,
+        handle: DurableHandle<Msg>,
+        token: i64,
+        keep_stages: bool,
+    ) -> String {
         let id = handle.id().to_owned();
         let listener = self.listener();
+        if keep_stages {
+            crate::stages::keep(token, handle.stage_source(), Arc::clone(&listener));
+        }
         let cancel = self.register_cancel(token);
         let node = Arc::clone(self);
         runtime().spawn(async move {
@@ -329,6 +340,10 @@ impl NativeNode {
                     }),
                 ),
                 Err(e) => listener.on_failure(token, Failure::from(&e)),
+            }
+            // The handle is gone: its asks' record is complete.
+            if keep_stages {
+                crate::stages::ended(token);
             }
         });
         id

@@ -117,6 +117,10 @@ export async function usage(): Promise<void> {
   node.openPromises('/tmp/promises.db', { timeoutMs: 60_000 });
   const durable: DurableAsk<Receipt> = node.askDurable<Receipt>('orders', { id: 4, items: [] });
   const durableId: string = durable.id;
+  for await (const stage of durable.stages()) {
+    const name: string = stage.stage;
+    void name;
+  }
   const again: Receipt = await node.awaitDurable<Receipt>(durableId);
   void again;
   const created: DurablePromise<Order> = node.promises.create<Order>('p-1', {

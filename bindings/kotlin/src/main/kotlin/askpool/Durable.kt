@@ -1,5 +1,7 @@
 package askpool
 
+import kotlinx.coroutines.flow.Flow
+
 /**
  * Turns values into bytes and back for durable asks: a promise outlives
  * the process, so what it holds must be bytes (an in-process object would
@@ -36,6 +38,15 @@ class DurableAsk<R> internal constructor(
      * only stops waiting: the promise stays pending for a later await.
      */
     suspend fun await(): R = decode(handle.awaitKeepingAsk(), codec)
+
+    /**
+     * The stages of the asks it makes, one after another: SENT to a
+     * terminal stage for each (an ask made again after a transient failure
+     * starts at SENT again), ending with its outcome. Empty while it only
+     * waits for an ask of the same id made by another handle, or on a node
+     * that does not track stages. Collected once, as [AskHandle.stages].
+     */
+    val stages: Flow<StageEvent> get() = handle.stages
 }
 
 /**
@@ -60,7 +71,9 @@ fun <M, R> Node.askDurable(
     }
     val handle = durableHandle()
     val askId = startDurable(handle) { token -> promises.held(::storeClosed) { native.askDurable(it, pool, encoded, id, token) } }
-    handle.requestId = askId
+    // The native side keeps its stage record under the token when the node
+    // tracks stages; one it did not keep opens as no stages.
+    handle.started(askId, askId, stagesKept = true)
     return DurableAsk(askId, handle, replyCodec)
 }
 

@@ -1,6 +1,7 @@
 package askpool
 
 import kotlinx.coroutines.async
+import kotlinx.coroutines.flow.toList
 import kotlinx.coroutines.runBlocking
 import kotlinx.coroutines.withTimeout
 import org.junit.jupiter.api.Assertions.assertArrayEquals
@@ -133,6 +134,37 @@ class PromisesTest {
                 assertEquals(PromiseState.RESOLVED, p.get(ask.id).state)
                 assertEquals("HI", node.awaitDurable(p, ask.id, DurableCodec.UTF8))
                 assertEquals(1, runs.get())
+            }
+        }
+    }
+
+    @Test
+    fun `a durable ask streams the stages of its ask, collected once`() = runBlocking {
+        Promises.memory().use { p ->
+            Node().use { node ->
+                node.pool("slow") { msg, ctx ->
+                    ctx.progress(0.5f, "half")
+                    kotlinx.coroutines.delay(20)
+                    msg
+                }
+                val ask = node.askDurable(p, "slow", b("hi"))
+                val stages = async { withTimeout(5_000) { ask.stages.toList() } }
+                assertArrayEquals(b("hi"), ask.await())
+                val seen = stages.await()
+                assertEquals(
+                    listOf("SENT", "RECEIVED", "READ", "PARTIAL", "FULFILLED"),
+                    seen.map { it.stage },
+                )
+                assertEquals("half", seen[3].note)
+                val again = failure { ask.stages.toList() }
+                assertTrue(again is AskException.InvalidArgument, again.toString())
+            }
+            // Not tracked: no stages, and nothing kept.
+            Node(NodeOptions(trackStages = false)).use { node ->
+                node.pool("echo") { msg, _ -> msg }
+                val ask = node.askDurable(p, "echo", b("x"))
+                assertArrayEquals(b("x"), ask.await())
+                assertEquals(emptyList<StageEvent>(), withTimeout(5_000) { ask.stages.toList() })
             }
         }
     }
