@@ -284,17 +284,20 @@ impl NativeNode {
     }
 
     /// The outcome of the durable ask `id` (asked again if still pending),
-    /// to the listener under `token`.
+    /// to the listener under `token`; its asks' stage record is kept as
+    /// `ask_durable` keeps it if `keep_stages` (a handle will read or free
+    /// it). Returns the id in its canonical form.
     pub fn await_durable(
         self: Arc<Self>,
         promises: Arc<NativePromises>,
         id: String,
         token: i64,
-    ) -> Result<(), NativeError> {
+        keep_stages: bool,
+    ) -> Result<String, NativeError> {
         let _rt = runtime().enter();
         let handle = self.node().await_durable(&promises.durable, &id)?;
-        self.drive_durable(handle, token, false);
-        Ok(())
+        let keep_stages = keep_stages && self.track_stages;
+        Ok(self.drive_durable(handle, token, keep_stages))
     }
 }
 

@@ -90,8 +90,21 @@ fun Node.askDurable(promises: Promises, pool: String, msg: ByteArray, id: String
 suspend fun <R> Node.awaitDurable(promises: Promises, id: String, replyCodec: DurableCodec<R>): R {
     val handle = durableHandle()
     handle.requestId = id
-    startDurable(handle) { token -> promises.held(::storeClosed) { native.awaitDurable(it, id, token) } }
+    startDurable(handle) { token -> promises.held(::storeClosed) { native.awaitDurable(it, id, token, false) } }
     return decode(handle.await(), replyCodec)
+}
+
+/**
+ * The durable ask [id] as a handle, typically after a restart: as
+ * [awaitDurable], with the [DurableAsk.stages] of the ask it makes again
+ * (none when its promise has settled); its [DurableAsk.await] only stops
+ * waiting when cancelled, as an [askDurable]'s does.
+ */
+fun <R> Node.resumeDurable(promises: Promises, id: String, replyCodec: DurableCodec<R>): DurableAsk<R> {
+    val handle = durableHandle()
+    val askId = startDurable(handle) { token -> promises.held(::storeClosed) { native.awaitDurable(it, id, token, true) } }
+    handle.started(askId, askId, stagesKept = true)
+    return DurableAsk(askId, handle, replyCodec)
 }
 
 suspend fun Node.awaitDurable(promises: Promises, id: String): ByteArray =

@@ -158,6 +158,12 @@ class PromisesTest {
                 assertEquals("half", seen[3].note)
                 val again = failure { ask.stages.toList() }
                 assertTrue(again is AskException.InvalidArgument, again.toString())
+                // Resumed by id (in upper case): answered from the promise,
+                // no ask made, no stages.
+                val resumed = node.resumeDurable(p, ask.id.uppercase(), DurableCodec.BYTES)
+                assertEquals(ask.id, resumed.id)
+                assertArrayEquals(b("hi"), resumed.await())
+                assertEquals(emptyList<StageEvent>(), withTimeout(5_000) { resumed.stages.toList() })
             }
             // Not tracked: no stages, and nothing kept.
             Node(NodeOptions(trackStages = false)).use { node ->
@@ -165,6 +171,32 @@ class PromisesTest {
                 val ask = node.askDurable(p, "echo", b("x"))
                 assertArrayEquals(b("x"), ask.await())
                 assertEquals(emptyList<StageEvent>(), withTimeout(5_000) { ask.stages.toList() })
+            }
+        }
+    }
+
+    @Test
+    fun `a durable ask resumed by id streams the stages of the ask it makes again`() = runBlocking {
+        Promises.memory().use { p ->
+            // No pool of that name yet: the first ask fails NO_ROUTE and
+            // leaves the promise pending.
+            val id = Node().use { bare ->
+                val first = bare.askDurable(p, "slow", b("hi"))
+                assertTrue(failure { first.await() } is AskException.NoRoute)
+                first.id
+            }
+            Node().use { node ->
+                node.pool("slow") { msg, ctx ->
+                    ctx.progress(0.5f, "half")
+                    msg
+                }
+                val resumed = node.resumeDurable(p, id, DurableCodec.BYTES)
+                val stages = async { withTimeout(5_000) { resumed.stages.toList() } }
+                assertArrayEquals(b("hi"), resumed.await())
+                assertEquals(
+                    listOf("SENT", "RECEIVED", "READ", "PARTIAL", "FULFILLED"),
+                    stages.await().map { it.stage },
+                )
             }
         }
     }
