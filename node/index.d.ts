@@ -424,7 +424,13 @@ export class Node {
   /** An ask recorded as a durable promise; message and reply are stored as JSON. */
   askDurable<Reply = any>(pool: PoolRef, msg: unknown, options?: { id?: string }): DurableAsk<Reply>;
   /** The outcome of a durable ask by id: stored, or asked again if pending. */
-  awaitDurable<Reply = any>(id: string): DurableAsk<Reply>;
+  awaitDurable<Reply = any>(id: string): Promise<Reply>;
+  /**
+   * As `awaitDurable`, as a DurableAsk handle: its (canonical) id, its
+   * outcome, and the stages of the ask it makes again (none when the
+   * promise has settled).
+   */
+  resumeDurable<Reply = any>(id: string): DurableAsk<Reply>;
   /**
    * Durable promises in the file opened by `openPromises`; once the node is
    * closed, every call throws UnavailableError (`await` rejects with it).

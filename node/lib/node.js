@@ -803,11 +803,22 @@ class Node {
     return this.#durableAsk(task);
   }
 
-  /**
-   * The outcome of the durable ask `id` (stored, or asked again if pending),
-   * as a DurableAsk.
-   */
+  /** The outcome of the durable ask `id` (stored, or asked again if pending). */
   awaitDurable(id) {
+    let task;
+    try {
+      task = call(() => this.#core.awaitDurable(promiseId(id)));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.#await(task, undefined, false);
+  }
+
+  /**
+   * As `awaitDurable`, as a DurableAsk: its id, its outcome, and the stages
+   * of the ask it makes again (none when the promise has settled).
+   */
+  resumeDurable(id) {
     let task;
     try {
       task = call(() => this.#core.awaitDurable(promiseId(id)));

@@ -105,14 +105,15 @@ test('a durable ask streams the stages of its asks; one answered from the store 
     assert.deepEqual(names, ['SENT', 'RECEIVED', 'READ', 'PARTIAL half', 'FULFILLED']);
     assert.equal(await ask, 'HI');
     assert.throws(() => ask.stages(), { code: 'INVALID_ARGUMENT' });
-    const again = node.awaitDurable(ask.id);
+    assert.equal(await node.awaitDurable(ask.id), 'HI');
+    const again = node.resumeDurable(ask.id.toUpperCase());
     assert.equal(again.id, ask.id);
     assert.equal(await again, 'HI');
     const none = [];
     for await (const s of again.stages()) none.push(s.stage);
     assert.deepEqual(none, []);
     // Refused before it started: no stages, and the refusal still rejects.
-    const refused = node.awaitDurable('not an id');
+    const refused = node.resumeDurable('not an id');
     for await (const s of refused.stages()) assert.fail(`a stage of a refused await: ${s.stage}`);
     await assert.rejects(refused, InvalidArgumentError);
     await node.close();

@@ -284,6 +284,29 @@ async def test_a_durable_ask_streams_the_stages_of_its_asks(promises: Promises) 
         assert await again == "HI"
 
 
+async def test_a_durable_handle_cancelled_at_once_streams_the_ask_that_goes_on(
+    promises: Promises,
+) -> None:
+    async with Node(promises=promises) as node:
+        pool = node.pool("work")
+        gate = asyncio.Event()
+
+        @pool.handler
+        async def handle(msg: str, ctx: Context) -> str:
+            ctx.progress(0.5, "half")
+            await gate.wait()
+            return msg.upper()
+
+        handle_ = node.ask_durable("work", "hi")
+        # The caller stops waiting before the ask started: it goes on,
+        # detached, and the handle's stream follows it.
+        handle_.cancel()
+        gate.set()
+        stages = [e.stage async for e in handle_.stages()]
+        assert stages == ["SENT", "RECEIVED", "READ", "PARTIAL", "FULFILLED"]
+        assert promises.get(handle_.id).state == "resolved"
+
+
 async def test_a_cancelled_durable_wait_still_settles_the_promise(
     promises: Promises,
 ) -> None:

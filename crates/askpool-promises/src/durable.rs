@@ -39,7 +39,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use std::sync::Arc;
 
-use askpool::{AskError, Node, PoolName, RequestId, StageRelay, StageSource, StageStream};
+use askpool::{
+    AskError, AskHandle, Node, PoolName, RequestId, StageRelay, StageSource, StageStream,
+};
 use tokio::runtime::Handle;
 
 use crate::facade::{Claim, DurablePromises};
@@ -100,7 +102,7 @@ impl Durable for String {
 pub struct DurableHandle<R> {
     id: String,
     inner: Outcome<R>,
-    /// The stages of the asks this handle makes; ended with the handle.
+    /// The stages of the asks made for this handle (see [`StageWriter`]).
     stages: Arc<StageRelay<R>>,
 }
 
@@ -121,11 +123,13 @@ impl<R> DurableHandle<R> {
     /// The stages of the asks this handle makes, one ask after another:
     /// SENT to a terminal stage for the first ask, then the same for each
     /// ask made again after a transient failure (a timeout, an unavailable
-    /// or missing pool), and the end of the stream once the handle has its
-    /// outcome (or is dropped). None when the outcome was already in the
-    /// store, nor while this handle only waits for an ask of the same id
-    /// made through another handle. One stream at a time (see
-    /// [`StageStream`]); empty when the node does not track stages.
+    /// or missing pool), and the end of the stream once no more asks can
+    /// come: with the handle's outcome, or, for a handle dropped while its
+    /// ask goes on (detached, see [`DurableHandle`]), with that ask's. None
+    /// when the outcome was already in the store, nor while this handle
+    /// only waits for an ask of the same id made through another handle.
+    /// One stream at a time (see [`StageStream`]); empty when the node does
+    /// not track stages.
     pub fn stages(&self) -> StageStream<R> {
         self.stages.open()
     }
@@ -140,20 +144,41 @@ impl<R> DurableHandle<R> {
 impl<R> Future for DurableHandle<R> {
     type Output = Result<R, AskError>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let outcome = self.inner.as_mut().poll(cx);
-        if outcome.is_ready() {
-            // Every ask it made was relayed before its outcome was known.
-            self.stages.end();
-        }
-        outcome
+        self.inner.as_mut().poll(cx)
     }
 }
 
-impl<R> Drop for DurableHandle<R> {
+/// Relays a durable ask's asks to its handle's stream, and ends that
+/// stream when the last clone is dropped: clones go wherever an ask may
+/// still be made for the handle (its future, a detached task), so the
+/// stream ends exactly when no ask can come, however the handle ended. A
+/// handle dropped before its detached task had asked would otherwise end
+/// its stream with nothing, the ask running on unseen.
+struct StageWriter<R>(Arc<EndOnDrop<R>>);
+
+struct EndOnDrop<R>(Arc<StageRelay<R>>);
+
+impl<R> Drop for EndOnDrop<R> {
     fn drop(&mut self) {
-        // A detached ask goes on, but this handle's stream stops after the
-        // ask it is reading.
-        self.stages.end();
+        self.0.end();
+    }
+}
+
+impl<R> StageWriter<R> {
+    fn new(relay: &Arc<StageRelay<R>>) -> Self {
+        Self(Arc::new(EndOnDrop(Arc::clone(relay))))
+    }
+}
+
+impl<R: Clone + Send + 'static> StageWriter<R> {
+    fn relay<M: Clone + Send + 'static>(&self, ask: &AskHandle<M, R>) {
+        self.0 .0.relay(ask);
+    }
+}
+
+impl<R> Clone for StageWriter<R> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
     }
 }
 
@@ -263,7 +288,8 @@ where
         // keep, a JS Date, would run otherwise as it was never stored).
         let runtime = Handle::try_current().ok();
         let (key, stages) = (id.to_string(), StageRelay::new());
-        let inner = resume(self, promises, id, created.promise, runtime, &stages);
+        let writer = StageWriter::new(&stages);
+        let inner = resume(self, promises, id, created.promise, runtime, writer);
         Ok(DurableHandle::new(key, inner, stages))
     }
 
@@ -282,12 +308,14 @@ where
         // not where the handle is polled.
         let runtime = Handle::try_current().ok();
         let stages = StageRelay::new();
-        let (node, promises, key, relay) = (
+        let (node, promises, key, writer) = (
             self.clone(),
             promises.clone(),
             id.clone(),
-            Arc::clone(&stages),
+            StageWriter::new(&stages),
         );
+        // Dropped before it asks (an error, a handle dropped unpolled), the
+        // writer ends the stream.
         let inner = async move {
             let promise = promises.current(&key).await?;
             // Someone else's promise would be read as an outcome, or asked
@@ -297,7 +325,7 @@ where
                     message: format!("promise {key} was not made by a durable ask"),
                 });
             }
-            resume(&node, &promises, request_id, promise, runtime, &relay).await
+            resume(&node, &promises, request_id, promise, runtime, writer).await
         };
         Ok(DurableHandle::new(id, Box::pin(inner), stages))
     }
@@ -316,7 +344,7 @@ fn resume<M, R>(
     id: RequestId,
     promise: Promise,
     runtime: Option<Handle>,
-    stages: &Arc<StageRelay<R>>,
+    stages: StageWriter<R>,
 ) -> Outcome<R>
 where
     M: Durable + Clone + Send + 'static,
@@ -340,7 +368,7 @@ where
         pool,
         msg,
         size,
-        stages: Arc::clone(stages),
+        stages,
     };
     // The first await of an id (a new durable ask, a restarted caller's)
     // runs on the runtime whether or not its handle is still awaited: a
@@ -375,7 +403,7 @@ struct DurableAskOf<M, R> {
     msg: M,
     size: usize,
     /// Where its asks' stages go (its handle's stream).
-    stages: Arc<StageRelay<R>>,
+    stages: StageWriter<R>,
 }
 
 fn joined<R>(joined: Result<Result<R, AskError>, tokio::task::JoinError>) -> Result<R, AskError> {

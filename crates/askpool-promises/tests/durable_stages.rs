@@ -134,3 +134,38 @@ async fn a_dropped_handles_stream_follows_its_ask_to_the_end() {
     let settled = promises.wait(&id).await.unwrap();
     assert_eq!(settled.value.as_deref(), Some(&b"HI"[..]));
 }
+
+/// A handle dropped at once, before its detached task has asked (a caller
+/// that stops waiting straight away): the ask still runs, and a stream
+/// opened on the handle follows it; it does not end with nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn a_handle_dropped_before_its_ask_started_still_streams_that_ask() {
+    let (node, gate) = gated_node();
+    let promises = DurablePromises::in_memory();
+    let ask = node.ask_durable(&promises, "gated", "hi".into()).unwrap();
+    let (id, source, live) = (ask.id().to_owned(), ask.stage_source(), ask.stages());
+    drop(ask);
+    gate.add_permits(1);
+    let settled = tokio::time::timeout(Duration::from_secs(10), promises.wait(&id))
+        .await
+        .expect("the ask is recorded")
+        .unwrap();
+    assert_eq!(settled.value.as_deref(), Some(&b"HI"[..]));
+    let all = vec![Sent, Received, Read, Partial, Fulfilled];
+    assert_eq!(stages_of(live).await, all);
+    assert_eq!(stages_of(source.open()).await, all);
+}
+
+/// An await dropped before it was ever polled makes no ask: its stream
+/// ends (it does not wait for an ask that will never come).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_await_dropped_unpolled_ends_its_stream() {
+    let (node, _gate) = gated_node();
+    let promises = DurablePromises::in_memory();
+    let handle = node
+        .await_durable(&promises, &fresh_id().to_string())
+        .unwrap();
+    let stream = handle.stages();
+    drop(handle);
+    assert_eq!(stages_of(stream).await, vec![]);
+}

@@ -168,25 +168,36 @@ impl<R> StageRelay<R> {
         M: Clone + Send + 'static,
         R: Clone + Send + 'static,
     {
-        let mut state = self.state.lock();
-        if state.ended {
-            return;
-        }
-        if state.asks.len() == MAX_RELAYED_ASKS {
-            state.asks.pop_front();
-            state.dropped += 1;
-        }
-        state.asks.push_back(ask.slot());
-        if let Some(waker) = state.waker.take() {
+        let (waker, dropped) = {
+            let mut state = self.state.lock();
+            if state.ended {
+                return;
+            }
+            let dropped = if state.asks.len() == MAX_RELAYED_ASKS {
+                state.dropped += 1;
+                state.asks.pop_front()
+            } else {
+                None
+            };
+            state.asks.push_back(ask.slot());
+            (state.waker.take(), dropped)
+        };
+        // Outside the lock: a waker may run code that takes it again, and
+        // the last hold of an ask's record lets go of what it holds.
+        drop(dropped);
+        if let Some(waker) = waker {
             waker.wake();
         }
     }
 
     /// No more asks: a stream ends after the last one's terminal stage.
     pub fn end(&self) {
-        let mut state = self.state.lock();
-        state.ended = true;
-        if let Some(waker) = state.waker.take() {
+        let waker = {
+            let mut state = self.state.lock();
+            state.ended = true;
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
             waker.wake();
         }
     }
@@ -249,7 +260,9 @@ impl<R> RelayStream<R> {
             if state.ended {
                 return Poll::Ready(None);
             }
-            state.waker = Some(cx.waker().clone());
+            let replaced = state.waker.replace(cx.waker().clone());
+            drop(state);
+            drop(replaced);
             return Poll::Pending;
         }
     }
@@ -258,9 +271,12 @@ impl<R> RelayStream<R> {
 impl<R> Drop for RelayStream<R> {
     fn drop(&mut self) {
         if self.first {
-            let mut state = self.relay.state.lock();
-            state.open = false;
-            state.waker = None;
+            let waker = {
+                let mut state = self.relay.state.lock();
+                state.open = false;
+                state.waker.take()
+            };
+            drop(waker);
         }
     }
 }

@@ -123,6 +123,11 @@ export async function usage(): Promise<void> {
   }
   const again: Receipt = await node.awaitDurable<Receipt>(durableId);
   void again;
+  const pending: Promise<Receipt> = node.awaitDurable<Receipt>(durableId);
+  void pending;
+  const resumed: DurableAsk<Receipt> = node.resumeDurable<Receipt>(durableId);
+  const resumedId: string = resumed.id;
+  void resumedId;
   const created: DurablePromise<Order> = node.promises.create<Order>('p-1', {
     param: { id: 5, items: [] },
     key: 'k',
