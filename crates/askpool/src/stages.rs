@@ -162,7 +162,9 @@ impl<R> StageRelay<R> {
     }
 
     /// Streams `ask`'s stages after those of the asks relayed before it.
-    /// Ignored once the relay has ended.
+    /// Ignored once the relay has ended. One stream per ask holds here
+    /// too: while the ask's own stream (`AskHandle::stages`) is open, the
+    /// relay's gives nothing of that ask, and the other way round.
     pub fn relay<M>(&self, ask: &AskHandle<M, R>)
     where
         M: Clone + Send + 'static,
