@@ -58,8 +58,8 @@ pub use breakers::BreakerStats;
 pub use config::{
     NodeConfig, PoolConfig, TimeoutConfig, DEFAULT_MAX_PAYLOAD_BYTES, MAX_CONCURRENCY,
 };
-pub use dlq::{DeadLetter, DeadLetterReason};
-pub use node::{Node, PoolBuilder, WorkerPool};
+pub use dlq::{DeadLetter, DeadLetterKind, DeadLetterReason};
+pub use node::{Node, PoolBuilder, Replay, WorkerPool};
 pub use pending::{LateOutcome, LateResult, StageSource, StageStream};
 pub use stats::{live_pools, NodeStats, PoolStats};
 #[cfg(feature = "prometheus")]
