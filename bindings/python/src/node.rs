@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, PayloadFingerprint,
-    PoolName, RequestId, StageEvent, StageSource, StageStream, WorkerId,
+    PoolName, Replay, RequestId, StageEvent, StageSource, StageStream, TellHandle, WorkerId,
 };
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -249,9 +249,9 @@ fn spawn_ask(driver: &LoopDriver, handle: Handle, target: Py<PyAny>) -> NativeAs
     let source = handle.stage_source();
     let task = FutureTask::spawn(&driver.shared, handle, target, reply);
     NativeAsk {
-        task,
+        task: Running::Ask(task),
         ids,
-        source,
+        source: Some(source),
         stages: OnceLock::new(),
     }
 }
@@ -523,7 +523,9 @@ impl NativeNode {
             .collect()
     }
 
-    /// Takes a dead letter out and asks it again with its request id.
+    /// Takes a dead letter out and sends it again with its request id, as
+    /// what it was: an ask's `target` gets the reply, a tell's its request
+    /// id once its pool accepted it (and it has no stages).
     fn replay_dead_letter(
         &self,
         py: Python<'_>,
@@ -534,8 +536,20 @@ impl NativeNode {
         self.check_process(py)?;
         let id = to_py(parse::<RequestId>("request_id", request_id))?;
         driver.eager(py, || {
-            let handle = to_py(self.node.replay_dead_letter(id))?;
-            Ok(spawn_ask(driver, handle, target))
+            match to_py(self.node.replay_dead_letter_as_sent(id))? {
+                Replay::Ask(handle) => Ok(spawn_ask(driver, handle, target)),
+                Replay::Tell(handle) => Ok(NativeAsk {
+                    ids: *handle.ids(),
+                    task: Running::Tell(FutureTask::spawn(
+                        &driver.shared,
+                        handle,
+                        target,
+                        request_id_str,
+                    )),
+                    source: None,
+                    stages: OnceLock::new(),
+                }),
+            }
         })
     }
 
@@ -557,12 +571,28 @@ impl NativeNode {
     }
 }
 
+/// What a [`NativeAsk`] drives: an ask, or the replay of a dead tell.
+enum Running {
+    Ask(Arc<FutureTask<Handle>>),
+    Tell(Arc<FutureTask<TellHandle<Obj, Obj>>>),
+}
+
+/// The next stage event as Python gets it (`None` once they ended).
+fn stage_or_end(py: Python<'_>, event: Option<StageEvent>) -> Result<Py<PyAny>, AskError> {
+    match event {
+        Some(e) => stage_tuple(py, e),
+        None => Ok(py.None()),
+    }
+}
+
 /// An ask in flight.
 #[pyclass(frozen, module = "askpool._native")]
 pub(crate) struct NativeAsk {
-    task: Arc<FutureTask<Handle>>,
+    task: Running,
     ids: AskIds,
-    source: StageSource<Obj>,
+    /// `None` for a dead tell's replay: a tell's stages end at its
+    /// acceptance, with no terminal one, so a stream of them never ends.
+    source: Option<StageSource<Obj>>,
     /// Opened by the first `next_stage`: most asks never read their stages,
     /// and an open stream queues every event.
     stages: OnceLock<Arc<Mutex<StageStream<Obj>>>>,
@@ -599,24 +629,29 @@ impl NativeAsk {
     /// Cancels the ask: a protocol cancel goes to the pool. The asyncio
     /// future is left to the caller (it is being cancelled).
     fn cancel(&self) {
-        if let Some(mut handle) = self.task.abandon() {
-            handle.cancel();
-        }
+        match &self.task {
+            Running::Ask(task) => task.abandon().map(|mut h| h.cancel()),
+            Running::Tell(task) => task.abandon().map(|mut h| h.cancel()),
+        };
     }
     /// Completes `target` with the next stage event as
     /// `(stage, since_sent, since_previous, fraction, note)`, or `None` after
     /// the terminal one.
     fn next_stage(&self, py: Python<'_>, driver: &LoopDriver, target: Py<PyAny>) {
+        let Some(source) = &self.source else {
+            let none = futures::future::ready(None);
+            driver.eager(py, || {
+                FutureTask::spawn(&driver.shared, none, target, stage_or_end);
+            });
+            return;
+        };
         let stages = self
             .stages
-            .get_or_init(|| Arc::new(Mutex::new(self.source.open())));
+            .get_or_init(|| Arc::new(Mutex::new(source.open())));
         let stages = Arc::clone(stages);
         let next = futures::future::poll_fn(move |cx| stages.lock().poll_next_unpin(cx));
         driver.eager(py, || {
-            FutureTask::spawn(&driver.shared, next, target, |py, event| match event {
-                Some(e) => stage_tuple(py, e),
-                None => Ok(py.None()),
-            });
+            FutureTask::spawn(&driver.shared, next, target, stage_or_end);
         });
     }
 }
