@@ -404,9 +404,10 @@ export class Node {
   tell(pool: PoolRef, msg: unknown, options?: TellOptions): Promise<string>;
   deadLetters<Msg = unknown>(): DeadLetter<Msg>[];
   /**
-   * Asks a dead letter again with its ids; a handle as `askHandle` gives
-   * (awaited, it resolves like `ask`; FailedPreconditionError if there is
-   * no such letter). A replay that fails puts the letter back (its pool is
+   * Sends a dead letter again with its ids, as what it was; a handle as
+   * `askHandle` gives (awaited, an ask's resolves like `ask`, a tell's like
+   * `tell`, to its request id, with no stages; FailedPreconditionError if
+   * there is no such letter). A replay that fails puts the letter back (its pool is
    * gone: NO_ROUTE). Replaying a durable ask's letter records its outcome
    * in the ask's promise. Once the node is closed it rejects with
    * UnavailableError.

@@ -37,9 +37,11 @@ export declare class Core {
   cancel(task: number): void
   /**
    * Opens the stage stream of a running ask (or durable ask); returns
-   * its stream id.
+   * its stream id, or null for a running tell (a dead tell's replay),
+   * which has none: its stages end at the pool's acceptance, with no
+   * terminal one.
    */
-  openStages(task: number): number
+  openStages(task: number): number | null
   /**
    * Reads the next stage event of `stream` (reported as `STAGE` or
    * `STAGE_END`, after which the stream is gone). One read at a time.
@@ -53,9 +55,10 @@ export declare class Core {
   /** The dead letters, oldest first. */
   deadLetters(): Array<DeadLetterInfo>
   /**
-   * Asks a dead letter again with its ids; returns the new task id. The
-   * replay of a durable ask's letter records its outcome in the ask's
-   * promise (the core's replay hook).
+   * Sends a dead letter again with its ids, as what it was (an ask's
+   * task reports its reply, a tell's `TELL_OK`); returns the new task
+   * id. The replay of a durable ask's letter records its outcome in the
+   * ask's promise (the core's replay hook).
    */
   replayDeadLetter(requestId: string): number
   purgeDeadLetters(): number

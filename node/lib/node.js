@@ -764,9 +764,10 @@ class Node {
       requestId: this.#core.requestId(started.task),
       correlationId: this.#core.correlationId(started.task),
     };
-    const stream = this.#core.openStages(started.task);
+    // null: a dead tell's replay, which has no stages to read.
+    const stream = this.#core.openStages(started.task) ?? -1;
     const handle = new AskHandle(this, started.task, ids, stream, started.result);
-    unreadStreams.register(handle, { stream, core: this.#core }, handle);
+    if (stream >= 0) unreadStreams.register(handle, { stream, core: this.#core }, handle);
     return handle;
   }
 
@@ -857,8 +858,9 @@ class Node {
   }
 
   /**
-   * Asks a dead letter again, with its request id; an AskHandle, as
-   * `askHandle` gives (awaited, it resolves like `ask`).
+   * Sends a dead letter again, with its request id, as what it was; an
+   * AskHandle, as `askHandle` gives (awaited, an ask's resolves like `ask`,
+   * a tell's like `tell`: to its request id once its pool accepted it).
    */
   replayDeadLetter(requestId) {
     let task;
@@ -870,7 +872,8 @@ class Node {
     } catch (e) {
       return this.#handleOf({ task: -1, result: Promise.reject(e), requestId });
     }
-    return this.#handleOf({ task, result: this.#await(task, undefined, false) });
+    // `true`: a tell's replay resolves to its request id, as `tell` does.
+    return this.#handleOf({ task, result: this.#await(task, undefined, true) });
   }
 
   /** Empties the dead-letter queue; returns how many letters it held. */

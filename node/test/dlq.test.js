@@ -155,6 +155,34 @@ test('replayDeadLetter gives an AskHandle: ids, stages, cancel; a missing letter
   await node.close();
 });
 
+test("a tell's dead letter replays as a tell: it resolves to its request id once accepted, with no stages", async () => {
+  const node = new Node({ breaker: false });
+  let release;
+  const told = [];
+  node.pool('narrow', { maxInFlight: 1 }).handle((m) => {
+    if (m.block) return new Promise((r) => (release = r));
+    told.push(m);
+    return 'an answer nobody asked for';
+  });
+  const blocker = node.ask('narrow', { block: true });
+  const payload = { n: 9 };
+  await assert.rejects(node.tell('narrow', payload, { maxAttempts: 1 }), refusedToTheEnd);
+  const [letter] = node.deadLetters();
+  await new Promise((r) => setImmediate(r));
+  release('free');
+  await blocker;
+  const replay = node.replayDeadLetter(letter.requestId);
+  assert.equal(replay.requestId, letter.requestId);
+  const stages = [];
+  for await (const s of replay.stages()) stages.push(s.stage);
+  assert.deepEqual(stages, []);
+  assert.equal(await replay, letter.requestId);
+  assert.equal(node.deadLetters().length, 0);
+  while (told.length === 0) await new Promise((r) => setImmediate(r));
+  assert.equal(told[0], payload, 'the handler got the very payload');
+  await node.close();
+});
+
 test('a closed node refuses replayDeadLetter with UNAVAILABLE, for any id; its letters can still be read', async () => {
   const node = new Node({ breaker: false });
   let runs = 0;

@@ -819,9 +819,12 @@ class Node:
         return [DeadLetter(*letter) for letter in self._native.dead_letters()]
 
     def replay_dead_letter(self, request_id: str) -> AskHandle:
-        """Takes a dead letter out and asks it again with its request id (its
-        pool may answer from its reply cache without running the handler).
-        A replay that fails puts the letter back with its new error. The
+        """Takes a dead letter out and sends it again with its request id, as
+        what it was: an ask's replay gives the reply (its pool may answer
+        from its reply cache without running the handler), a tell's gives
+        its request id once its pool accepted it, as ``tell`` does, and has
+        no stages. A replay that fails puts the letter back with its new
+        error. The
         replay of a durable ask's letter settles that ask's promise with its
         outcome. Raises ``FailedPreconditionError`` at once if there is no
         dead letter with that id (``InvalidArgumentError`` if ``request_id``

@@ -420,6 +420,38 @@ async def test_a_full_pool_refuses_with_buffer_full() -> None:
         assert await first == 1
 
 
+async def test_a_tells_dead_letter_replays_as_a_tell() -> None:
+    release = asyncio.Event()
+    told: list[Any] = []
+    async with Node() as node:
+        pool = node.pool("tight", concurrency=1, max_in_flight=1)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if msg == "block":
+                await release.wait()
+            else:
+                told.append(msg)
+            return "an answer nobody asked for"
+
+        first = node.ask("tight", "block", timeout=5)
+        payload = ["told"]
+        # Refused until its time ran out: BUFFER_FULL, or the deadline on a
+        # loaded machine (both retryable: dead-lettered).
+        with pytest.raises((askpool.BufferFullError, askpool.AskTimeoutError)):
+            await node.tell("tight", payload, timeout=0.2)
+        (letter,) = node.dead_letters()
+        release.set()
+        await first
+        replay = node.replay_dead_letter(letter.request_id)
+        assert [event async for event in replay.stages()] == []
+        assert await replay == letter.request_id
+        assert node.dead_letters() == []
+        while not told:
+            await asyncio.sleep(0.01)
+        assert told[0] is payload
+
+
 async def test_pending_ask_fails_unavailable_when_the_node_closes() -> None:
     node = Node()
     pool = node.pool("held")

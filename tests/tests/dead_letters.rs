@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use askpool::{
-    AskError, DeadLetterReason, ErrorCode, LateResult, Node, NodeConfig, PoolName, RetryPolicy,
-    WorkerTransport,
+    AskError, DeadLetterKind, DeadLetterReason, ErrorCode, LateResult, Node, NodeConfig, PoolName,
+    Replay, RetryPolicy, WorkerTransport,
 };
 use askpool_tests::{Fate, FrameKind, Tap};
 
@@ -165,6 +165,74 @@ async fn a_dead_letter_replays_with_its_request_id() {
         node.replay_dead_letter(id).unwrap_err().code(),
         ErrorCode::FailedPrecondition
     );
+}
+
+/// A tell that exhausted its retries is filed as a tell, and is replayed as
+/// one: one-way, done when the pool accepts it. It used to be replayed as
+/// an ask: it waited for the handler's answer, which a pool that had
+/// admitted the tell never sends (the replay timed out and was filed
+/// again), and one that had run it answered from its cache.
+#[tokio::test(start_paused = true)]
+async fn a_tells_dead_letter_replays_as_a_tell() {
+    let node: TestNode = Node::with_config(config(10));
+    let pool = node.pool("p").max_in_flight(1).build().unwrap();
+    let stuck = node.ask("p", 0).send();
+    let tell = node.tell("p", 7).send();
+    let id = tell.request_id();
+    assert_eq!(tell.await.unwrap_err().code(), ErrorCode::BufferFull);
+    let letter = node.dead_letter(id).expect("BufferFull every time: filed");
+    assert_eq!(letter.kind, DeadLetterKind::Tell);
+    let r = pool.next_request().await.unwrap();
+    r.responder.reply("zero".into());
+    assert_eq!(stuck.await.unwrap(), "zero");
+
+    // Not as an ask: refused, and the letter stays.
+    let err = node.replay_dead_letter(id).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FailedPrecondition);
+    assert!(err.to_string().contains("replay_dead_tell"), "{err}");
+    assert_eq!(node.dead_letter(id).unwrap().kind, DeadLetterKind::Tell);
+
+    // As a tell: accepted before any worker took it.
+    let replay = node.replay_dead_tell(id).unwrap();
+    assert_eq!(replay.await.unwrap(), id);
+    assert!(!node.is_pending(id));
+    assert!(node.dead_letter(id).is_none());
+    let r = pool.next_request().await.unwrap();
+    assert_eq!((r.message, r.context.request_id()), (7, id));
+    r.responder.reply("seven".into());
+    // Again with the same id: deduplicated as a tell, acknowledged and not
+    // queued again.
+    assert_eq!(node.tell("p", 7).request_id(id).await.unwrap(), id);
+    assert_eq!(pool.stats().queued, 0);
+    assert_eq!(node.stats().dlq_depth, 0);
+
+    // And an ask's letter is not replayed as a tell.
+    let stuck = node.ask("p", 0).send();
+    let ask = node.ask("p", 8).send();
+    let ask_id = ask.request_id();
+    ask.await.unwrap_err();
+    assert_eq!(node.dead_letter(ask_id).unwrap().kind, DeadLetterKind::Ask);
+    let err = node.replay_dead_tell(ask_id).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FailedPrecondition);
+    assert!(node.dead_letter(ask_id).is_some());
+
+    // Replayed as sent, each is what it was: the ask fails again (the pool
+    // is still full) and is filed again as an ask; a tell is a tell.
+    let tell = node.tell("p", 9).send();
+    let tell_id = tell.request_id();
+    tell.await.unwrap_err();
+    let Replay::Ask(ask) = node.replay_dead_letter_as_sent(ask_id).unwrap() else {
+        panic!("an ask's letter replays as an ask");
+    };
+    assert_eq!(ask.await.unwrap_err().code(), ErrorCode::BufferFull);
+    assert_eq!(node.dead_letter(ask_id).unwrap().kind, DeadLetterKind::Ask);
+    let r = pool.next_request().await.unwrap();
+    r.responder.reply("zero".into());
+    assert_eq!(stuck.await.unwrap(), "zero");
+    let Replay::Tell(tell) = node.replay_dead_letter_as_sent(tell_id).unwrap() else {
+        panic!("a tell's letter replays as a tell");
+    };
+    assert_eq!(tell.await.unwrap(), tell_id);
 }
 
 /// A letter keeps its ask's payload fingerprint and its replay carries it:

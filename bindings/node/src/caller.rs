@@ -5,7 +5,9 @@ use std::pin::Pin;
 use std::str::FromStr;
 use std::task::{Context, Poll, Waker};
 
-use askpool::{AskError, CancelReason, PayloadFingerprint, RequestId, RetryPolicy, WorkerId};
+use askpool::{
+    AskError, CancelReason, PayloadFingerprint, Replay, RequestId, RetryPolicy, WorkerId,
+};
 use napi::bindgen_prelude::*;
 use napi_derive::napi;
 
@@ -146,15 +148,18 @@ impl Core {
     }
 
     /// Opens the stage stream of a running ask (or durable ask); returns
-    /// its stream id.
+    /// its stream id, or null for a running tell (a dead tell's replay),
+    /// which has none: its stages end at the pool's acceptance, with no
+    /// terminal one.
     #[napi(catch_unwind)]
-    pub fn open_stages(&mut self, task: u32) -> Result<u32> {
+    pub fn open_stages(&mut self, task: u32) -> Result<Option<u32>> {
         let stream = match self.task_mut(task) {
             Some(Task::Ask(h)) => h.stages(),
             Some(Task::Durable(h)) => h.stages(),
+            Some(Task::Tell(_)) => return Ok(None),
             _ => return Err(errors::invalid(format!("task {task} is not a running ask"))),
         };
-        Ok(self.streams.insert(stream))
+        Ok(Some(self.streams.insert(stream)))
     }
 
     /// Reads the next stage event of `stream` (reported as `STAGE` or
@@ -186,9 +191,10 @@ impl Core {
             .collect()
     }
 
-    /// Asks a dead letter again with its ids; returns the new task id. The
-    /// replay of a durable ask's letter records its outcome in the ask's
-    /// promise (the core's replay hook).
+    /// Sends a dead letter again with its ids, as what it was (an ask's
+    /// task reports its reply, a tell's `TELL_OK`); returns the new task
+    /// id. The replay of a durable ask's letter records its outcome in the
+    /// ask's promise (the core's replay hook).
     #[napi(catch_unwind)]
     pub fn replay_dead_letter(&mut self, request_id: String) -> Result<u32> {
         // The core would look for the letter and answer FAILED_PRECONDITION
@@ -197,9 +203,14 @@ impl Core {
         let id: RequestId = parse_id("requestId", &request_id)?;
         let handle = {
             let _enter = self.rt.enter();
-            self.node.replay_dead_letter(id).map_err(errors::throw)?
+            self.node
+                .replay_dead_letter_as_sent(id)
+                .map_err(errors::throw)?
         };
-        Ok(self.spawn(Task::Ask(handle)))
+        Ok(self.spawn(match handle {
+            Replay::Ask(h) => Task::Ask(h),
+            Replay::Tell(h) => Task::Tell(h),
+        }))
     }
 
     #[napi(catch_unwind)]

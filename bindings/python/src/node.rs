@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use askpool::{
     AskError, AskHandle, AskIds, CausationId, CorrelationId, Node, NodeConfig, PayloadFingerprint,
-    PoolName, RequestId, WorkerId,
+    PoolName, Replay, RequestId, TellHandle, WorkerId,
 };
 use parking_lot::Mutex;
 use pyo3::intern;
@@ -248,7 +248,11 @@ fn spawn_ask(driver: &LoopDriver, handle: Handle, target: Py<PyAny>) -> NativeAs
     let ids = *handle.ids();
     let stages = StageReader::new(handle.stage_source());
     let task = FutureTask::spawn(&driver.shared, handle, target, reply);
-    NativeAsk { task, ids, stages }
+    NativeAsk {
+        task: Running::Ask(task),
+        ids,
+        stages,
+    }
 }
 
 #[pymethods]
@@ -505,7 +509,9 @@ impl NativeNode {
             .collect()
     }
 
-    /// Takes a dead letter out and asks it again with its request id.
+    /// Takes a dead letter out and sends it again with its request id, as
+    /// what it was: an ask's `target` gets the reply, a tell's its request
+    /// id once its pool accepted it (and it has no stages).
     fn replay_dead_letter(
         &self,
         py: Python<'_>,
@@ -516,8 +522,19 @@ impl NativeNode {
         self.check_process(py)?;
         let id = to_py(parse::<RequestId>("request_id", request_id))?;
         driver.eager(py, || {
-            let handle = to_py(self.node.replay_dead_letter(id))?;
-            Ok(spawn_ask(driver, handle, target))
+            match to_py(self.node.replay_dead_letter_as_sent(id))? {
+                Replay::Ask(handle) => Ok(spawn_ask(driver, handle, target)),
+                Replay::Tell(handle) => Ok(NativeAsk {
+                    ids: *handle.ids(),
+                    task: Running::Tell(FutureTask::spawn(
+                        &driver.shared,
+                        handle,
+                        target,
+                        request_id_str,
+                    )),
+                    stages: StageReader::empty(),
+                }),
+            }
         })
     }
 
@@ -539,11 +556,19 @@ impl NativeNode {
     }
 }
 
+/// What a [`NativeAsk`] drives: an ask, or the replay of a dead tell.
+enum Running {
+    Ask(Arc<FutureTask<Handle>>),
+    Tell(Arc<FutureTask<TellHandle<Obj, Obj>>>),
+}
+
 /// An ask in flight.
 #[pyclass(frozen, module = "askpool._native")]
 pub(crate) struct NativeAsk {
-    task: Arc<FutureTask<Handle>>,
+    task: Running,
     ids: AskIds,
+    /// Empty for a dead tell's replay: a tell's stages end at its
+    /// acceptance, with no terminal one, so a stream of them never ends.
     stages: StageReader,
 }
 
@@ -594,9 +619,10 @@ impl NativeAsk {
     /// Cancels the ask: a protocol cancel goes to the pool. The asyncio
     /// future is left to the caller (it is being cancelled).
     fn cancel(&self) {
-        if let Some(mut handle) = self.task.abandon() {
-            handle.cancel();
-        }
+        match &self.task {
+            Running::Ask(task) => task.abandon().map(|mut h| h.cancel()),
+            Running::Tell(task) => task.abandon().map(|mut h| h.cancel()),
+        };
     }
     /// Completes `target` with the next stage event as
     /// `(stage, since_sent, since_previous, fraction, note)`, or `None` after

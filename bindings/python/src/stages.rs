@@ -15,14 +15,23 @@ use crate::task::FutureTask;
 /// A stage source, opened by the first read: most asks never read their
 /// stages, and an open stream queues every event.
 pub(crate) struct StageReader {
-    source: StageSource<Obj>,
+    /// `None`: no stages to read.
+    source: Option<StageSource<Obj>>,
     stream: OnceLock<Arc<Mutex<StageStream<Obj>>>>,
 }
 
 impl StageReader {
     pub(crate) fn new(source: StageSource<Obj>) -> Self {
         Self {
-            source,
+            source: Some(source),
+            stream: OnceLock::new(),
+        }
+    }
+
+    /// A reader whose stages end at once.
+    pub(crate) fn empty() -> Self {
+        Self {
+            source: None,
             stream: OnceLock::new(),
         }
     }
@@ -31,17 +40,29 @@ impl StageReader {
     /// `(stage, since_sent, since_previous, fraction, note)`, or `None` after
     /// the last one.
     pub(crate) fn next(&self, py: Python<'_>, driver: &LoopDriver, target: Py<PyAny>) {
+        let Some(source) = &self.source else {
+            let none = futures::future::ready(None);
+            driver.eager(py, || {
+                FutureTask::spawn(&driver.shared, none, target, stage_or_end);
+            });
+            return;
+        };
         let stream = self
             .stream
-            .get_or_init(|| Arc::new(Mutex::new(self.source.open())));
+            .get_or_init(|| Arc::new(Mutex::new(source.open())));
         let stream = Arc::clone(stream);
         let next = futures::future::poll_fn(move |cx| stream.lock().poll_next_unpin(cx));
         driver.eager(py, || {
-            FutureTask::spawn(&driver.shared, next, target, |py, event| match event {
-                Some(e) => stage_tuple(py, e),
-                None => Ok(py.None()),
-            });
+            FutureTask::spawn(&driver.shared, next, target, stage_or_end);
         });
+    }
+}
+
+/// The next stage event as Python gets it (`None` once they ended).
+fn stage_or_end(py: Python<'_>, event: Option<StageEvent>) -> Result<Py<PyAny>, AskError> {
+    match event {
+        Some(e) => stage_tuple(py, e),
+        None => Ok(py.None()),
     }
 }
 

@@ -392,8 +392,9 @@ impl NativeNode {
             .collect()
     }
 
-    /// Asks a dead letter again (same ids); the outcome goes to the
-    /// listener under `token`, and its stage record is kept.
+    /// Sends a dead letter again (same ids) as what it was: an ask's
+    /// outcome goes to the listener under `token` and its stage record is
+    /// kept; a tell's is a reply of nothing once its pool accepted it.
     pub fn replay_dead_letter(
         self: Arc<Self>,
         request_id: String,
@@ -401,9 +402,12 @@ impl NativeNode {
     ) -> Result<AskStart, NativeError> {
         let id: RequestId = parse_id("request id", &request_id)?;
         let _rt = runtime().enter();
-        let handle = self.node.replay_dead_letter(id)?;
-        let ids = *handle.ids();
-        let stages_kept = self.start(Started::Ask(handle), token, true);
+        let started = match self.node.replay_dead_letter_as_sent(id)? {
+            askpool::Replay::Ask(h) => Started::Ask(h),
+            askpool::Replay::Tell(h) => Started::Tell(h),
+        };
+        let ids = *started.ids();
+        let stages_kept = self.start(started, token, true);
         Ok(AskStart::of(ids, stages_kept))
     }
 

@@ -26,7 +26,7 @@ use rand::SeedableRng;
 use tokio::time::Sleep;
 
 use crate::breakers::{Permit, Verdict};
-use crate::dlq::{self, DeadLetter, DeadLetterReason};
+use crate::dlq::{self, DeadLetter, DeadLetterKind, DeadLetterReason};
 use crate::expiry::ExpiryKey;
 use crate::node::{Node, NodeShared};
 use crate::pending::{Arrivals, AskSlot, SlotEvent};
@@ -375,6 +375,11 @@ impl<M: Clone + Send + 'static, R: Clone + Send + 'static> AskHandle<M, R> {
         let letter = DeadLetter {
             ids: self.meta.ids,
             pool: self.meta.pool.clone(),
+            kind: if self.meta.expects_reply {
+                DeadLetterKind::Ask
+            } else {
+                DeadLetterKind::Tell
+            },
             payload,
             fingerprint: self.meta.fingerprint,
             error: error.clone(),
@@ -917,6 +922,16 @@ impl<'a, M: Clone + Send + 'static, R: Clone + Send + 'static> TellBuilder<'a, M
     /// See [`AskBuilder::payload_size`].
     pub fn payload_size(mut self, bytes: usize) -> Self {
         self.inner = self.inner.payload_size(bytes);
+        self
+    }
+    /// See [`AskBuilder::refile_on_failure`].
+    pub(crate) fn refile_on_failure(mut self, reason: DeadLetterReason) -> Self {
+        self.inner = self.inner.refile_on_failure(reason);
+        self
+    }
+    /// See [`AskBuilder::replay_hook`].
+    pub(crate) fn replay_hook(mut self, hook: Option<ReplayHook<R>>) -> Self {
+        self.inner = self.inner.replay_hook(hook);
         self
     }
     /// Sends the tell now; the handle resolves when the pool accepts it.

@@ -7,7 +7,8 @@
 //! reply exhausted no retries and is not filed (a Poison one is). It keeps the
 //! payload, so it can be inspected and replayed with the same request id
 //! (a pool that did finish it answers from its reply cache; nothing runs
-//! twice). The queue is bounded: when full, the oldest letter is dropped and
+//! twice). A tell lands here the same way, filed as a tell, and is replayed
+//! as one. The queue is bounded: when full, the oldest letter is dropped and
 //! counted. A late outcome for a timed-out ask removes its letter.
 
 use std::collections::VecDeque;
@@ -39,11 +40,33 @@ impl DeadLetterReason {
     }
 }
 
-/// One failed ask.
+/// What was sent: its replay sends it the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// An ask: its replay waits for the reply.
+    Ask,
+    /// A tell: its replay is one-way too, done when the pool accepts it
+    /// (and deduplicated as a tell: a pool that ran it acknowledges it
+    /// again rather than replaying its handler's answer).
+    Tell,
+}
+
+impl DeadLetterKind {
+    /// The name every binding gives the kind (`ASK`, `TELL`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterKind::Ask => "ASK",
+            DeadLetterKind::Tell => "TELL",
+        }
+    }
+}
+
+/// One failed ask or tell.
 #[derive(Clone, Debug)]
 pub struct DeadLetter<M> {
     pub ids: AskIds,
     pub pool: PoolName,
+    pub kind: DeadLetterKind,
     pub payload: M,
     /// The payload's fingerprint, if the ask had one: its replay carries it,
     /// so a pool that holds the id for another payload refuses the replay
@@ -121,6 +144,22 @@ impl<M, R> DeadLetterQueue<M, R> {
         let taken = self.letters.remove(index);
         telemetry::dlq_depth_changed(-1);
         taken
+    }
+
+    /// Takes the letter `id` if it is of `kind` (any kind: `None`); a
+    /// letter of the other kind stays queued. `Err(None)`: no such letter;
+    /// `Err(Some(k))`: it is a `k`'s. One look under the queue's lock, so
+    /// the kind checked is the kind taken.
+    pub(crate) fn take_kind(
+        &mut self,
+        id: RequestId,
+        kind: Option<DeadLetterKind>,
+    ) -> Result<Filed<M, R>, Option<DeadLetterKind>> {
+        match self.get(id) {
+            None => Err(None),
+            Some(letter) if kind.is_some_and(|k| k != letter.kind) => Err(Some(letter.kind)),
+            Some(_) => self.take(id).ok_or(None),
+        }
     }
 
     pub(crate) fn get(&self, id: RequestId) -> Option<&DeadLetter<M>> {

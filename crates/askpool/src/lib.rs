@@ -59,8 +59,8 @@ pub use breakers::BreakerStats;
 pub use config::{
     NodeConfig, PoolConfig, TimeoutConfig, DEFAULT_MAX_PAYLOAD_BYTES, MAX_CONCURRENCY,
 };
-pub use dlq::{DeadLetter, DeadLetterReason};
-pub use node::{Node, PoolBuilder, WorkerPool};
+pub use dlq::{DeadLetter, DeadLetterKind, DeadLetterReason};
+pub use node::{Node, PoolBuilder, Replay, WorkerPool};
 pub use pending::{LateOutcome, LateResult};
 pub use stages::{StageRelay, StageSource, StageStream, MAX_RELAYED_ASKS};
 pub use stats::{live_pools, NodeStats, PoolStats};

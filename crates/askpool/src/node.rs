@@ -12,11 +12,11 @@ use askpool_proto::{
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::ask::{AskBuilder, AskHandle, TellBuilder};
+use crate::ask::{AskBuilder, AskHandle, AskOptions, ReplayHook, TellBuilder, TellHandle};
 use crate::breakers::Breakers;
 use crate::clock::{IdSource, NodeClock};
 use crate::config::{NodeConfig, PoolConfig, TimeoutConfig};
-use crate::dlq::{DeadLetter, Filed};
+use crate::dlq::{DeadLetter, DeadLetterKind, Filed};
 use crate::pending::{CallerSide, LateOutcome};
 use crate::pool::{PoolControl, PoolShared};
 use crate::stats::{NodeStats, PoolStats};
@@ -325,33 +325,84 @@ where
         self.shared.caller.dlq.lock().get(id).cloned()
     }
 
-    /// Takes a dead letter out of the queue and asks it again, with its
-    /// request id, ids and pool (a pool that finished it answers from its
-    /// cache). If the replay fails, however it fails (its pool is gone:
+    /// Takes an ask's dead letter out of the queue and asks it again, with
+    /// its request id, ids and pool (a pool that finished it answers from
+    /// its cache). If the replay fails, however it fails (its pool is gone:
     /// `NoRoute`), the letter goes back to the queue with the new error;
     /// a replay cancelled by its caller does not. `FailedPrecondition` if
-    /// there is no such letter.
+    /// there is no such letter, or if it is a tell's (it stays queued:
+    /// [`replay_dead_tell`](Self::replay_dead_tell) replays it).
     pub fn replay_dead_letter(&self, id: RequestId) -> Result<AskHandle<M, R>, AskError> {
-        let taken = self.shared.caller.dlq.lock().take(id);
+        let (letter, hook) = self.take_dead_letter(id, Some(DeadLetterKind::Ask))?;
+        Ok(self.replay_ask(letter, hook))
+    }
+
+    /// Takes a tell's dead letter out of the queue and tells it again, as
+    /// [`replay_dead_letter`](Self::replay_dead_letter) asks an ask's: the
+    /// handle resolves when the pool accepts it, as a tell's does, and a
+    /// pool that ran it already acknowledges it without running it again.
+    /// `FailedPrecondition` if there is no such letter, or if it is an
+    /// ask's (it stays queued).
+    pub fn replay_dead_tell(&self, id: RequestId) -> Result<TellHandle<M, R>, AskError> {
+        let (letter, hook) = self.take_dead_letter(id, Some(DeadLetterKind::Tell))?;
+        Ok(self.replay_tell(letter, hook))
+    }
+
+    /// Replays a dead letter of either kind as what it was sent as: for
+    /// code that handles every letter alike (a binding, a tool).
+    /// `FailedPrecondition` if there is no such letter.
+    pub fn replay_dead_letter_as_sent(&self, id: RequestId) -> Result<Replay<M, R>, AskError> {
+        let (letter, hook) = self.take_dead_letter(id, None)?;
+        Ok(match letter.kind {
+            DeadLetterKind::Ask => Replay::Ask(self.replay_ask(letter, hook)),
+            DeadLetterKind::Tell => Replay::Tell(self.replay_tell(letter, hook)),
+        })
+    }
+
+    fn replay_ask(&self, letter: DeadLetter<M>, hook: Option<ReplayHook<R>>) -> AskHandle<M, R> {
+        let options = replay_options(&letter);
+        self.ask(letter.pool, letter.payload)
+            .options(options)
+            .refile_on_failure(letter.reason)
+            .replay_hook(hook)
+            .send()
+    }
+
+    fn replay_tell(&self, letter: DeadLetter<M>, hook: Option<ReplayHook<R>>) -> TellHandle<M, R> {
+        let options = replay_options(&letter);
+        self.tell(letter.pool, letter.payload)
+            .options(options)
+            .refile_on_failure(letter.reason)
+            .replay_hook(hook)
+            .send()
+    }
+
+    /// The letter `id` taken out if it is of `kind` (`None`: any).
+    fn take_dead_letter(
+        &self,
+        id: RequestId,
+        kind: Option<DeadLetterKind>,
+    ) -> Result<(DeadLetter<M>, Option<ReplayHook<R>>), AskError> {
+        let taken = self.shared.caller.dlq.lock().take_kind(id, kind);
         let Filed {
             letter,
             replay_hook,
-        } = taken.ok_or_else(|| AskError::FailedPrecondition {
-            message: format!("no dead letter with request id {id}"),
+        } = taken.map_err(|found| {
+            let message = match found {
+                None => format!("no dead letter with request id {id}"),
+                // A tell replayed as an ask would wait for a reply that is
+                // never sent (or get its handler's answer from a pool's
+                // cache); an ask replayed as a tell would lose its reply.
+                Some(DeadLetterKind::Tell) => format!(
+                    "the dead letter with request id {id} is a tell's: replay it with replay_dead_tell"
+                ),
+                Some(DeadLetterKind::Ask) => format!(
+                    "the dead letter with request id {id} is an ask's: replay it with replay_dead_letter"
+                ),
+            };
+            AskError::FailedPrecondition { message }
         })?;
-        let mut ask = self
-            .ask(letter.pool, letter.payload)
-            .refile_on_failure(letter.reason)
-            .replay_hook(replay_hook)
-            .request_id(letter.ids.request_id)
-            .correlation_id(letter.ids.correlation_id);
-        if let Some(causation) = letter.ids.causation_id {
-            ask = ask.causation_id(causation);
-        }
-        if let Some(fingerprint) = letter.fingerprint {
-            ask = ask.fingerprint(fingerprint);
-        }
-        Ok(ask.send())
+        Ok((letter, replay_hook))
     }
 
     /// Empties the dead-letter queue; returns how many letters it held.
@@ -440,6 +491,35 @@ where
         }
         drop(pools);
         pool.close();
+    }
+}
+
+/// A dead letter's replay, as [`Node::replay_dead_letter_as_sent`] sends
+/// it: an ask's awaits the reply, a tell's the pool's acceptance.
+#[derive(Debug)]
+pub enum Replay<M: Clone + Send + 'static, R: Clone + Send + 'static> {
+    Ask(AskHandle<M, R>),
+    Tell(TellHandle<M, R>),
+}
+
+impl<M: Clone + Send + 'static, R: Clone + Send + 'static> Replay<M, R> {
+    pub fn ids(&self) -> &askpool_proto::AskIds {
+        match self {
+            Replay::Ask(h) => h.ids(),
+            Replay::Tell(h) => h.ids(),
+        }
+    }
+}
+
+/// A replay is sent with its letter's ids and fingerprint; its timeout and
+/// retry policy are the node's.
+fn replay_options<M>(letter: &DeadLetter<M>) -> AskOptions {
+    AskOptions {
+        request_id: Some(letter.ids.request_id),
+        correlation_id: Some(letter.ids.correlation_id),
+        causation_id: letter.ids.causation_id,
+        fingerprint: letter.fingerprint,
+        ..AskOptions::default()
     }
 }
 

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use rusqlite::types::{Type, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
 
 use super::{map_err, Hook};
@@ -38,68 +39,260 @@ fn t(v: Millis) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// A value read back that this store never writes: the file was altered.
-fn bad(what: &str) -> rusqlite::Error {
-    rusqlite::Error::InvalidColumnType(0, what.to_owned(), rusqlite::types::Type::Null)
+/// A value read back that this store never writes: the file was altered
+/// (by hand, by another program) or damaged where SQLite cannot see it.
+/// Carried through rusqlite as a conversion failure; reported as
+/// `Corrupt` with this text, which names the record and the column.
+#[derive(Debug)]
+struct OddValue(String);
+
+impl std::fmt::Display for OddValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OddValue {}
+
+/// The error of a read: `Corrupt` for a value the store never writes
+/// (from the decoders below, or a column of the wrong type read by a
+/// query of its own), else as [`map_err`] maps it.
+fn read_err(path: &Path, e: rusqlite::Error) -> PromiseError {
+    let corrupt = |message| PromiseError::Corrupt {
+        path: path.to_owned(),
+        message,
+    };
+    match e {
+        rusqlite::Error::FromSqlConversionFailure(_, _, odd) if odd.is::<OddValue>() => {
+            corrupt(odd.to_string())
+        }
+        rusqlite::Error::InvalidColumnType(..) => corrupt(e.to_string()),
+        e => map_err(path, e),
+    }
+}
+
+/// What an odd value is, for the error: its type and (shortened) value.
+fn describe(v: ValueRef<'_>) -> String {
+    match v {
+        ValueRef::Null => "NULL".into(),
+        ValueRef::Integer(i) => format!("integer {i}"),
+        ValueRef::Real(r) => format!("real {r:?}"),
+        ValueRef::Text(t) => {
+            let text = String::from_utf8_lossy(t);
+            match text.char_indices().nth(40) {
+                Some((cut, _)) => format!("text {:?}...", &text[..cut]),
+                None => format!("text {text:?}"),
+            }
+        }
+        ValueRef::Blob(b) => format!("a {}-byte blob", b.len()),
+    }
+}
+
+/// One row being decoded, every column checked against what the store
+/// writes: the one place values read from the file are checked, so that
+/// a file altered by hand reads as `Corrupt` naming the record (`promise
+/// "p"`) and the column, never as a panic, a wrapped-around time or a
+/// silent default.
+struct Cells<'a, 'r> {
+    row: &'a Row<'r>,
+    /// The record, as the error names it.
+    what: String,
+}
+
+impl<'a, 'r> Cells<'a, 'r> {
+    fn new(row: &'a Row<'r>, what: String) -> Self {
+        Self { row, what }
+    }
+
+    /// A row of `table` named by its text id in column `col`.
+    fn named(row: &'a Row<'r>, table: &str, col: usize) -> rusqlite::Result<(Self, String)> {
+        let mut cells = Self::new(row, format!("a {table}"));
+        let id = cells.text(col)?;
+        cells.what = format!("{table} {id:?}");
+        Ok((cells, id))
+    }
+
+    /// A row of `table` named by its integer id in column `col`.
+    fn numbered(row: &'a Row<'r>, table: &str, col: usize) -> rusqlite::Result<(Self, u64)> {
+        let mut cells = Self::new(row, format!("a {table}"));
+        let id = cells.count(col)?;
+        cells.what = format!("{table} {id}");
+        Ok((cells, id))
+    }
+
+    fn odd(&self, col: usize, why: &str) -> rusqlite::Error {
+        let name = self.row.as_ref().column_name(col).unwrap_or("?");
+        let (found, ty) = match self.row.get_ref(col) {
+            Ok(v) => (describe(v), v.data_type()),
+            Err(_) => ("nothing".into(), Type::Null),
+        };
+        let message = format!("{}: column {name} holds {found} ({why})", self.what);
+        rusqlite::Error::FromSqlConversionFailure(col, ty, Box::new(OddValue(message)))
+    }
+
+    fn value(&self, col: usize) -> rusqlite::Result<ValueRef<'_>> {
+        self.row.get_ref(col)
+    }
+
+    fn text(&self, col: usize) -> rusqlite::Result<String> {
+        self.opt_text(col)?
+            .ok_or_else(|| self.odd(col, "expected text"))
+    }
+
+    fn opt_text(&self, col: usize) -> rusqlite::Result<Option<String>> {
+        match self.value(col)? {
+            ValueRef::Null => Ok(None),
+            ValueRef::Text(t) => match std::str::from_utf8(t) {
+                Ok(t) => Ok(Some(t.to_owned())),
+                Err(_) => Err(self.odd(col, "not UTF-8")),
+            },
+            _ => Err(self.odd(col, "expected text")),
+        }
+    }
+
+    fn blob(&self, col: usize) -> rusqlite::Result<Vec<u8>> {
+        self.opt_blob(col)?
+            .ok_or_else(|| self.odd(col, "expected bytes"))
+    }
+
+    fn opt_blob(&self, col: usize) -> rusqlite::Result<Option<Vec<u8>>> {
+        match self.value(col)? {
+            ValueRef::Null => Ok(None),
+            ValueRef::Blob(b) => Ok(Some(b.to_vec())),
+            _ => Err(self.odd(col, "expected bytes")),
+        }
+    }
+
+    fn opt_int(&self, col: usize) -> rusqlite::Result<Option<i64>> {
+        match self.value(col)? {
+            ValueRef::Null => Ok(None),
+            ValueRef::Integer(i) => Ok(Some(i)),
+            _ => Err(self.odd(col, "expected an integer")),
+        }
+    }
+
+    fn int(&self, col: usize) -> rusqlite::Result<i64> {
+        self.opt_int(col)?
+            .ok_or_else(|| self.odd(col, "expected an integer"))
+    }
+
+    /// A count, id or epoch: never negative.
+    fn count(&self, col: usize) -> rusqlite::Result<u64> {
+        u64::try_from(self.int(col)?).map_err(|_| self.odd(col, "expected a count, not negative"))
+    }
+
+    /// A time the store wrote: milliseconds, never negative (times past
+    /// [`MAX_TIME`](crate::model::MAX_TIME) are written as it, which an
+    /// `i64` cannot exceed).
+    fn time(&self, col: usize) -> rusqlite::Result<Millis> {
+        self.opt_time(col)?
+            .ok_or_else(|| self.odd(col, "expected a time"))
+    }
+
+    fn opt_time(&self, col: usize) -> rusqlite::Result<Option<Millis>> {
+        match self.opt_int(col)? {
+            None => Ok(None),
+            Some(t) => u64::try_from(t)
+                .map(Some)
+                .map_err(|_| self.odd(col, "a time is never negative")),
+        }
+    }
+
+    /// A boolean: written as 0 or 1.
+    fn flag(&self, col: usize) -> rusqlite::Result<bool> {
+        match self.int(col)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(self.odd(col, "expected 0 or 1")),
+        }
+    }
+
+    fn promise_state(&self, col: usize) -> rusqlite::Result<State> {
+        State::from_code(self.int(col)?).ok_or_else(|| self.odd(col, "no such promise state"))
+    }
+
+    fn tags(&self, col: usize) -> rusqlite::Result<BTreeMap<String, String>> {
+        let json = self.text(col)?;
+        serde_json::from_str(&json)
+            .map_err(|e| self.odd(col, &format!("expected a JSON object of strings: {e}")))
+    }
 }
 
 fn promise_row(r: &Row<'_>) -> rusqlite::Result<Promise> {
-    let state: i64 = r.get(1)?;
-    let tags: String = r.get(8)?;
-    Ok(Promise {
-        id: r.get(0)?,
-        state: State::from_code(state).ok_or_else(|| bad("promise state"))?,
-        param: r.get(2)?,
-        value: r.get(3)?,
-        timeout_at: r.get::<_, i64>(4)? as u64,
-        create_key: r.get(5)?,
-        complete_key: r.get(6)?,
-        strict: r.get(7)?,
-        tags: serde_json::from_str::<BTreeMap<String, String>>(&tags)
-            .map_err(|_| bad("promise tags"))?,
-        created_at: r.get::<_, i64>(9)? as u64,
-        settled_at: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
-        resume_epoch: r.get::<_, i64>(11)? as u64,
-    })
+    let (c, id) = Cells::named(r, "promise", 0)?;
+    let state = c.promise_state(1)?;
+    let p = Promise {
+        id,
+        state,
+        param: c.blob(2)?,
+        value: c.opt_blob(3)?,
+        timeout_at: c.time(4)?,
+        create_key: c.opt_text(5)?,
+        complete_key: c.opt_text(6)?,
+        strict: c.flag(7)?,
+        tags: c.tags(8)?,
+        created_at: c.time(9)?,
+        settled_at: c.opt_time(10)?,
+        resume_epoch: c.count(11)?,
+    };
+    // What only a settlement writes, and what every settlement writes.
+    if state.is_settled() != p.settled_at.is_some() {
+        let why = if state.is_settled() {
+            format!("expected the time it settled: its state is {state}")
+        } else {
+            "expected NULL: its state is pending".to_owned()
+        };
+        return Err(c.odd(10, &why));
+    }
+    let only_settled = [(3, p.value.is_some()), (6, p.complete_key.is_some())];
+    if let Some((col, _)) = only_settled
+        .into_iter()
+        .find(|&(_, set)| set && !state.is_settled())
+    {
+        return Err(c.odd(col, "expected NULL: its state is pending"));
+    }
+    Ok(p)
 }
 
 fn task_row(r: &Row<'_>) -> rusqlite::Result<Task> {
-    let kind = match r.get::<_, i64>(1)? {
+    let (c, id) = Cells::numbered(r, "task", 0)?;
+    let kind = match c.int(1)? {
         0 => TaskKind::Invoke,
         1 => TaskKind::Resume,
-        _ => return Err(bad("task kind")),
+        _ => return Err(c.odd(1, "no such task kind")),
     };
-    let state = match r.get::<_, i64>(7)? {
+    let state = match c.int(7)? {
         0 => TaskState::Ready,
         1 => TaskState::Claimed,
         2 => TaskState::Waiting,
-        _ => return Err(bad("task state")),
+        _ => return Err(c.odd(7, "no such task state")),
     };
     Ok(Task {
-        id: r.get::<_, i64>(0)? as u64,
+        id,
         kind,
-        promise_id: r.get(2)?,
-        awaiter: r.get(3)?,
-        epoch: r.get::<_, i64>(4)? as u64,
-        pool: r.get(5)?,
-        preferred_worker: r.get(6)?,
+        promise_id: c.text(2)?,
+        awaiter: c.opt_text(3)?,
+        epoch: c.count(4)?,
+        pool: c.text(5)?,
+        preferred_worker: c.opt_text(6)?,
         state,
-        claims: r.get(8)?,
-        lease_owner: r.get(9)?,
-        lease_expires_at: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
-        created_at: r.get::<_, i64>(11)? as u64,
+        claims: u32::try_from(c.count(8)?).map_err(|_| c.odd(8, "expected a claim count"))?,
+        lease_owner: c.opt_text(9)?,
+        lease_expires_at: c.opt_time(10)?,
+        created_at: c.time(11)?,
     })
 }
 
 fn callback_row(r: &Row<'_>) -> rusqlite::Result<Callback> {
+    let (c, id) = Cells::numbered(r, "callback", 0)?;
     Ok(Callback {
-        id: r.get::<_, i64>(0)? as u64,
-        awaited: r.get(1)?,
-        awaiter: r.get(2)?,
-        epoch: r.get::<_, i64>(3)? as u64,
-        pool: r.get(4)?,
-        preferred_worker: r.get(5)?,
-        created_at: r.get::<_, i64>(6)? as u64,
+        id,
+        awaited: c.text(1)?,
+        awaiter: c.text(2)?,
+        epoch: c.count(3)?,
+        pool: c.text(4)?,
+        preferred_worker: c.opt_text(5)?,
+        created_at: c.time(6)?,
     })
 }
 
@@ -128,13 +321,7 @@ fn limit(n: usize) -> i64 {
 
 impl SqlTx<'_> {
     fn err(&self, e: rusqlite::Error) -> PromiseError {
-        if matches!(e, rusqlite::Error::InvalidColumnType(..)) {
-            return PromiseError::Corrupt {
-                path: self.path.to_owned(),
-                message: e.to_string(),
-            };
-        }
-        map_err(self.path, e)
+        read_err(self.path, e)
     }
 
     fn insert_promise_row(&mut self, sql: &str, p: &Promise) -> Result<usize> {
@@ -193,11 +380,8 @@ impl Tx for SqlTx<'_> {
             .prepare_cached("SELECT state, timeout_at FROM promises WHERE id = ?1")
             .map_err(|e| self.err(e))?;
         stmt.query_row([id], |r| {
-            let state: i64 = r.get(0)?;
-            Ok((
-                State::from_code(state).ok_or_else(|| bad("promise state"))?,
-                r.get::<_, i64>(1)? as u64,
-            ))
+            let c = Cells::new(r, format!("promise {id:?}"));
+            Ok((c.promise_state(0)?, c.time(1)?))
         })
         .optional()
         .map_err(|e| self.err(e))
@@ -418,13 +602,7 @@ impl Tx for SqlTx<'_> {
 
 /// Everything in the file, by id.
 pub(crate) fn snapshot(conn: &Connection, path: &Path) -> Result<Snapshot> {
-    let err = |e: rusqlite::Error| match e {
-        rusqlite::Error::InvalidColumnType(..) => PromiseError::Corrupt {
-            path: path.to_owned(),
-            message: e.to_string(),
-        },
-        e => map_err(path, e),
-    };
+    let err = |e| read_err(path, e);
     fn all<T>(
         conn: &Connection,
         sql: &str,

@@ -301,7 +301,8 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
 
     /**
      * Takes a dead letter out and asks it again with its ids; suspends until
-     * the reply. Cancelling the calling coroutine (a `withTimeout` around
+     * the reply (a tell's letter is told again, as a tell: null once its pool
+     * accepted it). Cancelling the calling coroutine (a `withTimeout` around
      * it included) gives the letter up, as [AskHandle.cancel] does: to wait
      * a while and keep it, see [replayDeadLetterHandle].
      */
@@ -315,7 +316,8 @@ class Node(options: NodeOptions = NodeOptions()) : AutoCloseable {
      * answer from its reply cache without running the handler) and returns
      * at once with the replay's [AskHandle]: its [AskHandle.requestId] and
      * [AskHandle.correlationId] are the letter's, [AskHandle.stages] its
-     * ACK lifecycle, [AskHandle.await] its reply. A replay that fails,
+     * ACK lifecycle, [AskHandle.await] its reply (a tell's letter is told
+     * again: no stages, and null once its pool accepted it). A replay that fails,
      * however it fails, puts the letter back with its new error; one
      * cancelled ([AskHandle.cancel], or the coroutine awaiting it) gives the
      * letter up. Throws [AskException.FailedPrecondition] if there is no

@@ -17,12 +17,13 @@ class ReplayHandleTest {
 
     /**
      * A node whose pool "narrow" admits one request at a time, and one dead
-     * letter for [payload] (refused `BufferFull` while the pool was full).
-     * [handler] runs the replays.
+     * letter for [payload] (an ask, or a tell if [tell], refused
+     * `BufferFull` while the pool was full). [handler] runs the replays.
      */
     private suspend fun withLetter(
         payload: Any,
         handler: suspend (Any?) -> Any?,
+        tell: Boolean = false,
         body: suspend (Node, Pool, DeadLetter) -> Unit,
     ) = Node(NodeOptions(maxAttempts = 1)).use { node ->
         val gate = CompletableDeferred<Unit>()
@@ -38,7 +39,11 @@ class ReplayHandleTest {
         }
         val blocker = node.send("narrow", "blocker")
         withTimeout(5_000) { started.await() }
-        val refused = failure { node.ask("narrow", payload, AskOptions(correlationId = correlation)) }
+        val refused = if (tell) {
+            failure { node.tell("narrow", payload, TellOptions(correlationId = correlation)) }
+        } else {
+            failure { node.ask("narrow", payload, AskOptions(correlationId = correlation)) }
+        }
         assertTrue(refused is AskException.BufferFull, "$refused")
         gate.complete(Unit)
         assertEquals("blocker", blocker.await())
@@ -59,6 +64,20 @@ class ReplayHandleTest {
             // Taken out: a second replay has nothing to take, and says so at once.
             val again = runCatching { node.replayDeadLetterHandle(letter.requestId) }.exceptionOrNull()
             assertTrue(again is AskException.FailedPrecondition, "$again")
+        }
+    }
+
+    @Test
+    fun `a tell's letter replays as a tell - null once accepted, and no stages`() = runBlocking {
+        val payload = Any()
+        val told = CompletableDeferred<Any?>()
+        withLetter(payload, { told.complete(it); "an answer nobody asked for" }, tell = true) { node, _, letter ->
+            val h = node.replayDeadLetterHandle(letter.requestId)
+            assertEquals(letter.requestId, h.requestId)
+            assertNull(h.await())
+            assertEquals(emptyList<StageEvent>(), withTimeout(5_000) { h.stages.toList() })
+            assertSame(payload, withTimeout(5_000) { told.await() })
+            assertEquals(0, node.deadLetters().size, "the letter was taken out")
         }
     }
 
