@@ -23,7 +23,7 @@ use crate::queue::{QueueSignal, WorkerWake};
 /// the worker's wake-up).
 pub(crate) struct WorkerInbox<M> {
     rx: flume::Receiver<Work<M>>,
-    signal: Arc<QueueSignal>,
+    signal: Arc<QueueSignal<Work<M>>>,
 }
 
 /// What a handler knows about the request it runs.
@@ -258,6 +258,20 @@ fn try_take<M: Send + 'static, R: Clone + Send + 'static>(
         .or_else(|| pool.work.take(&pool.queue_rx))
 }
 
+/// [`try_take`] for a wait, which may have been handed work (see
+/// `QueueSignal::offer`): after its inbox, before the shared queue, which
+/// holds only work pushed after it.
+#[inline]
+fn try_take_waiting<M: Send + 'static, R: Clone + Send + 'static>(
+    pool: &PoolShared<M, R>,
+    own: Option<&WorkerInbox<M>>,
+    me: &WorkerWake<Work<M>>,
+) -> Option<Work<M>> {
+    own.and_then(|inbox| inbox.signal.take(&inbox.rx))
+        .or_else(|| me.take_handed())
+        .or_else(|| pool.work.take(&pool.queue_rx))
+}
+
 /// Sleeps until a queue this worker reads may have work (or the pool
 /// closed), then takes it; `None` for a wake-up that found nothing.
 async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
@@ -274,7 +288,7 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
     // However the wait ends (also dropped), `me` leaves the idle lists.
     let _waiting = Waiting { pool, own, me };
     poll_fn(|cx| {
-        if let Some(work) = try_take(pool, own) {
+        if let Some(work) = try_take_waiting(pool, own, me) {
             return Poll::Ready(Some(work));
         }
         if pool.is_closed() {
@@ -287,7 +301,7 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
         if let Some(inbox) = own {
             inbox.signal.enlist(me);
         }
-        if let Some(work) = try_take(pool, own) {
+        if let Some(work) = try_take_waiting(pool, own, me) {
             return Poll::Ready(Some(work));
         }
         if pool.is_closed() {
@@ -299,14 +313,14 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
 }
 
 /// The wake-up one wait uses.
-enum Wake<'a> {
+enum Wake<'a, T> {
     /// Its worker's (released when the wait ends).
-    Claimed(&'a Arc<WorkerWake>),
-    Own(Arc<WorkerWake>),
+    Claimed(&'a Arc<WorkerWake<T>>),
+    Own(Arc<WorkerWake<T>>),
 }
 
-impl Wake<'_> {
-    fn get(&self) -> &Arc<WorkerWake> {
+impl<T> Wake<'_, T> {
+    fn get(&self) -> &Arc<WorkerWake<T>> {
         match self {
             Wake::Claimed(wake) => wake,
             Wake::Own(wake) => wake,
@@ -314,7 +328,7 @@ impl Wake<'_> {
     }
 }
 
-impl Drop for Wake<'_> {
+impl<T> Drop for Wake<'_, T> {
     fn drop(&mut self) {
         if let Wake::Claimed(wake) = self {
             wake.release();
@@ -326,14 +340,20 @@ impl Drop for Wake<'_> {
 struct Waiting<'a, M: Send + 'static, R: Clone + Send + 'static> {
     pool: &'a PoolShared<M, R>,
     own: Option<&'a WorkerInbox<M>>,
-    me: &'a Arc<WorkerWake>,
+    me: &'a Arc<WorkerWake<Work<M>>>,
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Waiting<'_, M, R> {
     fn drop(&mut self) {
-        self.pool.work.finish_wait(self.me);
+        let handed = self.pool.work.finish_wait(self.me);
         if let Some(inbox) = self.own {
-            inbox.signal.finish_wait(self.me);
+            // An inbox hands nothing (its worker waits outside its list).
+            let _ = inbox.signal.finish_wait(self.me);
+        }
+        // Handed after the wait's last look, or the wait took its inbox's
+        // work first, or it was dropped: another worker gets it.
+        if let Some(Work::Item(item)) = handed {
+            self.pool.enqueue_shared(item);
         }
     }
 }
