@@ -60,7 +60,7 @@ pub(crate) enum Work<M> {
 pub(crate) struct WorkerQueue<M> {
     pub(crate) tx: flume::Sender<Work<M>>,
     pub(crate) rx: flume::Receiver<Work<M>>,
-    pub(crate) signal: Arc<QueueSignal<Work<M>>>,
+    pub(crate) signal: Arc<QueueSignal>,
 }
 
 impl<M> WorkerQueue<M> {
@@ -142,7 +142,7 @@ pub(crate) struct PoolShared<M, R> {
     /// Wakes an idle worker when the shared queue gets work (`queue`).
     /// Workers wait on this (and their own inbox's) instead of a channel's
     /// `recv_async`, which allocates and unlinks a waiter hook on every wait.
-    pub(crate) work: QueueSignal<Work<M>>,
+    pub(crate) work: QueueSignal,
     pub(crate) workers: RwLock<FxHashMap<WorkerId, WorkerQueue<M>>>,
     /// Items in all the workers' inboxes (see `drop_cancelled`).
     pub(crate) inbox_items: Arc<AtomicUsize>,
@@ -643,24 +643,15 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
                 }
             }
         }
-        self.enqueue_shared(item);
-    }
-
-    /// Hands `item` to an idle worker, or queues it on the pool's shared
-    /// queue (see `QueueSignal::offer`).
-    pub(crate) fn enqueue_shared(&self, item: WorkItem<M>) {
         if self.is_closed() {
             self.cancel_item(item, CancelReason::Shutdown);
             return;
         }
         // The pool holds the receiver too, so this send cannot fail.
-        let _ = self.work.offer(&self.queue_tx, Work::Item(item));
+        let _ = self.work.push(&self.queue_tx, Work::Item(item));
         self.drop_cancelled(&self.work, &self.queue_tx, &self.queue_rx);
         // Closed since the check above: `close` may have drained the queue
         // before this push landed, leaving the item behind its sentinel.
-        // An item handed to a wait instead is cancelled by that wait, which
-        // sees the close when it takes the item, or comes back here when
-        // the wait ends without it.
         if self.is_closed() {
             self.cancel_queued();
         }
@@ -679,7 +670,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
     /// pushed meanwhile). Each pass drops at least `max_in_flight` items.
     fn drop_cancelled(
         &self,
-        signal: &QueueSignal<Work<M>>,
+        signal: &QueueSignal,
         tx: &flume::Sender<Work<M>>,
         rx: &flume::Receiver<Work<M>>,
     ) {
@@ -711,11 +702,7 @@ impl<M: Send + 'static, R: Clone + Send + 'static> PoolShared<M, R> {
 
     /// One pass over a queue: drops the cancelled requests it holds and puts
     /// the others back in their order (after anything pushed meanwhile).
-    fn keep_live(
-        signal: &QueueSignal<Work<M>>,
-        tx: &flume::Sender<Work<M>>,
-        rx: &flume::Receiver<Work<M>>,
-    ) {
+    fn keep_live(signal: &QueueSignal, tx: &flume::Sender<Work<M>>, rx: &flume::Receiver<Work<M>>) {
         for _ in 0..signal.len() {
             match signal.take(rx) {
                 None => break,

@@ -23,7 +23,7 @@ use crate::queue::{QueueSignal, WorkerWake};
 /// the worker's wake-up).
 pub(crate) struct WorkerInbox<M> {
     rx: flume::Receiver<Work<M>>,
-    signal: Arc<QueueSignal<Work<M>>>,
+    signal: Arc<QueueSignal>,
 }
 
 /// What a handler knows about the request it runs.
@@ -258,20 +258,6 @@ fn try_take<M: Send + 'static, R: Clone + Send + 'static>(
         .or_else(|| pool.work.take(&pool.queue_rx))
 }
 
-/// [`try_take`] for a wait, which may have been handed work (see
-/// `QueueSignal::offer`): after its inbox, before the shared queue, which
-/// holds only work pushed after it.
-#[inline]
-fn try_take_waiting<M: Send + 'static, R: Clone + Send + 'static>(
-    pool: &PoolShared<M, R>,
-    own: Option<&WorkerInbox<M>>,
-    me: &WorkerWake<Work<M>>,
-) -> Option<Work<M>> {
-    own.and_then(|inbox| inbox.signal.take(&inbox.rx))
-        .or_else(|| me.take_handed())
-        .or_else(|| pool.work.take(&pool.queue_rx))
-}
-
 /// Sleeps until a queue this worker reads may have work (or the pool
 /// closed), then takes it; `None` for a wake-up that found nothing.
 async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
@@ -288,7 +274,7 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
     // However the wait ends (also dropped), `me` leaves the idle lists.
     let _waiting = Waiting { pool, own, me };
     poll_fn(|cx| {
-        if let Some(work) = try_take_waiting(pool, own, me) {
+        if let Some(work) = try_take(pool, own) {
             return Poll::Ready(Some(work));
         }
         if pool.is_closed() {
@@ -301,7 +287,7 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
         if let Some(inbox) = own {
             inbox.signal.enlist(me);
         }
-        if let Some(work) = try_take_waiting(pool, own, me) {
+        if let Some(work) = try_take(pool, own) {
             return Poll::Ready(Some(work));
         }
         if pool.is_closed() {
@@ -313,14 +299,14 @@ async fn wait_for_work<M: Send + 'static, R: Clone + Send + 'static>(
 }
 
 /// The wake-up one wait uses.
-enum Wake<'a, T> {
+enum Wake<'a> {
     /// Its worker's (released when the wait ends).
-    Claimed(&'a Arc<WorkerWake<T>>),
-    Own(Arc<WorkerWake<T>>),
+    Claimed(&'a Arc<WorkerWake>),
+    Own(Arc<WorkerWake>),
 }
 
-impl<T> Wake<'_, T> {
-    fn get(&self) -> &Arc<WorkerWake<T>> {
+impl Wake<'_> {
+    fn get(&self) -> &Arc<WorkerWake> {
         match self {
             Wake::Claimed(wake) => wake,
             Wake::Own(wake) => wake,
@@ -328,7 +314,7 @@ impl<T> Wake<'_, T> {
     }
 }
 
-impl<T> Drop for Wake<'_, T> {
+impl Drop for Wake<'_> {
     fn drop(&mut self) {
         if let Wake::Claimed(wake) = self {
             wake.release();
@@ -340,20 +326,14 @@ impl<T> Drop for Wake<'_, T> {
 struct Waiting<'a, M: Send + 'static, R: Clone + Send + 'static> {
     pool: &'a PoolShared<M, R>,
     own: Option<&'a WorkerInbox<M>>,
-    me: &'a Arc<WorkerWake<Work<M>>>,
+    me: &'a Arc<WorkerWake>,
 }
 
 impl<M: Send + 'static, R: Clone + Send + 'static> Drop for Waiting<'_, M, R> {
     fn drop(&mut self) {
-        let handed = self.pool.work.finish_wait(self.me);
+        self.pool.work.finish_wait(self.me);
         if let Some(inbox) = self.own {
-            // An inbox hands nothing (its worker waits outside its list).
-            let _ = inbox.signal.finish_wait(self.me);
-        }
-        // Handed after the wait's last look, or the wait took its inbox's
-        // work first, or it was dropped: another worker gets it.
-        if let Some(Work::Item(item)) = handed {
-            self.pool.enqueue_shared(item);
+            inbox.signal.finish_wait(self.me);
         }
     }
 }
