@@ -421,6 +421,11 @@ mod tests {
                                 if signal.take(&rx).is_some() {
                                     return Poll::Ready(true);
                                 }
+                                // The last item taken, and the others woken,
+                                // between the check above and enlisting.
+                                if taken.load(Ordering::SeqCst) >= N as usize {
+                                    return Poll::Ready(false);
+                                }
                                 Poll::Pending
                             })
                             .await;
