@@ -273,6 +273,8 @@ export interface DeadLetter<Msg = unknown> {
   error: AskError;
   attempts: number;
   reason: 'RETRIES_EXHAUSTED' | 'POISON';
+  /** What was sent, and what its replay sends. */
+  kind: 'ASK' | 'TELL';
 }
 
 export interface PoolStats {

@@ -208,6 +208,8 @@ export interface DeadLetterInfo {
   attempts: number
   /** `RETRIES_EXHAUSTED` or `POISON`. */
   reason: string
+  /** `ASK` or `TELL`: what was sent, and what its replay sends. */
+  kind: string
 }
 
 /**

@@ -854,6 +854,7 @@ class Node {
       error: fromInfo(l.error),
       attempts: l.attempts,
       reason: l.reason,
+      kind: l.kind,
     }));
   }
 

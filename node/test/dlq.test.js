@@ -22,6 +22,7 @@ test('a refused ask lands in the DLQ with its payload; replay and purge', async 
   assert.equal(letter.payload, payload, 'the letter keeps the very payload');
   assert.equal(letter.pool, 'narrow');
   assert.equal(letter.reason, 'RETRIES_EXHAUSTED');
+  assert.equal(letter.kind, 'ASK');
   assert.equal(letter.error.code, 'BUFFER_FULL');
   assert.ok(letter.error instanceof BufferFullError);
   assert.match(letter.requestId, /^[0-9a-f]{32}$/);
@@ -168,6 +169,7 @@ test("a tell's dead letter replays as a tell: it resolves to its request id once
   const payload = { n: 9 };
   await assert.rejects(node.tell('narrow', payload, { maxAttempts: 1 }), refusedToTheEnd);
   const [letter] = node.deadLetters();
+  assert.equal(letter.kind, 'TELL');
   await new Promise((r) => setImmediate(r));
   release('free');
   await blocker;

@@ -189,8 +189,8 @@ class StageEvent(NamedTuple):
 
 
 class DeadLetter(NamedTuple):
-    """An ask that failed for good, kept in the node's dead-letter queue
-    (``Node.dead_letters()``) until replayed or purged."""
+    """An ask (or tell) that failed for good, kept in the node's
+    dead-letter queue (``Node.dead_letters()``) until replayed or purged."""
 
     request_id: str
     correlation_id: str
@@ -204,6 +204,8 @@ class DeadLetter(NamedTuple):
     attempts: int
     #: "POISON" or "RETRIES_EXHAUSTED" (as in every binding).
     reason: str
+    #: "ASK" or "TELL": what was sent, and what its replay sends.
+    kind: str
 
 
 def _check_count(what: str, n: Optional[int], minimum: int) -> None:

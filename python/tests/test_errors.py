@@ -441,6 +441,7 @@ async def test_a_tells_dead_letter_replays_as_a_tell() -> None:
         with pytest.raises((askpool.BufferFullError, askpool.AskTimeoutError)):
             await node.tell("tight", payload, timeout=0.2)
         (letter,) = node.dead_letters()
+        assert letter.kind == "TELL"
         release.set()
         await first
         replay = node.replay_dead_letter(letter.request_id)
@@ -578,6 +579,7 @@ async def test_decode_failure_is_poison_and_lands_in_the_dlq() -> None:
         assert letter.request_id == handle_.request_id
         assert letter.payload is payload
         assert letter.reason == "POISON"
+        assert letter.kind == "ASK"
         assert letter.pool == "parse"
         assert isinstance(letter.error, askpool.DecodeFailureError)
         assert node.stats()["dlq_depth"] == 1

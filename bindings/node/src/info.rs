@@ -107,6 +107,8 @@ pub struct DeadLetterInfo {
     pub attempts: u32,
     /// `RETRIES_EXHAUSTED` or `POISON`.
     pub reason: String,
+    /// `ASK` or `TELL`: what was sent, and what its replay sends.
+    pub kind: String,
 }
 
 impl From<&DeadLetter<Tok>> for DeadLetterInfo {
@@ -123,6 +125,7 @@ impl From<&DeadLetter<Tok>> for DeadLetterInfo {
             error: ErrorInfo::from(&letter.error),
             attempts: letter.attempts,
             reason: letter.reason.as_str().to_owned(),
+            kind: letter.kind.as_str().to_owned(),
         }
     }
 }

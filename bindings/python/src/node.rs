@@ -478,8 +478,8 @@ impl NativeNode {
         crate::stats::node_dict(py, &self.node.stats())
     }
 
-    /// `(request_id, correlation_id, pool, payload, error, attempts, reason)`
-    /// for every dead letter, oldest first.
+    /// `(request_id, correlation_id, pool, payload, error, attempts, reason,
+    /// kind)` for every dead letter, oldest first.
     fn dead_letters<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         self.node
             .dead_letters()
@@ -503,6 +503,7 @@ impl NativeNode {
                             .into_any(),
                         l.attempts.into_pyobject(py)?.into_any(),
                         reason.into_pyobject(py)?.into_any(),
+                        l.kind.as_str().into_pyobject(py)?.into_any(),
                     ],
                 )
             })

@@ -97,6 +97,8 @@ pub struct DeadLetterInfo {
     pub attempts: u32,
     /// `RETRIES_EXHAUSTED` or `POISON`.
     pub reason: String,
+    /// `ASK` or `TELL`: what was sent, and what its replay sends.
+    pub kind: String,
 }
 
 /// Counts that must return to zero when traffic stops, and the node's
@@ -388,6 +390,7 @@ impl NativeNode {
                 failure: Failure::from(&d.error),
                 attempts: d.attempts,
                 reason: d.reason.as_str().to_owned(),
+                kind: d.kind.as_str().to_owned(),
             })
             .collect()
     }

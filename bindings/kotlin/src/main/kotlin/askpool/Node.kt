@@ -546,6 +546,8 @@ data class DeadLetter(
     val attempts: Int,
     /** `RETRIES_EXHAUSTED` or `POISON`. */
     val reason: String,
+    /** `ASK` or `TELL`: what was sent, and what [Node.replayDeadLetter] sends. */
+    val kind: String = "ASK",
 ) {
     internal companion object {
         /** Null if its object was let go meanwhile (see [Node.deadLetters]). */
@@ -564,6 +566,7 @@ data class DeadLetter(
                 error = AskException.of(d.failure),
                 attempts = d.attempts.toInt(),
                 reason = d.reason,
+                kind = d.kind,
             )
         }
     }

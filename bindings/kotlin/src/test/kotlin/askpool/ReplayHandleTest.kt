@@ -54,6 +54,7 @@ class ReplayHandleTest {
     fun `a replay handle carries the letter's ids, its stages and its reply`() = runBlocking {
         val payload = Any()
         withLetter(payload, { it }) { node, _, letter ->
+            assertEquals("ASK", letter.kind)
             val h = node.replayDeadLetterHandle(letter.requestId)
             assertEquals(letter.requestId, h.requestId)
             assertEquals(correlation, h.correlationId)
@@ -72,6 +73,7 @@ class ReplayHandleTest {
         val payload = Any()
         val told = CompletableDeferred<Any?>()
         withLetter(payload, { told.complete(it); "an answer nobody asked for" }, tell = true) { node, _, letter ->
+            assertEquals("TELL", letter.kind)
             val h = node.replayDeadLetterHandle(letter.requestId)
             assertEquals(letter.requestId, h.requestId)
             assertNull(h.await())
