@@ -204,11 +204,6 @@ impl<R> StageRelay<R> {
         }
     }
 
-    /// Whether [`end`](Self::end) was called.
-    pub fn has_ended(&self) -> bool {
-        self.state.lock().ended
-    }
-
     /// The relay's [`StageSource`].
     pub fn source(self: &Arc<Self>) -> StageSource<R> {
         StageSource(Origin::Relay(Arc::clone(self)))
