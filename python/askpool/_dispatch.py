@@ -51,6 +51,7 @@ _LEAVES_THE_LOOP = (KeyboardInterrupt, SystemExit)
 _get_running_loop = asyncio.get_running_loop
 _current_task = _tasks.current_task
 _send_in = _native._send_in
+_step_as = _native._step_as
 
 
 def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
@@ -250,7 +251,8 @@ class Slot:
     ) -> None:
         """Hands over a handler whose first step (run by the extension as
         this slot's task, in ``context``) awaited ``first``: the slot's task
-        drives it from there and answers ``reply``."""
+        drives it from there and answers ``reply`` (``_step`` does, as
+        that task, after a bare ``yield`` while the task is idle)."""
         self._job = (coro, first, context, reply)
         _running[self] = reply
         task = self._task
@@ -268,11 +270,46 @@ class Slot:
             first.cancel()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
             if first is None:
-                # The slot's task goes on with the handler at the next loop
-                # turn, first in line (see `AskHandle.__await__`).
+                # The handler goes on at the next loop turn, first in line
+                # (see `AskHandle.__await__`), and as the slot's task, which
+                # stays parked on its waiter: `_step` runs it, without a
+                # step of the task's own coroutine (its frames and its new
+                # waiter) per request.
+                self._loop.call_soon(self._step, waiter, context=context)  # type: ignore[union-attr]
                 _bare_handovers[0] += 1
+            else:
+                waiter.set_result(None)
+
+    def _step(self, waiter: asyncio.Future[None]) -> None:
+        """Goes on with the handler handed over by ``resume`` after a bare
+        ``yield``, as the slot's task parked on ``waiter``: as that task's
+        step would, but from a loop callback. Nothing to do once the task
+        was woken otherwise (a cancel of it, which takes the request and
+        throws the cancel in where the handler awaits); a step that awaits
+        is handed over again. Runs in the request's context, as the
+        task's step for it would."""
+        job = self._job
+        loop, task = self._loop, self._task
+        if job is None or self._waiter is not waiter or waiter.done():
+            return
+        # Set, while the task waits on its waiter.
+        assert loop is not None and task is not None
+        self._job = None
+        coro, _, context, reply = job
+        del job
+        if _running.get(self) is reply:
+            del _running[self]
+        try:
+            answered, yielded = _step_as(loop, task, coro, reply)
+        except BaseException as exc:
+            _answer_failure(reply, exc)
+            # Answered: only what asyncio lets out of any callback goes on.
+            if isinstance(exc, _LEAVES_THE_LOOP):
+                raise
+            return
+        if not answered:
+            self.resume(coro, yielded, context, reply)
 
     def _new_task(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
         """A new task for the slot's next request: it had none, or its task

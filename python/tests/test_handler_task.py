@@ -375,3 +375,109 @@ async def test_a_cancel_in_the_first_step_reaches_what_the_handler_awaits() -> N
         # Cancelled before it ever ran (a cancel that only came after it
         # started would cancel it too).
         assert started == []
+
+
+async def test_steps_after_a_bare_yield_are_the_slots_task_in_the_requests_context() -> None:
+    # With the slot's task idle, a step after `asyncio.sleep(0)` is run by
+    # the extension from a loop callback (`Slot._step`), not by the task's
+    # own coroutine: still as the slot's task, in the request's context,
+    # with a cancel or an exception of that step where a task's step puts
+    # them.
+    async with Node() as node:
+        pool = node.pool("steps", concurrency=1)
+        tasks: list[Optional[asyncio.Task[Any]]] = []
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            task = asyncio.current_task()
+            _var.set(msg)
+            for _ in range(3):
+                await asyncio.sleep(0)
+                assert asyncio.current_task() is task
+                assert _var.get() == msg
+            tasks.append(task)
+            if msg == "self-cancel":
+                _cancel_me()
+                try:
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    return "cancelled where it awaited"
+                return "not cancelled"
+            if msg == "raise":
+                raise KeyError("a later step")
+            return msg
+
+        assert await node.ask("steps", "warm", timeout=10) == "warm"
+        assert await node.ask("steps", "a", timeout=10) == "a"
+        assert await node.ask("steps", "self-cancel", timeout=10) == "cancelled where it awaited"
+        with pytest.raises(askpool.HandlerError) as info:
+            await node.ask("steps", "raise", timeout=10)
+        assert (info.value.type_name, info.value.message) == ("KeyError", "'a later step'")
+        assert await node.ask("steps", "b", timeout=10) == "b"
+        me = asyncio.current_task()
+        assert all(isinstance(t, asyncio.Task) and t is not me for t in tasks)
+        # One task for the requests before the cancel (its slot's), a new
+        # one after the cancel it left standing.
+        assert tasks[0] is tasks[1] is tasks[2]
+        assert tasks[3] is not tasks[2] and tasks[3] is tasks[4]
+        assert _var.get() == "unset"
+        assert pool.stats()["in_flight"] == 0
+
+
+async def test_a_cancel_of_the_idle_slots_task_before_the_next_step_reaches_the_handler() -> None:
+    # The handler's first step ran inside the ask and yielded nothing; the
+    # slot's task is cancelled before the loop's next turn, where the
+    # handler would go on: the cancel reaches it at its `sleep(0)`.
+    async with Node() as node:
+        pool = node.pool("outside", concurrency=1)
+        tasks: list[asyncio.Task[Any]] = []
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            task = asyncio.current_task()
+            assert task is not None
+            tasks.append(task)
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                return "cancelled where it awaited"
+            return "went on"
+
+        # The slot's task made, and idle (waiting for a request) after it.
+        assert await node.ask("outside", "warm", timeout=10) == "went on"
+        await asyncio.sleep(0)
+        asked = node.ask("outside", "cancel", timeout=10)
+        assert len(tasks) == 2 and tasks[1] is tasks[0]
+        tasks[1].cancel()
+        assert await asked == "cancelled where it awaited"
+        assert await node.ask("outside", "after", timeout=10) == "went on"
+        assert pool.stats()["in_flight"] == 0
+
+
+def test_system_exit_in_a_later_step_of_an_idle_slots_handler_leaves_the_loop() -> None:
+    # As `test_system_exit_in_a_handler_leaves_the_loop_as_in_any_task`, for
+    # a step run by the extension for the slot's idle task (`Slot._step`):
+    # the exit leaves the loop (before the caller gets its answer).
+    answered: list[askpool.HandlerError] = []
+
+    async def main() -> None:
+        async with Node() as node:
+            pool = node.pool("quits", concurrency=1)
+
+            @pool.handler
+            async def handle(msg: Any, ctx: Context) -> Any:
+                await asyncio.sleep(0)
+                if msg == "quit":
+                    raise SystemExit()
+                return msg
+
+            assert await node.ask("quits", "warm", timeout=5) == "warm"
+            try:
+                await node.ask("quits", "quit", timeout=5)
+            except askpool.HandlerError as e:
+                answered.append(e)
+            await asyncio.sleep(1)
+
+    with pytest.raises(SystemExit):
+        asyncio.run(main())
+    assert answered == []

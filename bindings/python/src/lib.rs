@@ -160,6 +160,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool::register_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(send::_send_through_method, m)?)?;
     m.add_function(wrap_pyfunction!(send::_send_in, m)?)?;
+    m.add_function(wrap_pyfunction!(send::_step_as, m)?)?;
     m.add_function(wrap_pyfunction!(pool::cancel_standing, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;
     m.add_function(wrap_pyfunction!(_live_pools, m)?)?;

@@ -444,7 +444,7 @@ impl Reply {
 #[pymethods]
 impl Reply {
     /// Replies with `value` (the caller receives this very object).
-    fn ok(&self, py: Python<'_>, value: Py<PyAny>) -> PyResult<()> {
+    pub(crate) fn ok(&self, py: Python<'_>, value: Py<PyAny>) -> PyResult<()> {
         self.answer(py, |responder| responder.reply(Obj::new(value)))
     }
 

@@ -423,10 +423,23 @@ pub(crate) fn _send_in<'py>(
     let py = context.py();
     let api = c_api();
     let native = !THROUGH_PYTHON.load(Ordering::Relaxed);
-    if let (true, Some(enter), Some(exit), Some(send)) =
-        (native, api.context_enter, api.context_exit, api.iter_send)
-    {
+    if let (true, Some(enter), Some(exit)) = (native, api.context_enter, api.context_exit) {
         let _in_context = InContext::enter(context, enter, exit)?;
+        return send_here(coro, value);
+    }
+    let run = context.getattr(intern!(py, "run"))?;
+    returned_or_yielded(py, run.call1((coro.getattr(intern!(py, "send"))?, value)))
+}
+
+/// `coro.send(value)` in the context entered now, with a return handed back
+/// as `(true, value)` rather than raised as a `StopIteration`.
+fn send_here<'py>(
+    coro: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<(bool, Bound<'py, PyAny>)> {
+    let py = coro.py();
+    let send = c_api().iter_send;
+    if let (true, Some(send)) = (!THROUGH_PYTHON.load(Ordering::Relaxed), send) {
         let mut out = std::ptr::null_mut();
         // SAFETY: `coro` and `value` are live objects and the GIL is held;
         // `out` receives a new reference unless the result is an error.
@@ -438,12 +451,47 @@ pub(crate) fn _send_in<'py>(
             _ => Err(PyErr::fetch(py)),
         };
     }
-    let run = context.getattr(intern!(py, "run"))?;
-    match run.call1((coro.getattr(intern!(py, "send"))?, value)) {
+    returned_or_yielded(py, coro.call_method1(intern!(py, "send"), (value,)))
+}
+
+/// A step's outcome through Python's own `send`: a `StopIteration` is the
+/// coroutine's return.
+fn returned_or_yielded<'py>(
+    py: Python<'py>,
+    stepped: PyResult<Bound<'py, PyAny>>,
+) -> PyResult<(bool, Bound<'py, PyAny>)> {
+    match stepped {
         Ok(yielded) => Ok((false, yielded)),
         Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
             Ok((true, e.value(py).getattr(intern!(py, "value"))?))
         }
         Err(e) => Err(e),
     }
+}
+
+/// The next step of a handler whose last step yielded nothing (a bare
+/// `yield`, `asyncio.sleep(0)`'s), run from a loop callback that runs in
+/// the request's context (`_dispatch.Slot._step`), as a task's step would
+/// run it: as the slot's `task`, parked meanwhile on its idle waiter. A
+/// return answers `reply` before the task is swapped out again, so that a
+/// next request the answer starts runs its first step as that task with
+/// nothing to swap, as it does from the task's own step. `(True, None)`
+/// once answered, `(False, yielded)` for a step that awaited.
+#[pyfunction]
+pub(crate) fn _step_as<'py>(
+    event_loop: Bound<'py, PyAny>,
+    task: Bound<'py, PyAny>,
+    coro: &Bound<'py, PyAny>,
+    reply: &Bound<'py, crate::pool::Reply>,
+) -> PyResult<(bool, Bound<'py, PyAny>)> {
+    let py = event_loop.py();
+    let current = current_task(&event_loop)?;
+    let _as_task = AsTask::enter(task_switch(py)?, event_loop, task, current)?;
+    let none = py.None().into_bound(py);
+    let (returned, value) = send_here(coro, &none)?;
+    if !returned {
+        return Ok((false, value));
+    }
+    reply.get().ok(py, value.unbind())?;
+    Ok((true, none))
 }
