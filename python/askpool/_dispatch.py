@@ -36,9 +36,9 @@ Handler = Callable[[Any, "_native.Context"], Coroutine[Any, Any, Any]]
 #: Slots whose handler awaited and has not answered yet, with their replies.
 _running: dict["Slot", _native.Reply] = {}
 
-#: How many handlers' first steps yielded nothing (a bare `yield`, as
-#: `asyncio.sleep(0)`'s) and were handed to their slot's idle task, woken at
-#: once: that task goes on with the handler at the next turn of the loop,
+#: How many handlers' steps yielded nothing (a bare `yield`, as
+#: `asyncio.sleep(0)`'s) and were handed over while their slot's task was
+#: idle: the handler goes on at the next turn of the loop (`Slot._step`),
 #: ahead of anything scheduled after it. One cell, read around an ask's start.
 _bare_handovers = [0]
 
@@ -175,6 +175,10 @@ def _resume(
     # (with its result) alive until it returns.
     del first
     if thrown is None and not first_done:
+        if getattr(yielded, "_asyncio_future_blocking", None) is False:
+            # Cleared by `Slot.resume` while the future waited for this
+            # task; a task takes only a future flagged as awaited.
+            yielded._asyncio_future_blocking = True
         try:
             sent = yield yielded
         except BaseException as exc:  # a cancel thrown in by the task
@@ -255,6 +259,12 @@ class Slot:
         that task, after a bare ``yield`` while the task is idle)."""
         self._job = (coro, first, context, reply)
         _running[self] = reply
+        if first is not None and getattr(first, "_asyncio_future_blocking", False):
+            # Until this slot's task takes it (`_resume` flags it again), the
+            # future is not blocking a task: another coroutine may await it
+            # meanwhile, as it may any future a task waits on (its `await`
+            # refuses a future flagged as taken by no task yet).
+            first._asyncio_future_blocking = False
         task = self._task
         # (`first is not None` first: a bare `yield`, as `asyncio.sleep(0)`'s,
         # has nothing to cancel, and needs no call to find that out.)
@@ -287,8 +297,9 @@ class Slot:
         step would, but from a loop callback. Nothing to do once the task
         was woken otherwise (a cancel of it, which takes the request and
         throws the cancel in where the handler awaits); a step that awaits
-        is handed over again. Runs in the request's context, as the
-        task's step for it would."""
+        is handed over again. Runs with the request's context entered (so
+        do the answer and a next request's first step it starts, which
+        enters a fresh context of its own)."""
         job = self._job
         loop, task = self._loop, self._task
         if job is None or self._waiter is not waiter or waiter.done():
@@ -358,30 +369,43 @@ class Slot:
             # handler's first step (see below).
             woken = False
             if self._job is None:
-                waiter = self._waiter = loop.create_future()
+                waiter = self._waiter = _Waiter(loop=loop)
+                waiter._task = me
+                waiter._in_step = False
                 try:
                     await waiter
                     woken = True
                 except asyncio.CancelledError as exc:
-                    if self._task is not me or self._job is None:
+                    if _UNCANCEL_TAKES_BACK and waiter._in_step and me.cancelling() == 0:
+                        # Asked in a step the extension ran as this task and
+                        # taken back (`uncancel`) before that step ended: a
+                        # running task's cancel, not delivered yet, which
+                        # 3.13's `uncancel` takes back. Nothing is delivered;
+                        # the wake-up was the loop turn that step yielded for.
+                        woken = True
+                    elif self._task is not me or self._job is None:
                         raise  # idle, or replaced: this task ends
-                    thrown = _cancel_where_awaited(self._job[1], exc)
+                    else:
+                        thrown = _cancel_where_awaited(self._job[1], exc)
                 finally:
                     if self._waiter is waiter:
                         self._waiter = None
             if self._task is not me:
                 return  # replaced while it waited
+            if self._job is None:
+                continue  # a cancel taken back, with no request (see above)
             job, self._job = self._job, None
             assert job is not None
             coro, first, context, reply = job
             del job
-            # A first step that yielded nothing (a bare `yield`, as
+            # A step that yielded nothing (a bare `yield`, as
             # `asyncio.sleep(0)`'s) asked its task to go on at the next loop
-            # turn, as a task's step does with `call_soon`; waking this task
-            # for the request took that very turn (`resume` set the waiter
-            # in the step), so the handler goes on now instead of yielding
-            # for one more. A request taken in this task's own step (no
-            # wait) still yields first.
+            # turn, as a task's step does with `call_soon`. This task, woken
+            # for the request (by a cancel taken back in that step: `resume`
+            # hands a bare yield to `_step` otherwise), took that very turn,
+            # so the handler goes on now instead of yielding for one more. A
+            # request taken in this task's own step (no wait) still yields
+            # first.
             first_done = woken and first is None
             # `_finish`'s work inline (a coroutine less per request, a frame
             # less per step of the handler).
@@ -433,6 +457,28 @@ class Slot:
 
 #: Python 3.11's `create_task(..., context=)`.
 _TASK_TAKES_CONTEXT = sys.version_info >= (3, 11)
+
+#: Python 3.13's `uncancel`, which takes back a cancel not delivered yet.
+_UNCANCEL_TAKES_BACK = sys.version_info >= (3, 13)
+
+
+class _Waiter(asyncio.Future):  # type: ignore[type-arg]
+    """What a slot's idle task waits on for its next request. The
+    extension runs handler steps as that task while it stays parked here
+    (a first step, `Slot._step`), so a cancel of the task asked in such a
+    step cancels this future, where a running task's cancel would only be
+    marked for its next step; this remembers that it came from such a
+    step (the task was the current one), for `_serve`."""
+
+    __slots__ = ("_task", "_in_step")
+    # Set by `_serve` right after making it (no `__init__` of its own).
+    _task: asyncio.Task[None]
+    _in_step: bool
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not self.done() and _current_task(self.get_loop()) is self._task:
+            self._in_step = True
+        return super().cancel(msg)
 
 
 class _CountingTask(asyncio.Task):  # type: ignore[type-arg]

@@ -339,9 +339,10 @@ class AskHandle(asyncio.Future[Any], _Staged):
     __slots__ = ("_native", "_stages_taken", "_turn_first")
     _native: _native.NativeAsk
     _stages_taken: bool
-    #: Whether its start handed a handler's bare `yield` to an idle slot's
-    #: task (`_dispatch._bare_handovers`): that task is then first in line
-    #: at the next loop turn, and answers there if the handler returns.
+    #: Whether its start handed a handler's bare `yield` over while its
+    #: slot's task was idle (`_dispatch._bare_handovers`): the handler then
+    #: goes on first in line at the next loop turn (`Slot._step`), and
+    #: answers there if it returns.
     _turn_first: bool
 
     def __await__(self) -> Generator[Any, None, Any]:

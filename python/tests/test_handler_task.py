@@ -481,3 +481,79 @@ def test_system_exit_in_a_later_step_of_an_idle_slots_handler_leaves_the_loop() 
     with pytest.raises(SystemExit):
         asyncio.run(main())
     assert answered == []
+
+
+@pytest.mark.parametrize("after_a_bare_yield", [False, True], ids=["first-await", "after-sleep0"])
+async def test_handlers_awaiting_one_future_each_get_its_result(after_a_bare_yield: bool) -> None:
+    # A future a handler awaits, handed to its slot's task for the next
+    # turn, may be awaited by another coroutine meanwhile (a cache of
+    # loads in flight): each gets its result, as with plain tasks. It was
+    # left flagged as taken by a task, and the other `await` refused it
+    # ("await wasn't used with future").
+    async with Node() as node:
+        pool = node.pool("shared", concurrency=2)
+        loading: dict[str, asyncio.Task[str]] = {}
+
+        async def load(key: str) -> str:
+            await asyncio.sleep(0.01)
+            return key.upper()
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if after_a_bare_yield:
+                await asyncio.sleep(0)
+            if msg == "warm":
+                await asyncio.sleep(0)
+                return msg
+            if msg not in loading:
+                loading[msg] = asyncio.ensure_future(load(msg))
+            return await loading[msg]
+
+        # Both slots' tasks made and idle.
+        await asyncio.gather(node.ask("shared", "warm", timeout=5), node.ask("shared", "warm", timeout=5))
+        await asyncio.sleep(0.01)
+        got = await asyncio.gather(
+            node.ask("shared", "k", timeout=5), node.ask("shared", "k", timeout=5), return_exceptions=True
+        )
+        assert got == ["K", "K"]
+        # And a plain task awaiting the handler's future in the same turn.
+        del loading["k"]
+        asked = asyncio.ensure_future(node.ask("shared", "k", timeout=5))
+        await asyncio.sleep(0)
+        assert await loading["k"] == "K"
+        assert await asked == "K"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 13), reason="uncancel takes back a pending cancel from 3.13")
+@pytest.mark.parametrize("then", ["awaits", "returns"])
+async def test_a_cancel_taken_back_in_a_step_is_not_delivered(then: str) -> None:
+    # As in a task of its own: a handler cancelling its task and taking the
+    # cancel back (`uncancel`) in the same step is not cancelled, neither
+    # where it awaits next nor in the slot's next request.
+    async with Node() as node:
+        pool = node.pool("taken_back", concurrency=1)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            await asyncio.sleep(0)
+            if msg != "take back":
+                await asyncio.sleep(0)
+                return msg
+            me = asyncio.current_task()
+            assert me is not None
+            me.cancel()
+            me.uncancel()
+            if then == "returns":
+                return "returned"
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                return "cancelled anyway"
+            return "not cancelled"
+
+        assert await node.ask("taken_back", "warm", timeout=5) == "warm"
+        await asyncio.sleep(0)
+        expected = "returned" if then == "returns" else "not cancelled"
+        assert await node.ask("taken_back", "take back", timeout=5) == expected
+        assert await node.ask("taken_back", "next", timeout=5) == "next"
+        assert pool.stats()["in_flight"] == 0

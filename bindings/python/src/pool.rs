@@ -418,8 +418,9 @@ impl Reply {
     /// (its asyncio future set before this returns, as a pure-asyncio
     /// worker's `set_result` would), and the slot takes its next request
     /// in the same run: no wake-up byte, no extra pass of the loop. A next
-    /// request's first step then runs nested in this slot's task step,
-    /// which the wrapper allows for (`_serve` hands over to it).
+    /// request's first step then runs nested in the step that answered (the
+    /// slot's task step, or `Slot._step` running one as that task), which
+    /// the wrapper allows for (`resume` hands the request over there).
     fn answer(&self, py: Python<'_>, give: impl FnOnce(Responder<Obj, Obj>)) -> PyResult<()> {
         let pending = self.take()?;
         let driver = Arc::clone(&pending.slot.0.driver);
