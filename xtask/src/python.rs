@@ -164,7 +164,7 @@ fn remove_dev_builds() {
     }
 }
 
-/// `cargo xtask python`: builds the wheel (release, abi3) into
+/// `cargo xtask python`: builds the wheel (the `wheel` profile, abi3) into
 /// `target/wheels` and installs it into `.venv`. Returns the wheel.
 pub fn build() -> Result<PathBuf, String> {
     ensure_venv()?;
@@ -184,7 +184,9 @@ pub fn build() -> Result<PathBuf, String> {
                 &venv_bin("maturin"),
                 &[
                     "build",
-                    "--release",
+                    // Fat LTO, one codegen unit (see the workspace's Cargo.toml).
+                    "--profile",
+                    "wheel",
                     "--quiet",
                     "--interpreter",
                     &venv_bin("python").to_string_lossy(),
