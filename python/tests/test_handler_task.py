@@ -515,7 +515,7 @@ async def test_handlers_awaiting_one_future_each_get_its_result(after_a_bare_yie
         got = await asyncio.gather(
             node.ask("shared", "k", timeout=5), node.ask("shared", "k", timeout=5), return_exceptions=True
         )
-        assert got == ["K", "K"]
+        assert list(got) == ["K", "K"]
         # And a plain task awaiting the handler's future in the same turn.
         del loading["k"]
         asked = asyncio.ensure_future(node.ask("shared", "k", timeout=5))
