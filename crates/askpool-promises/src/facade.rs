@@ -128,15 +128,17 @@ impl DurablePromises {
     /// again under its id, it is a new request, answered from the pool's
     /// reply cache while that keeps the reply, else by its handler running
     /// again. Keep promises at least as long as their ids may be asked again.
+    /// A corrupt row met on the way is skipped and logged as a warning (see
+    /// [`Store::sweep`]), neither deleted nor counted.
     pub fn prune(&self, older_than: Duration) -> Result<usize> {
         const BATCH: usize = 1_000;
         let now = now_millis();
-        while self.store.sweep(now, BATCH)? == BATCH {}
+        while self.store.sweep(now, BATCH)?.timed_out == BATCH {}
         let older_than = u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX);
         let before = now.saturating_sub(older_than);
         let mut pruned = 0;
         loop {
-            let n = self.store.prune(before, BATCH)?;
+            let n = self.store.prune(before, BATCH)?.pruned;
             pruned += n;
             if n < BATCH {
                 return Ok(pruned);

@@ -10,7 +10,7 @@ use crate::model::{
     Callback, CallbackOutcome, CallbackRequest, ClaimRequest, Claimed, CompleteRequest, Completed,
     CreateRequest, Created, Lease, Millis, Promise, SearchQuery, Snapshot, Task, TaskKind,
 };
-use crate::ops::{self, NewCallback, NewTask, Tx};
+use crate::ops::{self, Listed, NewCallback, NewTask, Tx};
 use crate::pattern;
 use crate::rules;
 use crate::store::Result;
@@ -44,6 +44,13 @@ impl MemoryStore {
     }
 }
 
+fn listed(id: &str) -> Listed<String> {
+    Listed {
+        id: Ok(id.to_owned()),
+        mark: id.to_owned(),
+    }
+}
+
 impl Tx for State {
     fn promise(&mut self, id: &str) -> Result<Option<Promise>> {
         Ok(self.promises.get(id).cloned())
@@ -59,22 +66,49 @@ impl Tx for State {
         self.promises.insert(p.id.clone(), p.clone());
         Ok(())
     }
-    fn expired(&mut self, now: Millis, pat: Option<&str>, limit: usize) -> Result<Vec<String>> {
+    /// A promise's id: its place in a listing.
+    type Mark = String;
+    fn expired(
+        &mut self,
+        now: Millis,
+        pat: Option<&str>,
+        after: Option<&String>,
+        limit: usize,
+    ) -> Result<Vec<Listed<String>>> {
+        let after = match after {
+            None => None,
+            Some(id) => match self.promises.get(id) {
+                Some(p) => Some((p.timeout_at, id)),
+                None => return Ok(Vec::new()),
+            },
+        };
         let mut hits: Vec<(Millis, &String)> = self
             .promises
             .values()
             .filter(|p| rules::is_expired(p, now))
             .filter(|p| pat.is_none_or(|pat| pattern::matches(pat, &p.id)))
             .map(|p| (p.timeout_at, &p.id))
+            .filter(|&hit| after.is_none_or(|after| hit > after))
             .collect();
         hits.sort();
         Ok(hits
             .into_iter()
             .take(limit)
-            .map(|(_, id)| id.clone())
+            .map(|(_, id)| listed(id))
             .collect())
     }
-    fn prunable(&mut self, before: Millis, limit: usize) -> Result<Vec<String>> {
+    fn prunable(
+        &mut self,
+        before: Millis,
+        after: Option<&String>,
+        limit: usize,
+    ) -> Result<Vec<Listed<String>>> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(id) if !self.promises.contains_key(id) => return Ok(Vec::new()),
+            Some(id) => Bound::Excluded(id.clone()),
+            None => Bound::Unbounded,
+        };
         let named = |id: &str| {
             self.tasks
                 .values()
@@ -82,11 +116,16 @@ impl Tx for State {
         };
         Ok(self
             .promises
-            .values()
+            .range((start, Bound::Unbounded))
+            .map(|(_, p)| p)
             .filter(|p| p.settled_at.is_some_and(|at| at < before) && !named(&p.id))
             .take(limit)
-            .map(|p| p.id.clone())
+            .map(|p| listed(&p.id))
             .collect())
+    }
+    /// The primitives here never fail: an op of them has no writes to undo.
+    fn isolated<R>(&mut self, op: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+        op(self)
     }
     fn delete_promise(&mut self, id: &str) -> Result<()> {
         self.promises.remove(id);

@@ -12,7 +12,7 @@ use crate::model::{
     CreateRequest, Created, Lease, Millis, Promise, SearchQuery, State, Task, TaskKind, TaskState,
 };
 use crate::rules::{self, CompleteDecision};
-use crate::store::{Result, Status};
+use crate::store::{Pruned, Result, Status, Swept};
 
 /// A task before the store gave it an id.
 pub(crate) struct NewTask {
@@ -69,6 +69,19 @@ impl NewCallback {
     }
 }
 
+/// A row of a listing of promise ids.
+pub(crate) struct Listed<M> {
+    /// Its id, or `Corrupt` if the row's id cannot be read.
+    pub id: Result<String>,
+    /// The row, for the listing to go on after it.
+    pub mark: M,
+}
+
+/// The ids of a listing, or the first it cannot read.
+fn ids<M>(listed: Vec<Listed<M>>) -> Result<Vec<String>> {
+    listed.into_iter().map(|row| row.id).collect()
+}
+
 /// Storage primitives inside one transaction. Ids of tasks and callbacks
 /// count up from 1 and are never reused.
 pub(crate) trait Tx {
@@ -83,13 +96,34 @@ pub(crate) trait Tx {
     /// Stores what settling and resuming change: state, value, complete
     /// key, `settled_at`, `resume_epoch`.
     fn update_promise(&mut self, p: &Promise) -> Result<()>;
+    /// A row of the promises table as a listing of ids ([`Tx::expired`],
+    /// [`Tx::prunable`]) names it, for the listing to go on after it.
+    type Mark;
     /// Ids of pending promises with `timeout_at <= now` (matching `pattern`
-    /// if given), by `(timeout_at, id)`, at most `limit`.
-    fn expired(&mut self, now: Millis, pattern: Option<&str>, limit: usize) -> Result<Vec<String>>;
+    /// if given), by `(timeout_at, id)`, at most `limit`; only those after
+    /// the row `after` if given (none if that row is gone).
+    fn expired(
+        &mut self,
+        now: Millis,
+        pattern: Option<&str>,
+        after: Option<&Self::Mark>,
+        limit: usize,
+    ) -> Result<Vec<Listed<Self::Mark>>>;
     /// Ids of settled promises with `settled_at < before` that no task
-    /// names (as its promise or awaiter), by id. (No index on `settled_at`:
-    /// it would tax every settlement for the sake of a maintenance scan.)
-    fn prunable(&mut self, before: Millis, limit: usize) -> Result<Vec<String>>;
+    /// names (as its promise or awaiter), by id, at most `limit`; only
+    /// those after the row `after` if given (none if that row is gone). (No
+    /// index on `settled_at`: it would tax every settlement for the sake of
+    /// a maintenance scan.)
+    fn prunable(
+        &mut self,
+        before: Millis,
+        after: Option<&Self::Mark>,
+        limit: usize,
+    ) -> Result<Vec<Listed<Self::Mark>>>;
+    /// Runs `op`; if it fails, none of its writes stay, and the rest of the
+    /// transaction can go on (a sweep skipping a corrupt promise). A
+    /// failure to undo them is never `Corrupt`: it fails the transaction.
+    fn isolated<R>(&mut self, op: impl FnOnce(&mut Self) -> Result<R>) -> Result<R>;
     /// Deletes the promise and the callbacks it registered as an awaiter.
     fn delete_promise(&mut self, id: &str) -> Result<()>;
     /// The search itself (timeouts already applied).
@@ -391,7 +425,7 @@ pub(crate) fn time_out_matches(
 ) -> Result<()> {
     check_search(q)?;
     let now = rules::clamp(now);
-    for id in tx.expired(now, Some(&q.pattern), limit)? {
+    for id in ids(tx.expired(now, Some(&q.pattern), None, limit)?)? {
         touch(tx, &id, now)?;
     }
     Ok(())
@@ -405,28 +439,98 @@ pub(crate) fn search_if_current(
     now: Millis,
 ) -> Result<Option<Vec<Promise>>> {
     check_search(q)?;
-    let due = tx.expired(rules::clamp(now), Some(&q.pattern), 1)?;
+    let due = ids(tx.expired(rules::clamp(now), Some(&q.pattern), None, 1)?)?;
     if !due.is_empty() {
         return Ok(None);
     }
     tx.search(q).map(Some)
 }
 
-pub(crate) fn prune(tx: &mut impl Tx, before: Millis, limit: usize) -> Result<usize> {
-    let ids = tx.prunable(rules::clamp(before), limit)?;
-    for id in &ids {
-        tx.delete_promise(id)?;
-    }
-    Ok(ids.len())
+pub(crate) fn prune<T: Tx>(tx: &mut T, before: Millis, limit: usize) -> Result<Pruned> {
+    let before = rules::clamp(before);
+    let (pruned, skipped) = each_listed(
+        tx,
+        limit,
+        "prune",
+        |tx, after, n| tx.prunable(before, after, n),
+        |tx, id| tx.delete_promise(id),
+    )?;
+    Ok(Pruned { pruned, skipped })
 }
 
-pub(crate) fn sweep(tx: &mut impl Tx, now: Millis, limit: usize) -> Result<usize> {
+pub(crate) fn sweep<T: Tx>(tx: &mut T, now: Millis, limit: usize) -> Result<Swept> {
     let now = rules::clamp(now);
-    let ids = tx.expired(now, None, limit)?;
-    for id in &ids {
-        touch(tx, id, now)?;
+    let (timed_out, skipped) = each_listed(
+        tx,
+        limit,
+        "sweep",
+        |tx, after, n| tx.expired(now, None, after, n),
+        |tx, id| touch(tx, id, now).map(drop),
+    )?;
+    Ok(Swept { timed_out, skipped })
+}
+
+/// Does `act` to each promise `list` lists (in pages of `limit`, each
+/// after the row given) until it has done so `limit` times or the listing
+/// ends; returns how many times, and the promises it skipped.
+///
+/// A promise is skipped, with a warning, when its id cannot be read or
+/// `act` meets a corrupt row (its own, or one it reads on the way): that
+/// act's writes are undone, the rest goes on. The skipped rows stay listed,
+/// so the listing goes on after the last one skipped (those done since left
+/// it): however many corrupt rows come first, the well-formed ones after
+/// them are reached in the same call. Any other failure fails the call.
+fn each_listed<T: Tx>(
+    tx: &mut T,
+    limit: usize,
+    op: &str,
+    mut list: impl FnMut(&mut T, Option<&T::Mark>, usize) -> Result<Vec<Listed<T::Mark>>>,
+    mut act: impl FnMut(&mut T, &str) -> Result<()>,
+) -> Result<(usize, Vec<PromiseError>)> {
+    let mut done = 0;
+    let mut skipped = Vec::new();
+    let mut after = None;
+    while done < limit {
+        let page = list(tx, after.as_ref(), limit)?;
+        let more = page.len() == limit;
+        let mut skipped_here = false;
+        for Listed { id, mark } in page {
+            if done == limit {
+                break;
+            }
+            let (id, outcome) = match id {
+                Ok(id) => {
+                    let outcome = tx.isolated(|tx| act(tx, &id));
+                    (Some(id), outcome)
+                }
+                Err(e) => (None, Err(e)),
+            };
+            match outcome {
+                Ok(()) => done += 1,
+                Err(error @ PromiseError::Corrupt { .. }) => {
+                    match &id {
+                        Some(id) => tracing::warn!(
+                            promise = %id,
+                            %error,
+                            "{op} skipped promise {id:?}: it reads a corrupt row"
+                        ),
+                        None => tracing::warn!(
+                            %error,
+                            "{op} skipped a promise whose id cannot be read"
+                        ),
+                    }
+                    skipped.push(error);
+                    after = Some(mark);
+                    skipped_here = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !more || !skipped_here {
+            break;
+        }
     }
-    Ok(ids.len())
+    Ok((done, skipped))
 }
 
 pub(crate) fn register_callback(
@@ -634,10 +738,10 @@ macro_rules! store_via_ops {
             fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
                 self.run(|t| $crate::ops::complete_task(t, lease, now))
             }
-            fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
+            fn sweep(&self, now: Millis, limit: usize) -> Result<$crate::store::Swept> {
                 self.run(|t| $crate::ops::sweep(t, now, limit))
             }
-            fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize> {
+            fn prune(&self, settled_before: Millis, limit: usize) -> Result<$crate::store::Pruned> {
                 self.run(|t| $crate::ops::prune(t, settled_before, limit))
             }
             fn snapshot(&self) -> Result<Snapshot> {

@@ -38,6 +38,29 @@ pub struct Status {
     pub timeout_at: Millis,
 }
 
+/// What one [`Store::sweep`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// How many expired promises it timed out.
+    pub timed_out: usize,
+    /// The expired promises it skipped, each as the `Corrupt` error that
+    /// stopped it (naming the promise, or the rowid of a row whose id
+    /// cannot be read, and the column), each also logged as a warning.
+    /// They stay pending, met by every sweep until the file is repaired.
+    pub skipped: Vec<PromiseError>,
+}
+
+/// What one [`Store::prune`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// How many promises it deleted.
+    pub pruned: usize,
+    /// The prunable promises it skipped (as [`Swept::skipped`]): those
+    /// whose id cannot be read (prune reads nothing else of a row). They
+    /// stay in the file.
+    pub skipped: Vec<PromiseError>,
+}
+
 pub trait Store: Send + Sync {
     /// Creates a promise (idempotent by key); see [`rules`](crate::rules).
     fn create(&self, req: &CreateRequest, now: Millis) -> Result<Created>;
@@ -67,15 +90,20 @@ pub trait Store: Send + Sync {
     /// promise).
     fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()>;
     /// Times out up to `limit` expired pending promises, oldest deadline
-    /// first; returns how many.
-    fn sweep(&self, now: Millis, limit: usize) -> Result<usize>;
+    /// first. A promise that is corrupt in the file (its row, or a row its
+    /// timeout reads, holds what the store never writes) is skipped, none
+    /// of its timeout written, and reported; the sweep goes on past it, so
+    /// `timed_out == limit` means more may be due. Any other failure fails
+    /// the sweep, which then writes nothing.
+    fn sweep(&self, now: Millis, limit: usize) -> Result<Swept>;
     /// Deletes up to `limit` promises settled before `settled_before` that
     /// no task refers to, by id, with the stale callbacks they had
-    /// registered as awaiters; returns how many. What keeps a long-running
-    /// store bounded. An id is an idempotency key only while its promise is
-    /// kept: once pruned, a create under it makes a new promise (and a
-    /// durable ask under it is a new request, whose handler may run again).
-    fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize>;
+    /// registered as awaiters. What keeps a long-running store bounded. An
+    /// id is an idempotency key only while its promise is kept: once
+    /// pruned, a create under it makes a new promise (and a durable ask
+    /// under it is a new request, whose handler may run again). Corrupt
+    /// rows are skipped and reported as by [`sweep`](Store::sweep).
+    fn prune(&self, settled_before: Millis, limit: usize) -> Result<Pruned>;
     /// Everything stored, in canonical order, without applying timeouts.
     fn snapshot(&self) -> Result<Snapshot>;
 }
@@ -108,10 +136,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
         (**self).complete_task(lease, now)
     }
-    fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
+    fn sweep(&self, now: Millis, limit: usize) -> Result<Swept> {
         (**self).sweep(now, limit)
     }
-    fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize> {
+    fn prune(&self, settled_before: Millis, limit: usize) -> Result<Pruned> {
         (**self).prune(settled_before, limit)
     }
     fn snapshot(&self) -> Result<Snapshot> {

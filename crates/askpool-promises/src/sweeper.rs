@@ -15,7 +15,9 @@ use crate::store::{off_runtime, Store};
 /// runtime; abort the handle to stop it. A storage error is logged and
 /// retried at the next tick. Each sweep runs on tokio's blocking threads:
 /// a store shared with other processes waits for their writes (up to its
-/// busy timeout, 5 s by default), which must not stall the runtime.
+/// busy timeout, 5 s by default), which must not stall the runtime. A
+/// corrupt row is skipped and logged by each sweep that meets it (see
+/// [`Store::sweep`]): it holds up no other promise.
 pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration, batch: usize) -> JoinHandle<()> {
     let batch = batch.max(1);
     let every = every.max(Duration::from_millis(1));
@@ -27,7 +29,8 @@ pub fn spawn_sweeper(store: Arc<dyn Store>, every: Duration, batch: usize) -> Jo
             loop {
                 let store = Arc::clone(&store);
                 match off_runtime(move || store.sweep(now_millis(), batch)).await {
-                    Ok(n) if n == batch => tokio::task::yield_now().await,
+                    // Corrupt rows it skipped were logged as it met them.
+                    Ok(swept) if swept.timed_out == batch => tokio::task::yield_now().await,
                     Ok(_) => break,
                     Err(error) => {
                         tracing::warn!(%error, "promise sweep failed");

@@ -11,8 +11,8 @@ use askpool::Node;
 use askpool_promises::{
     now_millis, spawn_sweeper, CallbackOutcome, CallbackRequest, ClaimRequest, Claimed,
     CompleteRequest, Completed, Completion, CreateRequest, Created, DurableAsk, DurablePromises,
-    Lease, MemoryStore, Millis, Promise, PromiseError, Result, SearchQuery, Snapshot, State,
-    Status, Store, Task,
+    Lease, MemoryStore, Millis, Promise, PromiseError, Pruned, Result, SearchQuery, Snapshot,
+    State, Status, Store, Swept, Task,
 };
 
 /// A store whose sweeps and reads wait `wait` (as a SQLite store waits for
@@ -78,12 +78,12 @@ impl Store for SlowStore {
     fn complete_task(&self, lease: &Lease, now: Millis) -> Result<()> {
         self.inner.complete_task(lease, now)
     }
-    fn sweep(&self, now: Millis, limit: usize) -> Result<usize> {
+    fn sweep(&self, now: Millis, limit: usize) -> Result<Swept> {
         self.sweeps.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(self.wait);
         self.inner.sweep(now, limit)
     }
-    fn prune(&self, settled_before: Millis, limit: usize) -> Result<usize> {
+    fn prune(&self, settled_before: Millis, limit: usize) -> Result<Pruned> {
         self.inner.prune(settled_before, limit)
     }
     fn snapshot(&self) -> Result<Snapshot> {

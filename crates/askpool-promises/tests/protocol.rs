@@ -163,13 +163,13 @@ fn timeouts_apply_on_every_touch_and_by_the_sweeper() {
         // Raw contents: b has expired but nobody touched it yet.
         let raw = s.snapshot().unwrap();
         assert_eq!(raw.promises[1].state, State::Pending);
-        assert_eq!(s.sweep(T + 25, 10).unwrap(), 1);
+        assert_eq!(s.sweep(T + 25, 10).unwrap().timed_out, 1);
         assert_eq!(s.snapshot().unwrap().promises[1].state, State::TimedOut);
         let hits = s
             .search(&SearchQuery::new("*").state(State::Pending), T + 30)
             .unwrap();
         assert!(hits.is_empty(), "search timed c out first: {hits:?}");
-        assert_eq!(s.sweep(T + 99, 10).unwrap(), 0);
+        assert_eq!(s.sweep(T + 99, 10).unwrap().timed_out, 0);
         let created_late = s.create(&CreateRequest::new("d", T), T + 1).unwrap();
         assert_eq!(created_late.promise.state, State::TimedOut);
     });
@@ -628,7 +628,7 @@ fn prune_deletes_old_settled_promises_no_task_needs() {
         let resume = claim(s, "ga", "w1", T).unwrap();
         s.complete(&resolve("awaiter"), T).unwrap();
         assert_eq!(
-            s.prune(T + 50, 10).unwrap(),
+            s.prune(T + 50, 10).unwrap().pruned,
             1,
             "only old: the rest is recent, pending or named by a task"
         );
@@ -642,8 +642,8 @@ fn prune_deletes_old_settled_promises_no_task_needs() {
         };
         assert_eq!(ids(s), ["awaited", "awaiter", "other", "pending", "recent"]);
         s.complete_task(&Lease::of(&resume.task), T).unwrap();
-        assert_eq!(s.prune(T + 50, 1).unwrap(), 1, "the limit holds");
-        assert_eq!(s.prune(T + 50, 10).unwrap(), 1);
+        assert_eq!(s.prune(T + 50, 1).unwrap().pruned, 1, "the limit holds");
+        assert_eq!(s.prune(T + 50, 10).unwrap().pruned, 1);
         assert_eq!(ids(s), ["other", "pending", "recent"]);
         assert!(
             s.snapshot().unwrap().callbacks.is_empty(),

@@ -12,7 +12,7 @@ use crate::error::PromiseError;
 use crate::model::{
     Callback, Millis, Promise, SearchQuery, Snapshot, State, Task, TaskKind, TaskState,
 };
-use crate::ops::{NewCallback, NewTask, Tx};
+use crate::ops::{Listed, NewCallback, NewTask, Tx};
 use crate::pattern;
 use crate::rules::PREFERENCE_GRACE_MS;
 use crate::store::Result;
@@ -349,12 +349,42 @@ impl SqlTx<'_> {
         stmt.execute(p).map_err(|e| self.err(e))
     }
 
-    /// One column of strings.
-    fn ids(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<Vec<String>> {
+    /// Promise ids (column 0) and rowids (column 1). An id that cannot be
+    /// read is `Corrupt` for its row alone, named by its rowid (there is
+    /// no id to name it by).
+    fn listed(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<Vec<Listed<i64>>> {
+        let path = self.path;
         let mut stmt = self.tx.prepare_cached(sql).map_err(|e| self.err(e))?;
-        let rows = stmt.query_map(p, |r| r.get(0)).map_err(|e| self.err(e))?;
-        rows.collect::<rusqlite::Result<Vec<String>>>()
+        let rows = stmt
+            .query_map(p, |r| {
+                let rowid = r.get(1)?;
+                let c = Cells::new(
+                    r,
+                    format!("promise at rowid {rowid} (its id cannot be read)"),
+                );
+                Ok(Listed {
+                    id: c.text(0).map_err(|e| read_err(path, e)),
+                    mark: rowid,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.err(e))
+    }
+
+    /// A savepoint statement of [`Tx::isolated`]. Its failure is never
+    /// `Corrupt` (which a sweep would skip, its writes not undone): it
+    /// fails the transaction.
+    fn savepoint(&mut self, sql: &str) -> Result<()> {
+        let run = |tx: &Transaction<'_>| tx.prepare_cached(sql)?.execute([]);
+        run(self.tx)
+            .map(drop)
+            .map_err(|e| match map_err(self.path, e) {
+                PromiseError::Corrupt { message, .. } => PromiseError::Storage {
+                    message: format!("{}: {sql}: {message}", self.path.display()),
+                },
+                other => other,
+            })
     }
 
     fn one_task(&mut self, sql: &str, p: impl rusqlite::Params) -> Result<Option<Task>> {
@@ -411,23 +441,73 @@ impl Tx for SqlTx<'_> {
         Ok(())
     }
 
-    fn expired(&mut self, now: Millis, pat: Option<&str>, n: usize) -> Result<Vec<String>> {
+    /// The row's rowid (the same while the transaction lasts).
+    type Mark = i64;
+
+    fn expired(
+        &mut self,
+        now: Millis,
+        pat: Option<&str>,
+        after: Option<&i64>,
+        n: usize,
+    ) -> Result<Vec<Listed<i64>>> {
         let glob = pat.map(pattern::to_glob);
-        self.ids(
-            "SELECT id FROM promises WHERE state = 0 AND timeout_at <= ?1 \
-                 AND (?2 IS NULL OR id GLOB ?2) ORDER BY timeout_at, id LIMIT ?3",
-            params![t(now), glob, limit(n)],
-        )
+        match after {
+            None => self.listed(
+                "SELECT id, rowid FROM promises WHERE state = 0 AND timeout_at <= ?1 \
+                     AND (?2 IS NULL OR id GLOB ?2) ORDER BY timeout_at, id LIMIT ?3",
+                params![t(now), glob, limit(n)],
+            ),
+            Some(after) => self.listed(
+                "SELECT id, rowid FROM promises WHERE state = 0 AND timeout_at <= ?1 \
+                     AND (?2 IS NULL OR id GLOB ?2) \
+                     AND (timeout_at, id) > (SELECT timeout_at, id FROM promises WHERE rowid = ?4) \
+                     ORDER BY timeout_at, id LIMIT ?3",
+                params![t(now), glob, limit(n), after],
+            ),
+        }
     }
 
-    fn prunable(&mut self, before: Millis, n: usize) -> Result<Vec<String>> {
-        self.ids(
-            "SELECT id FROM promises p WHERE state != 0 AND settled_at < ?1 \
-                 AND NOT EXISTS (SELECT 1 FROM tasks WHERE promise_id = p.id) \
-                 AND NOT EXISTS (SELECT 1 FROM tasks WHERE kind = 1 AND awaiter = p.id) \
-                 ORDER BY id LIMIT ?2",
-            params![t(before), limit(n)],
-        )
+    fn prunable(
+        &mut self,
+        before: Millis,
+        after: Option<&i64>,
+        n: usize,
+    ) -> Result<Vec<Listed<i64>>> {
+        match after {
+            None => self.listed(
+                "SELECT id, rowid FROM promises p WHERE state != 0 AND settled_at < ?1 \
+                     AND NOT EXISTS (SELECT 1 FROM tasks WHERE promise_id = p.id) \
+                     AND NOT EXISTS (SELECT 1 FROM tasks WHERE kind = 1 AND awaiter = p.id) \
+                     ORDER BY id LIMIT ?2",
+                params![t(before), limit(n)],
+            ),
+            Some(after) => self.listed(
+                "SELECT id, rowid FROM promises p WHERE state != 0 AND settled_at < ?1 \
+                     AND id > (SELECT id FROM promises WHERE rowid = ?3) \
+                     AND NOT EXISTS (SELECT 1 FROM tasks WHERE promise_id = p.id) \
+                     AND NOT EXISTS (SELECT 1 FROM tasks WHERE kind = 1 AND awaiter = p.id) \
+                     ORDER BY id LIMIT ?2",
+                params![t(before), limit(n), after],
+            ),
+        }
+    }
+
+    fn isolated<R>(&mut self, op: impl FnOnce(&mut Self) -> Result<R>) -> Result<R> {
+        self.savepoint("SAVEPOINT isolated")?;
+        let result = op(self);
+        let end = match result {
+            Ok(_) => self.savepoint("RELEASE isolated"),
+            Err(_) => self
+                .savepoint("ROLLBACK TO isolated")
+                .and_then(|()| self.savepoint("RELEASE isolated")),
+        };
+        match (result, end) {
+            (result, Ok(())) => result,
+            // The transaction fails anyway: with its own error.
+            (Err(e), Err(_)) if !matches!(e, PromiseError::Corrupt { .. }) => Err(e),
+            (_, Err(e)) => Err(e),
+        }
     }
 
     fn delete_promise(&mut self, id: &str) -> Result<()> {
