@@ -47,5 +47,5 @@ pub use model::{
 pub use ops::SEARCH_TIME_OUT_BATCH;
 pub use pattern::matches as pattern_matches;
 pub use sqlite::{CrashHook, SqliteOptions, SqliteStore, APPLICATION_ID, SCHEMA_VERSION};
-pub use store::{Pruned, Result, Status, Store, Swept};
+pub use store::{Pruned, Result, Status, Store, Swept, MAX_REPORTED_CORRUPT};
 pub use sweeper::spawn_sweeper;

@@ -12,7 +12,7 @@ use crate::model::{
     CreateRequest, Created, Lease, Millis, Promise, SearchQuery, State, Task, TaskKind, TaskState,
 };
 use crate::rules::{self, CompleteDecision};
-use crate::store::{Pruned, Result, Status, Swept};
+use crate::store::{Pruned, Result, Status, Swept, MAX_REPORTED_CORRUPT};
 
 /// A task before the store gave it an id.
 pub(crate) struct NewTask {
@@ -448,31 +448,40 @@ pub(crate) fn search_if_current(
 
 pub(crate) fn prune<T: Tx>(tx: &mut T, before: Millis, limit: usize) -> Result<Pruned> {
     let before = rules::clamp(before);
-    let (pruned, skipped) = each_listed(
+    let (pruned, Skipped { count, corrupt }) = each_listed(
         tx,
         limit,
         "prune",
         |tx, after, n| tx.prunable(before, after, n),
         |tx, id| tx.delete_promise(id),
     )?;
-    Ok(Pruned { pruned, skipped })
+    Ok(Pruned {
+        pruned,
+        skipped: count,
+        corrupt,
+    })
 }
 
 pub(crate) fn sweep<T: Tx>(tx: &mut T, now: Millis, limit: usize) -> Result<Swept> {
     let now = rules::clamp(now);
-    let (timed_out, skipped) = each_listed(
+    let (timed_out, Skipped { count, corrupt }) = each_listed(
         tx,
         limit,
         "sweep",
         |tx, after, n| tx.expired(now, None, after, n),
         |tx, id| touch(tx, id, now).map(drop),
     )?;
-    Ok(Swept { timed_out, skipped })
+    Ok(Swept {
+        timed_out,
+        skipped: count,
+        corrupt,
+    })
 }
 
 /// Does `act` to each promise `list` lists (in pages of `limit`, each
 /// after the row given) until it has done so `limit` times or the listing
-/// ends; returns how many times, and the promises it skipped.
+/// ends; returns how many times, and the promises it skipped (the first
+/// [`MAX_REPORTED_CORRUPT`] with their errors).
 ///
 /// A promise is skipped, with a warning, when its id cannot be read or
 /// `act` meets a corrupt row (its own, or one it reads on the way): that
@@ -486,9 +495,9 @@ fn each_listed<T: Tx>(
     op: &str,
     mut list: impl FnMut(&mut T, Option<&T::Mark>, usize) -> Result<Vec<Listed<T::Mark>>>,
     mut act: impl FnMut(&mut T, &str) -> Result<()>,
-) -> Result<(usize, Vec<PromiseError>)> {
+) -> Result<(usize, Skipped)> {
     let mut done = 0;
-    let mut skipped = Vec::new();
+    let mut skipped = Skipped::default();
     let mut after = None;
     while done < limit {
         let page = list(tx, after.as_ref(), limit)?;
@@ -519,7 +528,10 @@ fn each_listed<T: Tx>(
                             "{op} skipped a promise whose id cannot be read"
                         ),
                     }
-                    skipped.push(error);
+                    skipped.count += 1;
+                    if skipped.corrupt.len() < MAX_REPORTED_CORRUPT {
+                        skipped.corrupt.push(error);
+                    }
                     after = Some(mark);
                     skipped_here = true;
                 }
@@ -531,6 +543,13 @@ fn each_listed<T: Tx>(
         }
     }
     Ok((done, skipped))
+}
+
+/// The promises [`each_listed`] skipped.
+#[derive(Default)]
+struct Skipped {
+    count: usize,
+    corrupt: Vec<PromiseError>,
 }
 
 pub(crate) fn register_callback(

@@ -43,22 +43,31 @@ pub struct Status {
 pub struct Swept {
     /// How many expired promises it timed out.
     pub timed_out: usize,
-    /// The expired promises it skipped, each as the `Corrupt` error that
-    /// stopped it (naming the promise, or the rowid of a row whose id
-    /// cannot be read, and the column), each also logged as a warning.
+    /// How many expired promises it skipped, each logged as a warning.
     /// They stay pending, met by every sweep until the file is repaired.
-    pub skipped: Vec<PromiseError>,
+    pub skipped: usize,
+    /// The first [`MAX_REPORTED_CORRUPT`] of those, each as the `Corrupt`
+    /// error that stopped it (naming the promise, or the rowid of a row
+    /// whose id cannot be read, and the column): a file with many corrupt
+    /// rows does not make a report of them all.
+    pub corrupt: Vec<PromiseError>,
 }
+
+/// How many of the promises a sweep or a prune skipped it reports with
+/// their error ([`Swept::corrupt`], [`Pruned::corrupt`]).
+pub const MAX_REPORTED_CORRUPT: usize = 32;
 
 /// What one [`Store::prune`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pruned {
     /// How many promises it deleted.
     pub pruned: usize,
-    /// The prunable promises it skipped (as [`Swept::skipped`]): those
-    /// whose id cannot be read (prune reads nothing else of a row). They
-    /// stay in the file.
-    pub skipped: Vec<PromiseError>,
+    /// How many prunable promises it skipped (as [`Swept::skipped`]):
+    /// those whose id cannot be read (prune reads nothing else of a row).
+    /// They stay in the file.
+    pub skipped: usize,
+    /// The first [`MAX_REPORTED_CORRUPT`] of those, as [`Swept::corrupt`].
+    pub corrupt: Vec<PromiseError>,
 }
 
 pub trait Store: Send + Sync {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use askpool_promises::{
     now_millis, spawn_sweeper, CallbackRequest, CompleteRequest, Completion, CrashHook,
-    CreateRequest, PromiseError, SearchQuery, SqliteStore, Store, Target,
+    CreateRequest, PromiseError, SearchQuery, SqliteStore, Store, Target, MAX_REPORTED_CORRUPT,
 };
 use rusqlite::Connection;
 
@@ -86,7 +86,10 @@ fn sweep(
     now: u64,
     batch: usize,
 ) -> Result<(usize, Vec<PromiseError>), PromiseError> {
-    s.sweep(now, batch).map(|r| (r.timed_out, r.skipped))
+    s.sweep(now, batch).map(|r| {
+        assert_eq!(r.skipped, r.corrupt.len(), "{r:?}");
+        (r.timed_out, r.corrupt)
+    })
 }
 
 /// One prune: how many it deleted, and the corrupt rows it skipped.
@@ -95,7 +98,10 @@ fn prune(
     before: u64,
     batch: usize,
 ) -> Result<(usize, Vec<PromiseError>), PromiseError> {
-    s.prune(before, batch).map(|r| (r.pruned, r.skipped))
+    s.prune(before, batch).map(|r| {
+        assert_eq!(r.skipped, r.corrupt.len(), "{r:?}");
+        (r.pruned, r.corrupt)
+    })
 }
 
 /// Each skipped row is reported as `Corrupt`, naming its promise (or, for
@@ -167,6 +173,22 @@ fn sweeps_time_out_the_good_promises_past_more_corrupt_rows_than_a_batch() {
         assert_eq!(sweep_all(&s, batch, bad), good, "{good} {bad} {batch}");
         assert_good_timed_out_bad_untouched(&path, good, bad);
     }
+}
+
+/// More corrupt rows than a report holds: all are counted and skipped, the
+/// first `MAX_REPORTED_CORRUPT` reported with their errors (a file with
+/// many corrupt rows does not make a report of them all).
+#[test]
+fn a_sweep_reports_at_most_its_bound_of_corrupt_rows_and_counts_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, bad, batch) = (4, MAX_REPORTED_CORRUPT + 9, 10);
+    let path = expired_store(&dir, good, bad);
+    let s = SqliteStore::open(&path).unwrap();
+    let swept = s.sweep(T + 200, batch).unwrap();
+    assert_eq!(swept.timed_out, good);
+    assert_eq!(swept.skipped, bad);
+    assert_reports_corrupt_rows(&swept.corrupt, MAX_REPORTED_CORRUPT);
+    assert_good_timed_out_bad_untouched(&path, good, bad);
 }
 
 /// A well-formed expired promise whose timeout has to read a corrupt row
