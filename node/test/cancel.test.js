@@ -567,3 +567,21 @@ test("pool.close() from a ctx.signal listener as the node closes: the pool's que
   assert.deepEqual([await first, await queued], ['UNAVAILABLE', 'UNAVAILABLE']);
   assert.equal(node.stats().outstanding, 0);
 });
+
+test('a handler that watched ctx.signal and answered leaves no cancel watch running', async () => {
+  // The watch of an answered request, never to fire, was left among the
+  // node's tasks, one per request.
+  const node = new Node();
+  const signals = [];
+  node.pool('p', { concurrency: 2 }).handle((m, ctx) => {
+    signals.push(ctx.signal);
+    return m;
+  });
+  await node.ask('p', 0);
+  const idle = node.stats().tasks;
+  for (let i = 1; i <= 20; i++) assert.equal(await node.ask('p', i), i);
+  await tick();
+  assert.equal(node.stats().tasks, idle, 'each watch ended with its request');
+  assert.equal(signals.filter((s) => s.aborted).length, 0);
+  await node.close();
+});
