@@ -260,6 +260,27 @@ test('close(): pending asks reject with UNAVAILABLE, later asks too', async () =
   assert.equal(node.closed, true);
 });
 
+test('close() lets go of the messages of the asks it ended, called by a handler too', async () => {
+  // The close's drain ends the asks, and the addon lets go of their
+  // messages as it does: reported at the next drain, which a closed node
+  // never has. A closed node still referenced held them.
+  for (const how of ['outside', 'handler']) {
+    const node = new Node();
+    node.pool('never').handle(() => new Promise(() => {}));
+    node.pool('closer').handle(() => {
+      node.close();
+      return 'closed';
+    });
+    const pending = [1, 2, 3].map((i) => node.ask('never', { i }).catch((e) => e.code));
+    await new Promise((r) => setImmediate(r));
+    if (how === 'outside') await node.close();
+    else assert.equal(await node.ask('closer', { big: 'x'.repeat(1000) }).catch((e) => e.code), 'UNAVAILABLE');
+    assert.deepEqual(await Promise.all(pending), ['UNAVAILABLE', 'UNAVAILABLE', 'UNAVAILABLE'], how);
+    await new Promise((r) => setImmediate(r));
+    assert.equal(node.stats().objects, 0, `${how}: no message held by the closed node`);
+  }
+});
+
 test('close() called by a handler or an abort listener as it runs: every pending ask still settles', { timeout: 10_000 }, async () => {
   // A handler's body runs inside the node's drain; so does the abort
   // listener of a handler's ctx.signal.

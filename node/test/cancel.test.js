@@ -488,3 +488,100 @@ test("a tell aborted once its re-send came due is not sent by the abort", async 
   assert.equal(node.stats().pools.find((p) => p.name === 'full').admitted, 1);
   await node.close();
 });
+
+test('a handler answering after node.close() (a reply or a throw, in its body or later): no warning, the caller gets UNAVAILABLE', async () => {
+  // The close took the request out of the addon: an answer sent anyway was
+  // refused there ("request 0 was already answered"), a process warning.
+  for (const how of ['reply in its body', 'throw in its body', 'reply later', 'throw later']) {
+    let asked;
+    const warnings = await collect('warning', async () => {
+      const node = new Node();
+      let release;
+      const gate = new Promise((r) => (release = r));
+      node.pool('p').handle((m) => {
+        if (how.endsWith('later')) {
+          return gate.then(() => {
+            if (how.startsWith('throw')) throw new Error('after the close');
+            return 'after the close';
+          });
+        }
+        node.close();
+        if (how.startsWith('throw')) throw new Error('after the close');
+        return 'after the close';
+      });
+      asked = node.ask('p', 1).catch((e) => e.code);
+      if (how.endsWith('later')) {
+        await tick();
+        await node.close();
+        release();
+      }
+      assert.equal(await asked, 'UNAVAILABLE', how);
+      await tick();
+    });
+    assert.deepEqual(
+      warnings.map((w) => w.message),
+      [],
+      how,
+    );
+  }
+});
+
+test('a handler that watched ctx.signal and closed the node in its body: the cancel of its ended request is no warning', async () => {
+  // The close cancels the request, whose watch reports it at the next drain,
+  // after the handler's return ended it in the wrapper.
+  const warnings = await collect('warning', async () => {
+    const node = new Node();
+    let signal;
+    node.pool('p').handle((m, ctx) => {
+      signal = ctx.signal;
+      node.close();
+      return 'closed';
+    });
+    await assert.rejects(node.ask('p', 1), { code: 'UNAVAILABLE' });
+    await tick();
+    assert.equal(signal.aborted, true);
+  });
+  assert.deepEqual(
+    warnings.map((w) => w.message),
+    [],
+  );
+});
+
+test("pool.close() from a ctx.signal listener as the node closes: the pool's queued asks reject UNAVAILABLE, as the close's others", async () => {
+  // The node's close aborts the handlers' signals before it shuts the node
+  // down: a pool closed by a listener then must not end its queued asks
+  // first (they were cancelled by the pool, ASK_CANCELLED).
+  const node = new Node();
+  let started;
+  const running = new Promise((r) => (started = r));
+  const pool = node.pool('p', { concurrency: 1 });
+  pool.handle((m, ctx) => {
+    ctx.signal.addEventListener('abort', () => pool.close());
+    started();
+    return new Promise(() => {});
+  });
+  const first = node.ask('p', 1, { timeoutMs: 60_000 }).catch((e) => e.code);
+  const queued = node.ask('p', 2, { timeoutMs: 60_000 }).catch((e) => e.code);
+  await running;
+  await node.close();
+  assert.deepEqual([await first, await queued], ['UNAVAILABLE', 'UNAVAILABLE']);
+  assert.equal(node.stats().outstanding, 0);
+});
+
+test('a handler that watched ctx.signal and answered leaves no cancel watch running', async () => {
+  // The watch of an answered request, never to fire, was left among the
+  // node's tasks, one per request.
+  const node = new Node();
+  const signals = [];
+  node.pool('p', { concurrency: 2 }).handle((m, ctx) => {
+    signals.push(ctx.signal);
+    return m;
+  });
+  await node.ask('p', 0);
+  const idle = node.stats().tasks;
+  for (let i = 1; i <= 20; i++) assert.equal(await node.ask('p', i), i);
+  await tick();
+  assert.equal(node.stats().tasks, idle, 'each watch ended with its request');
+  assert.equal(signals.filter((s) => s.aborted).length, 0);
+  await node.close();
+});

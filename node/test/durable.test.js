@@ -319,6 +319,31 @@ test('promises.await: pollMs and timeoutMs are checked; timeoutMs and a signal e
   }
 });
 
+test('promises.await with a signal over many polls: no abort listener left behind', async () => {
+  // Each poll's wait listened for the abort; one that ended on its timer
+  // left its listener: past ten polls, MaxListenersExceededWarning.
+  const { getEventListeners } = require('node:events');
+  const tmp = tempFile();
+  const warnings = [];
+  const onWarning = (w) => warnings.push(`${w.name}: ${w.message}`);
+  process.on('warning', onWarning);
+  try {
+    const node = new Node().openPromises(tmp.file);
+    node.promises.create('later', { timeoutMs: 60_000 });
+    const ac = new AbortController();
+    setTimeout(() => node.promises.resolve('later', 1), 100);
+    const settled = await node.promises.await('later', { signal: ac.signal, pollMs: 2 });
+    assert.equal(settled.state, 'RESOLVED');
+    assert.equal(getEventListeners(ac.signal, 'abort').length, 0);
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(warnings, []);
+    await node.close();
+  } finally {
+    process.off('warning', onWarning);
+    tmp.done();
+  }
+});
+
 test('a durable ask runs its stored message, on its first run as after a restart', async () => {
   const tmp = tempFile();
   try {

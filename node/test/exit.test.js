@@ -2,11 +2,13 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { spawnSync } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
 const path = require('node:path');
 
-function run(fixture, flags = []) {
+function run(fixture, flags = [], args = []) {
   const started = Date.now();
-  const r = spawnSync(process.execPath, [...flags, path.join(__dirname, 'fixtures', fixture)], {
+  const r = spawnSync(process.execPath, [...flags, path.join(__dirname, 'fixtures', fixture), ...args], {
     encoding: 'utf8',
     timeout: 20_000,
   });
@@ -29,6 +31,34 @@ test('a pending ask keeps the process alive until it ends', () => {
   assert.ok(Number(m[1]) >= 250, `timed out after ${m[1]} ms`);
 });
 
+test('a node busy again after it went idle keeps the process alive again', () => {
+  const r = run('busy-again-keeps-alive.js');
+  assert.equal(r.error, undefined);
+  assert.equal(r.status, 0, r.stderr);
+  const m = /^ASK_TIMEOUT after (\d+)\n$/.exec(r.stdout);
+  assert.ok(m, `the process exited before the ask ended: ${JSON.stringify(r.stdout)}`);
+  assert.ok(Number(m[1]) >= 250, `timed out after ${m[1]} ms`);
+});
+
+test('durable asks ended by close() keep the process alive until they settle', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'askpool-exit-'));
+  try {
+    const r = run('durable-close-keeps-alive.js', [], [path.join(dir, 'p.db')]);
+    assert.equal(r.error, undefined, 'the process exited by itself');
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.stdout, 'settled 100 UNAVAILABLE\n', 'the process exited before they settled');
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a wake from the runtime after its node was collected does nothing', () => {
+  const r = run('wake-after-collected.js', ['--expose-gc']);
+  assert.equal(r.error, undefined);
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(r.stdout, 'collected 1\n');
+});
+
 test('nodes dropped without close are collected once idle, not before', () => {
   const r = run('collected.js', ['--expose-gc']);
   assert.equal(r.error, undefined);
@@ -45,7 +75,7 @@ test('nodes dropped without close are collected once idle, not before', () => {
   }
 });
 
-test('closed nodes still referenced keep no threads', { skip: !require('node:fs').existsSync('/proc/self/task') }, () => {
+test('closed nodes still referenced keep no threads', { skip: !fs.existsSync('/proc/self/task') }, () => {
   const r = run('closed-threads.js');
   assert.equal(r.error, undefined, 'the process exited by itself');
   assert.equal(r.status, 0, r.stderr);

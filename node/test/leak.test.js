@@ -57,6 +57,14 @@ test('stage iterators dropped before their end close their streams when collecte
   for (const n of open) assert.ok(n < 500, JSON.stringify(open));
 });
 
+test('a handle collected while its stages are read: the stream lives with its iterator', () => {
+  // Its finalizer, meant for a handle nobody read the stages of, dropped
+  // the stream under the iterator, which then ended after its first stage.
+  const { collected, seen } = runFixture('stages-outlive-handle.js', 20_000);
+  assert.equal(collected, true, 'the handle was collected');
+  assert.deepEqual(seen, ['SENT', 'RECEIVED', 'READ', 'PARTIAL', 'FULFILLED']);
+});
+
 test('nodes dropped without close are collected as they pile up, their reply caches counted by V8', () => {
   // Each holds 1 MiB of reply-cache buckets V8's heap does not see. Not told
   // of it, V8 collected none of 400 (about 2,000 piled up, gigabytes, before

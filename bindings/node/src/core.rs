@@ -595,6 +595,21 @@ impl Core {
             batch.clear();
         }
         self.batch = batch;
+        if self.node.is_closed() {
+            // No drain may follow a closed node's (nothing calls into it, and
+            // no wake comes once its tasks are done): the objects let go of
+            // while polling (the messages of the asks the close ended) and
+            // those of this drain's events are reported now, after the
+            // events that read them, not at a next drain that never comes.
+            self.held.clear();
+            let mut freed = std::mem::take(&mut self.freed_scratch);
+            let room = out.buf.len() / 4 - out.n;
+            self.freed.take_into(&mut freed, room);
+            for id in freed.drain(..) {
+                out.push(event::FREE, id, 0, 0);
+            }
+            self.freed_scratch = freed;
+        }
         if self.release_when_idle && self.tasks.len() == 0 {
             self.release_when_idle = false;
             self.shared.release();
