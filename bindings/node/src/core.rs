@@ -568,13 +568,8 @@ impl Core {
         self.stages.clear();
         self.bytes.clear();
         let mut out = Out { buf, n: 0 };
-        let mut freed = std::mem::take(&mut self.freed_scratch);
         self.shared.rearm();
-        self.freed.take_into(&mut freed, out.buf.len() / 4);
-        for id in freed.drain(..) {
-            out.push(event::FREE, id, 0, 0);
-        }
-        self.freed_scratch = freed;
+        self.report_freed(&mut out);
         let mut batch = std::mem::take(&mut self.batch);
         while !out.full() {
             self.shared.take_ready(&mut batch);
@@ -602,19 +597,24 @@ impl Core {
             // those of this drain's events are reported now, after the
             // events that read them, not at a next drain that never comes.
             self.held.clear();
-            let mut freed = std::mem::take(&mut self.freed_scratch);
-            let room = out.buf.len() / 4 - out.n;
-            self.freed.take_into(&mut freed, room);
-            for id in freed.drain(..) {
-                out.push(event::FREE, id, 0, 0);
-            }
-            self.freed_scratch = freed;
+            self.report_freed(&mut out);
         }
         if self.release_when_idle && self.tasks.len() == 0 {
             self.release_when_idle = false;
             self.shared.release();
         }
         out.n as u32
+    }
+
+    /// Reports the objects let go of so far as FREE events, as many as
+    /// `out` has room for (the rest at the next drain).
+    fn report_freed(&mut self, out: &mut Out<'_>) {
+        let mut freed = std::mem::take(&mut self.freed_scratch);
+        self.freed.take_into(&mut freed, out.buf.len() / 4 - out.n);
+        for id in freed.drain(..) {
+            out.push(event::FREE, id, 0, 0);
+        }
+        self.freed_scratch = freed;
     }
 
     pub(crate) fn pool_name(&self, pool_ref: u32) -> Result<PoolName> {

@@ -29,6 +29,17 @@ pub(crate) enum Sent<'py> {
     Yielded(Bound<'py, PyAny>),
 }
 
+impl<'py> From<(bool, Bound<'py, PyAny>)> for Sent<'py> {
+    /// A step as `send_here` and `returned_or_yielded` give it.
+    fn from((returned, value): (bool, Bound<'py, PyAny>)) -> Self {
+        if returned {
+            Sent::Returned(value)
+        } else {
+            Sent::Yielded(value)
+        }
+    }
+}
+
 type IterSend = unsafe extern "C" fn(
     *mut pyo3::ffi::PyObject,
     *mut pyo3::ffi::PyObject,
@@ -371,26 +382,14 @@ pub(crate) fn first_step<'py>(
     let _no_handled = NoHandledException::set_aside(py);
     let api = c_api();
     let native = !THROUGH_PYTHON.load(Ordering::Relaxed);
-    if let (true, Some(enter), Some(exit), Some(send)) =
+    if let (true, Some(enter), Some(exit), Some(_)) =
         (native, api.context_enter, api.context_exit, api.iter_send)
     {
         let _in_context = InContext::enter(context, enter, exit)?;
         let coro = handler.call1(args)?;
-        let mut out = std::ptr::null_mut();
-        // SAFETY: `coro` and `None` are live objects and the GIL is held;
-        // `out` receives a new reference unless the result is an error.
-        let result = unsafe { send(coro.as_ptr(), py.None().as_ptr(), &mut out) };
-        let sent = match result {
-            // SAFETY: a new reference (see above).
-            PYGEN_RETURN => Sent::Returned(unsafe { Bound::from_owned_ptr(py, out) }),
-            PYGEN_NEXT => Sent::Yielded(unsafe { Bound::from_owned_ptr(py, out) }),
-            _ => {
-                // Fetched first: no C-API call with an exception set.
-                let error = PyErr::fetch(py);
-                return Err(no_coroutine(&coro).unwrap_or(error));
-            }
-        };
-        return Ok((coro, sent));
+        let none = py.None().into_bound(py);
+        let stepped = send_here(&coro, &none).map_err(|e| no_coroutine(&coro).unwrap_or(e))?;
+        return Ok((coro, Sent::from(stepped)));
     }
     // The Python way: `context.run(handler, ...)`, then `context.run(coro.send, None)`.
     let run = context.getattr(intern!(py, "run"))?;
@@ -398,14 +397,11 @@ pub(crate) fn first_step<'py>(
     if let Some(e) = no_coroutine(&coro) {
         return Err(e);
     }
-    let sent = match run.call1((coro.getattr(intern!(py, "send"))?, py.None())) {
-        Ok(yielded) => Sent::Yielded(yielded),
-        Err(e) if e.is_instance_of::<PyStopIteration>(py) => {
-            Sent::Returned(e.value(py).getattr(intern!(py, "value"))?)
-        }
-        Err(e) => return Err(e),
-    };
-    Ok((coro, sent))
+    let stepped = returned_or_yielded(
+        py,
+        run.call1((coro.getattr(intern!(py, "send"))?, py.None())),
+    )?;
+    Ok((coro, Sent::from(stepped)))
 }
 
 /// A later step of a handler's coroutine (`_dispatch._Resume`):
