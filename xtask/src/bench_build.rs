@@ -2,13 +2,15 @@
 //! run is built before any of them measures, so the report can time the two
 //! phases apart and a warm run spends its time measuring.
 //!
-//! - One cargo invocation builds every bench binary, the Node and uniffi
-//!   cdylibs and uniffi's Kotlin generator, with the bench profile (the release settings, unchanged) in the
-//!   workspace's target dir: shared dependencies compile once, with one
-//!   feature set. The Node addon is built by cargo directly, not by the napi
-//!   CLI, which always passes `--target` and so compiles every dependency a
-//!   second time in `target/<triple>`; the bench loads it through
-//!   `ASKPOOL_NATIVE`.
+//! - One cargo invocation builds every bench binary and uniffi's Kotlin
+//!   generator with the bench profile (the release settings, unchanged):
+//!   shared dependencies compile once, with one feature set.
+//! - A second one builds the Node and uniffi cdylibs with the `dist` profile
+//!   the bindings ship with (fat LTO, as the Python wheel), in `target/dist`
+//!   beside the wheel's build: the bench measures what users load. The Node
+//!   addon is built by cargo directly, not by the napi CLI, which always
+//!   passes `--target` and so compiles every dependency a second time in
+//!   `target/<triple>`; the bench loads it through `ASKPOOL_NATIVE`.
 //! - The Python wheel comes from `cargo xtask python`'s own build, which
 //!   skips maturin when the wheel is newer than its sources.
 //! - The Kotlin sources are regenerated and compiled only when the cdylib
@@ -53,12 +55,22 @@ pub struct Needs {
 pub fn build(all: &Needs, needs: &Needs) -> Result<Built, String> {
     let mut built = Built::default();
     let started = Instant::now();
-    let artifacts = cargo_build(all)?;
+    let benches = cargo_build("bench", &bench_targets(all))?;
     built.steps.push((
-        "cargo build --profile bench: bench binaries, Node and uniffi cdylibs, uniffi-bindgen"
-            .into(),
+        "cargo build --profile bench: bench binaries, uniffi-bindgen".into(),
         started.elapsed().as_secs_f64(),
     ));
+    let started = Instant::now();
+    let libs = cargo_build("dist", &binding_libs(all))?;
+    if !libs.is_empty() {
+        built.steps.push((
+            "cargo build --profile dist: Node and uniffi cdylibs".into(),
+            started.elapsed().as_secs_f64(),
+        ));
+    }
+    // The dist cdylibs first: the bench build makes a (bench profile)
+    // uniffi cdylib too, as a dependency of the generator.
+    let artifacts: Vec<Artifact> = libs.into_iter().chain(benches).collect();
     for a in &artifacts {
         if a.kind == "bench" {
             if let Some(exe) = &a.executable {
@@ -116,40 +128,73 @@ struct Artifact {
     package_dir: PathBuf,
 }
 
-fn cargo_build(needs: &Needs) -> Result<Vec<Artifact>, String> {
-    let mut args: Vec<&str> = vec![
-        "build",
-        "--profile",
-        "bench",
-        "--message-format=json-render-diagnostics",
-    ];
-    let mut packages: Vec<&str> = needs.benches.iter().map(|(p, _)| *p).collect();
+/// The packages, bench targets and binaries of one cargo invocation.
+#[derive(Default)]
+struct Targets {
+    packages: Vec<&'static str>,
+    benches: Vec<&'static str>,
+    features: Vec<&'static str>,
+    bins: Vec<&'static str>,
+    libs: bool,
+}
+
+/// The bench binaries, and uniffi's generator: a separate debug build of
+/// it would compile the runtime and its dependencies once more.
+fn bench_targets(needs: &Needs) -> Targets {
+    let mut t = Targets {
+        packages: needs.benches.iter().map(|(p, _)| *p).collect(),
+        benches: needs.benches.iter().map(|(_, b)| *b).collect(),
+        ..Targets::default()
+    };
+    if needs.kotlin {
+        t.packages.push("askpool-uniffi");
+        t.features.push("askpool-uniffi/cli");
+        t.bins.push("uniffi-bindgen");
+    }
+    t
+}
+
+/// The cdylibs the Node and Kotlin suites load.
+fn binding_libs(needs: &Needs) -> Targets {
+    let mut t = Targets {
+        libs: true,
+        ..Targets::default()
+    };
     if needs.node {
-        packages.push("askpool-node");
+        t.packages.push("askpool-node");
     }
     if needs.kotlin {
-        packages.push("askpool-uniffi");
-        // The generator in the same build: a separate debug build of it
-        // would compile the runtime and its dependencies once more.
-        args.extend([
-            "--features",
-            "askpool-uniffi/cli",
-            "--bin",
-            "uniffi-bindgen",
-        ]);
+        t.packages.push("askpool-uniffi");
     }
+    t
+}
+
+fn cargo_build(profile: &str, targets: &Targets) -> Result<Vec<Artifact>, String> {
+    let mut packages = targets.packages.clone();
     packages.sort_unstable();
     packages.dedup();
     if packages.is_empty() {
         return Ok(Vec::new());
     }
+    let mut args: Vec<&str> = vec![
+        "build",
+        "--profile",
+        profile,
+        "--message-format=json-render-diagnostics",
+    ];
     for p in &packages {
         args.extend(["-p", p]);
     }
-    if needs.node || needs.kotlin {
+    for f in &targets.features {
+        args.extend(["--features", f]);
+    }
+    for b in &targets.bins {
+        args.extend(["--bin", b]);
+    }
+    if targets.libs {
         args.push("--lib");
     }
-    for (_, bench) in &needs.benches {
+    for bench in &targets.benches {
         args.extend(["--bench", bench]);
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -170,7 +215,7 @@ fn cargo_build(needs: &Needs) -> Result<Vec<Artifact>, String> {
         .collect();
     let status = child.wait().map_err(|e| e.to_string())?;
     eprintln!(
-        "<== cargo build --profile bench: {status} in {:.1?}",
+        "<== cargo build --profile {profile}: {status} in {:.1?}",
         started.elapsed()
     );
     if !status.success() {

@@ -1,5 +1,6 @@
 //! `cargo xtask kotlin`: the Kotlin binding end to end. Builds the uniffi
-//! cdylib (release: the tests and the bench load the same library),
+//! cdylib (the `dist` profile, as shipped: the tests and the bench load the
+//! same library),
 //! generates its Kotlin with uniffi-bindgen in library mode into
 //! `bindings/kotlin/target/generated-sources/uniffi` (generated at build
 //! time, never committed), then runs `mvn -B test` with the library path.
@@ -12,12 +13,20 @@ use crate::{cargo, root, run};
 const GENERATED: &str = "bindings/kotlin/target/generated-sources/uniffi";
 
 fn library() -> PathBuf {
-    root().join("target/release/libaskpool_uniffi.so")
+    root().join("target/dist/libaskpool_uniffi.so")
 }
 
 /// Builds the cdylib and generates the Kotlin that loads it.
 pub fn generate() -> Result<(), String> {
-    cargo(&["build", "-q", "--release", "-p", "askpool-uniffi"])?;
+    cargo(&[
+        "build",
+        "-q",
+        "--profile",
+        "dist",
+        "-p",
+        "askpool-uniffi",
+        "--lib",
+    ])?;
     cargo(&[
         "build",
         "-q",
@@ -53,10 +62,7 @@ pub fn bindgen(bindgen: &Path, lib: &Path) -> Result<(), String> {
 }
 
 fn lib_dir_arg() -> String {
-    format!(
-        "-Daskpool.lib.dir={}",
-        root().join("target/release").display()
-    )
+    format!("-Daskpool.lib.dir={}", root().join("target/dist").display())
 }
 
 pub fn mvn(args: &[&str]) -> Result<(), String> {

@@ -164,7 +164,7 @@ fn remove_dev_builds() {
     }
 }
 
-/// `cargo xtask python`: builds the wheel (the `wheel` profile, abi3) into
+/// `cargo xtask python`: builds the wheel (the `dist` profile, abi3) into
 /// `target/wheels` and installs it into `.venv`. Returns the wheel.
 pub fn build() -> Result<PathBuf, String> {
     ensure_venv()?;
@@ -186,7 +186,7 @@ pub fn build() -> Result<PathBuf, String> {
                     "build",
                     // Fat LTO, one codegen unit (see the workspace's Cargo.toml).
                     "--profile",
-                    "wheel",
+                    "dist",
                     "--quiet",
                     "--interpreter",
                     &venv_bin("python").to_string_lossy(),
