@@ -14,6 +14,7 @@ use crate::durable::now_millis;
 use crate::error::PromiseError;
 use crate::memory::MemoryStore;
 use crate::model::{CompleteRequest, Completed, Completion, CreateRequest, Created, Promise};
+use crate::skipped_log::SkippedRows;
 use crate::sqlite::SqliteStore;
 use crate::store::{off_runtime, Result, Store};
 
@@ -128,19 +129,31 @@ impl DurablePromises {
     /// again under its id, it is a new request, answered from the pool's
     /// reply cache while that keeps the reply, else by its handler running
     /// again. Keep promises at least as long as their ids may be asked again.
-    /// A corrupt row met on the way is skipped and logged as a warning (see
-    /// [`Store::sweep`]), neither deleted nor counted.
+    /// A corrupt row met on the way is skipped (see [`Store::sweep`]),
+    /// neither deleted nor counted; a call that skipped any logs one
+    /// warning naming them.
     pub fn prune(&self, older_than: Duration) -> Result<usize> {
         const BATCH: usize = 1_000;
         let now = now_millis();
-        while self.store.sweep(now, BATCH)?.timed_out == BATCH {}
+        let mut skipped = SkippedRows::default();
+        loop {
+            let swept = self.store.sweep(now, BATCH)?;
+            skipped.add(swept.skipped, &swept.corrupt);
+            if swept.timed_out < BATCH {
+                break;
+            }
+        }
+        skipped.warn("prune's sweep");
         let older_than = u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX);
         let before = now.saturating_sub(older_than);
         let mut pruned = 0;
+        let mut skipped = SkippedRows::default();
         loop {
-            let n = self.store.prune(before, BATCH)?.pruned;
-            pruned += n;
-            if n < BATCH {
+            let done = self.store.prune(before, BATCH)?;
+            skipped.add(done.skipped, &done.corrupt);
+            pruned += done.pruned;
+            if done.pruned < BATCH {
+                skipped.warn("prune");
                 return Ok(pruned);
             }
         }

@@ -30,6 +30,7 @@ mod ops;
 mod outcome;
 mod pattern;
 pub mod rules;
+mod skipped_log;
 mod sqlite;
 mod store;
 mod sweeper;

@@ -451,7 +451,6 @@ pub(crate) fn prune<T: Tx>(tx: &mut T, before: Millis, limit: usize) -> Result<P
     let (pruned, Skipped { count, corrupt }) = each_listed(
         tx,
         limit,
-        "prune",
         |tx, after, n| tx.prunable(before, after, n),
         |tx, id| tx.delete_promise(id),
     )?;
@@ -467,7 +466,6 @@ pub(crate) fn sweep<T: Tx>(tx: &mut T, now: Millis, limit: usize) -> Result<Swep
     let (timed_out, Skipped { count, corrupt }) = each_listed(
         tx,
         limit,
-        "sweep",
         |tx, after, n| tx.expired(now, None, after, n),
         |tx, id| touch(tx, id, now).map(drop),
     )?;
@@ -483,7 +481,8 @@ pub(crate) fn sweep<T: Tx>(tx: &mut T, now: Millis, limit: usize) -> Result<Swep
 /// ends; returns how many times, and the promises it skipped (the first
 /// [`MAX_REPORTED_CORRUPT`] with their errors).
 ///
-/// A promise is skipped, with a warning, when its id cannot be read or
+/// A promise is skipped (and reported, not logged: see `skipped_log`) when
+/// its id cannot be read or
 /// `act` meets a corrupt row (its own, or one it reads on the way): that
 /// act's writes are undone, the rest goes on. The skipped rows stay listed,
 /// so the listing goes on after the last one skipped (those done since left
@@ -492,7 +491,6 @@ pub(crate) fn sweep<T: Tx>(tx: &mut T, now: Millis, limit: usize) -> Result<Swep
 fn each_listed<T: Tx>(
     tx: &mut T,
     limit: usize,
-    op: &str,
     mut list: impl FnMut(&mut T, Option<&T::Mark>, usize) -> Result<Vec<Listed<T::Mark>>>,
     mut act: impl FnMut(&mut T, &str) -> Result<()>,
 ) -> Result<(usize, Skipped)> {
@@ -507,27 +505,15 @@ fn each_listed<T: Tx>(
             if done == limit {
                 break;
             }
-            let (id, outcome) = match id {
-                Ok(id) => {
-                    let outcome = tx.isolated(|tx| act(tx, &id));
-                    (Some(id), outcome)
-                }
-                Err(e) => (None, Err(e)),
+            // (The error of a corrupt row names its promise, or the rowid
+            // of an id that cannot be read.)
+            let outcome = match id {
+                Ok(id) => tx.isolated(|tx| act(tx, &id)),
+                Err(e) => Err(e),
             };
             match outcome {
                 Ok(()) => done += 1,
                 Err(error @ PromiseError::Corrupt { .. }) => {
-                    match &id {
-                        Some(id) => tracing::warn!(
-                            promise = %id,
-                            %error,
-                            "{op} skipped promise {id:?}: it reads a corrupt row"
-                        ),
-                        None => tracing::warn!(
-                            %error,
-                            "{op} skipped a promise whose id cannot be read"
-                        ),
-                    }
                     skipped.count += 1;
                     if skipped.corrupt.len() < MAX_REPORTED_CORRUPT {
                         skipped.corrupt.push(error);

@@ -43,8 +43,10 @@ pub struct Status {
 pub struct Swept {
     /// How many expired promises it timed out.
     pub timed_out: usize,
-    /// How many expired promises it skipped, each logged as a warning.
-    /// They stay pending, met by every sweep until the file is repaired.
+    /// How many expired promises it skipped. They stay pending, met by
+    /// every sweep until the file is repaired. Reported here, not logged
+    /// (every sweep would log them again): the sweeper and
+    /// `DurablePromises::prune` log them.
     pub skipped: usize,
     /// The first [`MAX_REPORTED_CORRUPT`] of those, each as the `Corrupt`
     /// error that stopped it (naming the promise, or the rowid of a row
