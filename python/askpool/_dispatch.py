@@ -276,8 +276,8 @@ class Slot:
         ):
             # Cancelled in that step: as a task's step does once its
             # coroutine yields, what it awaits is cancelled now, before
-            # anything else runs.
-            first.cancel()
+            # anything else runs, with the cancel's message.
+            first.cancel(*_standing_cancel_args(task, self._waiter))
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             if first is None:
@@ -507,13 +507,29 @@ class _CountingTask(asyncio.Task):  # type: ignore[type-arg]
 _cancel_standing = _native._cancel_standing
 
 
+def _standing_cancel_args(task: asyncio.Task[None], waiter: Optional[asyncio.Future[None]]) -> tuple[Any, ...]:
+    """The message of a cancel asked of a slot's task in a handler step run
+    as it (as a tuple: empty for none), which a task passes on to what its
+    coroutine awaits. Asked while the task was parked on its waiter (a step
+    the extension ran), the cancel went to the waiter; asked while the task
+    ran its own step, the task holds it."""
+    if waiter is not None and waiter.cancelled():
+        try:
+            waiter.result()
+        except asyncio.CancelledError as exc:
+            return exc.args
+    message = getattr(task, "_cancel_message", None)
+    return () if message is None else (message,)
+
+
 def _cancel_where_awaited(first: Any, exc: BaseException) -> Optional[BaseException]:
     """The slot's task was cancelled as a handler's first step handed over:
     as a task's cancel does, the future the handler awaits is cancelled
     (what it waits on is cancelled with it, and the handler gets the
     ``CancelledError`` from it); only if there is none to cancel is the
     cancel thrown in directly."""
-    if asyncio.isfuture(first) and first.cancel(*exc.args):
+    if asyncio.isfuture(first) and (first.cancel(*exc.args) or first.cancelled()):
+        # (Cancelled already: by `resume`, with the cancel's message.)
         return None
     return exc
 

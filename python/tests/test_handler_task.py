@@ -38,11 +38,11 @@ async def _ask(node: Node, pool: str, msg: Any, path: str, gate: asyncio.Event) 
     return await asked
 
 
-def _cancel_me() -> None:
+def _cancel_me(msg: Optional[str] = None) -> None:
     """Cancels the running task: the handler's own."""
     task = asyncio.current_task()
     assert task is not None
-    task.cancel()
+    task.cancel(msg)
 
 
 def _warmed(body: Any) -> Any:
@@ -375,6 +375,56 @@ async def test_a_cancel_in_the_first_step_reaches_what_the_handler_awaits() -> N
         # Cancelled before it ever ran (a cancel that only came after it
         # started would cancel it too).
         assert started == []
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_handlers_cancel_of_its_own_task_keeps_its_message(path: str) -> None:
+    """`asyncio.current_task().cancel(msg)` in a handler: what it awaits next
+    fails with a `CancelledError` carrying `msg`, as in a task of its own,
+    whether the slot's task is new, parked between requests, or the cancel
+    comes in a step after a bare yield (before: the message was dropped)."""
+    seen: list[tuple[Any, tuple[Any, ...]]] = []
+
+    async def own_task(when: str) -> None:
+        if when == "later":
+            await asyncio.sleep(0)
+        _cancel_me("bye")
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError as exc:
+            seen.append(("own task " + when, exc.args))
+            raise
+
+    gates: list[asyncio.Event] = []
+    async with Node() as node:
+        pool = node.pool("selfcancel", concurrency=1)
+
+        @pool.handler
+        async def handle(msg: Any, ctx: Context) -> Any:
+            if msg in ("first", "later"):
+                await own_task(msg)
+            elif msg == "block":
+                await gates[-1].wait()
+            return msg
+
+        for when in ("first", "later"):
+            task = asyncio.ensure_future(own_task(when))
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        # A new slot task (the pool's first request), then the same one
+        # parked between requests, then a cancel after a bare yield.
+        for msg in ("first", "first", "later"):
+            gates.append(asyncio.Event())
+            with pytest.raises(askpool.AskCancelledError):
+                await _ask(node, "selfcancel", msg, path, gates[-1])
+        assert await node.ask("selfcancel", "after", timeout=10) == "after"
+    assert seen == [
+        ("own task first", ("bye",)),
+        ("own task later", ("bye",)),
+        ("own task first", ("bye",)),
+        ("own task first", ("bye",)),
+        ("own task later", ("bye",)),
+    ]
 
 
 async def test_steps_after_a_bare_yield_are_the_slots_task_in_the_requests_context() -> None:
