@@ -7,10 +7,12 @@
 //!   shared dependencies compile once, with one feature set.
 //! - A second one builds the Node and uniffi cdylibs with the `dist` profile
 //!   the bindings ship with (fat LTO, as the Python wheel), in `target/dist`
-//!   beside the wheel's build: the bench measures what users load. The Node
-//!   addon is built by cargo directly, not by the napi CLI, which always
-//!   passes `--target` and so compiles every dependency a second time in
-//!   `target/<triple>`; the bench loads it through `ASKPOOL_NATIVE`.
+//!   beside the wheel's build. The Node addon is built by cargo directly,
+//!   not by the napi CLI, which always passes `--target` and so compiles
+//!   every dependency a second time in `target/<triple>`; the bench loads
+//!   it through `ASKPOOL_NATIVE`. (Built together with the uniffi library,
+//!   its dependencies' features are the two's together: the same code as
+//!   the shipped addon but for those.)
 //! - The Python wheel comes from `cargo xtask python`'s own build, which
 //!   skips maturin when the wheel is newer than its sources.
 //! - The Kotlin sources are regenerated and compiled only when the cdylib
@@ -276,12 +278,26 @@ fn bench_dir() -> PathBuf {
 }
 
 /// Node loads an addon only from a `.node` file: the cdylib is copied to
-/// `target/bench/askpool.node` when it changed.
+/// `target/bench/askpool.node` unless the copy there has its size and
+/// modification time (which the copy is given): a copy newer than the
+/// library, made from another build (another profile, another commit),
+/// is replaced too.
 fn stage_node_addon(lib: &Path) -> Result<PathBuf, String> {
     let addon = bench_dir().join("askpool.node");
-    if modified(&addon) < modified(lib) {
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.len(), m.modified().ok()))
+    };
+    if stamp(&addon).is_none() || stamp(&addon) != stamp(lib) {
+        let fail = |e: std::io::Error| format!("{}: {e}", addon.display());
         std::fs::create_dir_all(bench_dir()).map_err(|e| e.to_string())?;
-        std::fs::copy(lib, &addon).map_err(|e| format!("{}: {e}", addon.display()))?;
+        std::fs::copy(lib, &addon).map_err(fail)?;
+        std::fs::File::options()
+            .write(true)
+            .open(&addon)
+            .and_then(|f| f.set_modified(modified(lib)))
+            .map_err(fail)?;
     }
     Ok(addon)
 }

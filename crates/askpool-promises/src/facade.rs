@@ -130,8 +130,8 @@ impl DurablePromises {
     /// reply cache while that keeps the reply, else by its handler running
     /// again. Keep promises at least as long as their ids may be asked again.
     /// A corrupt row met on the way is skipped (see [`Store::sweep`]),
-    /// neither deleted nor counted; a call that skipped any logs one
-    /// warning naming them.
+    /// neither deleted nor counted; a call that skipped any logs a warning
+    /// naming them (two at most: its sweep's and its prune's).
     pub fn prune(&self, older_than: Duration) -> Result<usize> {
         const BATCH: usize = 1_000;
         let now = now_millis();

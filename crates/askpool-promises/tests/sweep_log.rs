@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 use askpool_promises::{
-    spawn_sweeper, CompleteRequest, Completion, CreateRequest, DurablePromises, SqliteStore, Store,
+    now_millis, spawn_sweeper, CompleteRequest, Completion, CreateRequest, DurablePromises,
+    SqliteStore, Store,
 };
 use rusqlite::Connection;
 
@@ -133,11 +134,18 @@ async fn sweeper_warns_when_what_it_skips_changes(log: Log) {
         "{}",
         first[0]
     );
-    // One more corrupt expired row: one more warning, naming the four.
+    // One more corrupt expired row: one more warning, naming the four. Made
+    // due and corrupt in one write: a sweep between the two would time it
+    // out as a well-formed promise.
+    let now = now_millis();
     store
-        .create(&CreateRequest::new("bad-new", T + 5), T)
+        .create(&CreateRequest::new("bad-new", now + 3_600_000), now)
         .unwrap();
-    corrupt(&path, "bad-new", "tags = 'not json'");
+    corrupt(
+        &path,
+        "bad-new",
+        &format!("tags = 'not json', timeout_at = {}", T + 5),
+    );
     wait_ticks(20).await;
     let second = warnings(&log);
     assert_eq!(second.len(), 2, "{second:#?}");
