@@ -52,6 +52,9 @@ _get_running_loop = asyncio.get_running_loop
 _current_task = _tasks.current_task
 _send_in = _native._send_in
 _step_as = _native._step_as
+#: `loop.call_soon(callback, arg, context=context)` (see the extension's
+#: `soon.rs`).
+_soon = _native._soon
 
 
 def _describe(exc: BaseException) -> Optional[tuple[str, str, Optional[str]]]:
@@ -286,7 +289,7 @@ class Slot:
                 # stays parked on its waiter: `_step` runs it, without a
                 # step of the task's own coroutine (its frames and its new
                 # waiter) per request.
-                self._loop.call_soon(self._step, waiter, context=context)  # type: ignore[union-attr]
+                _soon(self._loop, self._step, waiter, context)  # type: ignore[arg-type]
                 _bare_handovers[0] += 1
             else:
                 waiter.set_result(None)

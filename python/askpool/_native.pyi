@@ -24,6 +24,8 @@ __all__ = [
     "_send_through_method",
     "_send_in",
     "_step_as",
+    "_soon",
+    "Soon",
     "_cancel_standing",
     "_after_fork_in_child",
     "_interpreter_exiting",
@@ -50,6 +52,17 @@ def _step_as(
     coro: Any,
     reply: Reply,
 ) -> tuple[bool, Any]: ...
+def _soon(
+    event_loop: asyncio.AbstractEventLoop,
+    callback: Callable[[Any], object],
+    arg: Any,
+    context: Optional[contextvars.Context],
+) -> None: ...
+@final
+class Soon:
+    _cancelled: bool
+    def _run(self) -> None: ...
+
 def _after_fork_in_child() -> None: ...
 def _interpreter_exiting() -> None: ...
 

@@ -270,7 +270,7 @@ class _NextTurn:
     def add_done_callback(self, fn: Callable[["_NextTurn"], object], *, context: Any = None) -> None:
         # The task's wake-up, at the next turn: behind the handler's step,
         # scheduled before this.
-        self._loop.call_soon(fn, self, context=context)
+        _dispatch._soon(self._loop, fn, self, context)
 
     def cancel(self, msg: Any = None) -> bool:
         return self._handle.cancel(msg)

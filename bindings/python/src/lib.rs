@@ -13,6 +13,7 @@ mod obj;
 mod pool;
 mod promises;
 mod send;
+mod soon;
 mod stages;
 mod stats;
 mod task;
@@ -161,6 +162,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(send::_send_through_method, m)?)?;
     m.add_function(wrap_pyfunction!(send::_send_in, m)?)?;
     m.add_function(wrap_pyfunction!(send::_step_as, m)?)?;
+    m.add_function(wrap_pyfunction!(soon::_soon, m)?)?;
+    m.add_class::<soon::Soon>()?;
     m.add_function(wrap_pyfunction!(pool::cancel_standing, m)?)?;
     m.add_function(wrap_pyfunction!(_panic, m)?)?;
     m.add_function(wrap_pyfunction!(_live_pools, m)?)?;
