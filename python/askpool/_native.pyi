@@ -61,6 +61,7 @@ def _soon(
 @final
 class Soon:
     _cancelled: bool
+    _callback: Any
     def _run(self) -> None: ...
 
 def _after_fork_in_child() -> None: ...

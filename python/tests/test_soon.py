@@ -51,6 +51,29 @@ async def test_a_loop_in_debug_mode_gets_call_soon() -> None:
     assert any(isinstance(h, asyncio.Handle) for h in queued), queued
 
 
+async def test_a_handle_queued_before_debug_mode_was_turned_on_runs_in_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Debug mode names each slow callback (here every one) by its handle's
+    # `_callback`.
+    loop = asyncio.get_running_loop()
+    ran: list[Any] = []
+    slow = loop.slow_callback_duration
+    _native._soon(loop, ran.append, "ran", None)
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.0
+    try:
+        with caplog.at_level("WARNING", logger="asyncio"):
+            await asyncio.sleep(0)
+    finally:
+        loop.set_debug(False)
+        loop.slow_callback_duration = slow
+    assert ran == ["ran"]
+    assert any("Executing <askpool Soon" in r.getMessage() for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
+
+
 class _CountingLoop(asyncio.SelectorEventLoop):
     """A loop that schedules its own way: every callback through its
     `call_soon`."""

@@ -35,6 +35,13 @@ impl Soon {
         false
     }
 
+    /// Read by a loop in debug mode (which may have been turned on since
+    /// this was queued) to name a slow callback.
+    #[getter]
+    fn _callback(&self, py: Python<'_>) -> Py<PyAny> {
+        self.callback.clone_ref(py)
+    }
+
     /// As `asyncio.Handle._run`: the callback in its context; an exception
     /// out of it goes to the loop's exception handler, but for `SystemExit`
     /// and `KeyboardInterrupt`, which leave the loop.
