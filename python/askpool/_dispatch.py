@@ -235,6 +235,7 @@ class Slot:
         "_waiter",
         "_job",
         "_thrown",
+        "_cancelled_first",
         "__weakref__",
     )
 
@@ -248,6 +249,10 @@ class Slot:
         #: A cancel for the handed-over request, from a task that ended
         #: before it could drive it.
         self._thrown: Optional[BaseException] = None
+        #: What the handed-over request's handler awaits, when `resume`
+        #: cancelled it (a cancel of the task asked in that step): its own
+        #: `CancelledError` is the one to deliver.
+        self._cancelled_first: Any = None
 
     def resume(
         self,
@@ -261,6 +266,7 @@ class Slot:
         drives it from there and answers ``reply`` (``_step`` does, as
         that task, after a bare ``yield`` while the task is idle)."""
         self._job = (coro, first, context, reply)
+        self._cancelled_first = None
         _running[self] = reply
         if first is not None and getattr(first, "_asyncio_future_blocking", False):
             # Until this slot's task takes it (`_resume` flags it again), the
@@ -281,6 +287,7 @@ class Slot:
             # coroutine yields, what it awaits is cancelled now, before
             # anything else runs, with the cancel's message.
             first.cancel(*_standing_cancel_args(task, self._waiter))
+            self._cancelled_first = first
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             if first is None:
@@ -325,6 +332,21 @@ class Slot:
         if not answered:
             self.resume(coro, yielded, context, reply)
 
+    def _cancel_where_awaited(self, exc: BaseException) -> Optional[BaseException]:
+        """The slot's task was cancelled (``exc``) as a handler's step
+        handed its request over: as a task's cancel does, the future the
+        handler awaits is cancelled (what it waits on is cancelled with it,
+        and the handler gets the ``CancelledError`` from it), and so it is
+        when ``resume`` cancelled it already; only if there is none to
+        cancel is the cancel thrown in directly."""
+        assert self._job is not None
+        first = self._job[1]
+        if asyncio.isfuture(first) and (
+            first.cancel(*exc.args) or first is self._cancelled_first
+        ):
+            return None
+        return exc
+
     def _new_task(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
         """A new task for the slot's next request: it had none, or its task
         ended, or a cancel of it stands (the extension checks which)."""
@@ -352,7 +374,7 @@ class Slot:
         as a task's cancel does."""
         if self._task is not task or self._job is None or task.get_loop().is_closed():
             return
-        self._thrown = asyncio.CancelledError()
+        self._thrown = asyncio.CancelledError(*_cancel_args(task))
         self._new_task(task.get_loop())
 
     async def _serve(self) -> None:
@@ -366,7 +388,7 @@ class Slot:
             thrown: Optional[BaseException] = None
             if self._thrown is not None and self._job is not None:
                 # The cancel of the task that ended before driving it.
-                thrown = _cancel_where_awaited(self._job[1], self._thrown)
+                thrown = self._cancel_where_awaited(self._thrown)
             self._thrown = None
             # Whether this task waited a loop turn for the request since its
             # handler's first step (see below).
@@ -389,7 +411,7 @@ class Slot:
                     elif self._task is not me or self._job is None:
                         raise  # idle, or replaced: this task ends
                     else:
-                        thrown = _cancel_where_awaited(self._job[1], exc)
+                        thrown = self._cancel_where_awaited(exc)
                 finally:
                     if self._waiter is waiter:
                         self._waiter = None
@@ -398,6 +420,7 @@ class Slot:
             if self._job is None:
                 continue  # a cancel taken back, with no request (see above)
             job, self._job = self._job, None
+            self._cancelled_first = None
             assert job is not None
             coro, first, context, reply = job
             del job
@@ -510,6 +533,18 @@ class _CountingTask(asyncio.Task):  # type: ignore[type-arg]
 _cancel_standing = _native._cancel_standing
 
 
+def _cancel_args(task: asyncio.Task[None]) -> tuple[Any, ...]:
+    """The arguments of the ``CancelledError`` a cancelled task ended with
+    (its cancel's message)."""
+    try:
+        task.result()
+    except asyncio.CancelledError as exc:
+        return exc.args
+    except BaseException:
+        pass
+    return ()
+
+
 def _standing_cancel_args(task: asyncio.Task[None], waiter: Optional[asyncio.Future[None]]) -> tuple[Any, ...]:
     """The message of a cancel asked of a slot's task in a handler step run
     as it (as a tuple: empty for none), which a task passes on to what its
@@ -523,18 +558,6 @@ def _standing_cancel_args(task: asyncio.Task[None], waiter: Optional[asyncio.Fut
             return exc.args
     message = getattr(task, "_cancel_message", None)
     return () if message is None else (message,)
-
-
-def _cancel_where_awaited(first: Any, exc: BaseException) -> Optional[BaseException]:
-    """The slot's task was cancelled as a handler's first step handed over:
-    as a task's cancel does, the future the handler awaits is cancelled
-    (what it waits on is cancelled with it, and the handler gets the
-    ``CancelledError`` from it); only if there is none to cancel is the
-    cancel thrown in directly."""
-    if asyncio.isfuture(first) and (first.cancel(*exc.args) or first.cancelled()):
-        # (Cancelled already: by `resume`, with the cancel's message.)
-        return None
-    return exc
 
 
 def abandon(loop: asyncio.AbstractEventLoop) -> None:

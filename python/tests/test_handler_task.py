@@ -427,6 +427,54 @@ async def test_a_handlers_cancel_of_its_own_task_keeps_its_message(path: str) ->
     ]
 
 
+async def _answers_as_a_task_would(handler: Any) -> None:
+    """`handler` (which returns what it saw) answers as it does run as a
+    task of its own, on a new slot task and on the same one idle."""
+    expected = await asyncio.ensure_future(handler(1, None))
+    async with Node() as node:
+        node.pool("p").handler(handler)
+        assert await node.ask("p", 1, timeout=10) == expected
+        assert await node.ask("p", 0, timeout=10) == "no cancel"
+        assert await node.ask("p", 1, timeout=10) == expected
+
+
+async def test_a_cancel_of_the_task_then_of_what_it_awaits_gives_the_tasks_message() -> None:
+    # The slot's task cancelled ("task"), then, in the same callback, the
+    # future its handler awaits cancelled by someone else ("other"), before
+    # the task runs: as for a task of its own, the task's cancel.
+    async def handler(msg: Any, ctx: Optional[Context]) -> Any:
+        loop = asyncio.get_running_loop()
+        me, fut = asyncio.current_task(), loop.create_future()
+        assert me is not None
+        if msg:
+            loop.call_soon(lambda: (me.cancel("task"), fut.cancel("other")))
+        else:
+            loop.call_soon(fut.set_result, None)
+        try:
+            await fut
+        except asyncio.CancelledError as exc:
+            return exc.args
+        return "no cancel"
+
+    await _answers_as_a_task_would(handler)
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 10), reason="3.9 keeps no message of a task that ended cancelled"
+)
+async def test_a_handlers_cancel_of_its_own_task_then_a_bare_yield_keeps_its_message() -> None:
+    async def handler(msg: Any, ctx: Optional[Context]) -> Any:
+        if msg:
+            _cancel_me("mine")
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError as exc:
+            return exc.args
+        return "no cancel"
+
+    await _answers_as_a_task_would(handler)
+
+
 async def test_steps_after_a_bare_yield_are_the_slots_task_in_the_requests_context() -> None:
     # With the slot's task idle, a step after `asyncio.sleep(0)` is run by
     # the extension from a loop callback (`Slot._step`), not by the task's

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
+import logging
+import time
+import weakref
 from typing import Any, Optional
 
 import pytest
@@ -72,6 +76,95 @@ async def test_a_handle_queued_before_debug_mode_was_turned_on_runs_in_it(
     assert any("Executing <askpool Soon" in r.getMessage() for r in caplog.records), [
         r.getMessage() for r in caplog.records
     ]
+
+
+async def test_debug_mode_turned_on_with_a_handle_queued_reports_errors_as_usual(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The default exception handler reads the running handle's
+    # `_source_traceback` in debug mode.
+    loop = asyncio.get_running_loop()
+
+    def report(_: Any) -> None:
+        loop.call_exception_handler({"message": "reported by a callback"})
+
+    _native._soon(loop, report, None, None)
+    loop.set_debug(True)
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            await asyncio.sleep(0)
+    finally:
+        loop.set_debug(False)
+    messages = [r.getMessage() for r in caplog.records]
+    assert "reported by a callback" in messages, messages
+    assert not any("Exception in default exception handler" in m for m in messages), messages
+
+
+async def test_a_tool_that_wraps_handle_run_sees_the_handlers_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As slow-callback monitors do (aiodebug, Logfire): `asyncio.Handle._run`
+    # replaced, every callback goes through `call_soon`'s handles.
+    seen: list[str] = []
+    run = asyncio.Handle._run
+
+    def timed(handle: asyncio.Handle) -> None:
+        started = time.perf_counter()
+        run(handle)
+        if time.perf_counter() - started > 0.05:
+            seen.append(repr(handle))
+
+    async def slow_step(msg: Any, ctx: Optional[Context]) -> Any:
+        await asyncio.sleep(0)
+        if msg:
+            time.sleep(0.1)
+        return msg
+
+    monkeypatch.setattr(asyncio.Handle, "_run", timed)
+    async with Node() as node:
+        node.pool("p").handler(slow_step)
+        # (The slot's first request goes on in its new task's first step.)
+        assert await node.ask("p", 0, timeout=10) == 0
+        assert await node.ask("p", 1, timeout=10) == 1
+    assert any("Slot._step" in h for h in seen), seen
+
+
+def test_a_loop_dropped_unclosed_with_a_handle_queued_is_collected() -> None:
+    loop = asyncio.new_event_loop()
+
+    def queue_then_stop() -> None:
+        _native._soon(loop, lambda _: None, loop, None)
+        loop.stop()
+
+    loop.call_soon(queue_then_stop)
+    loop.run_forever()
+    assert any(isinstance(h, _native.Soon) for h in loop._ready)  # type: ignore[attr-defined]
+    dropped = weakref.ref(loop)
+    del loop
+    with pytest.warns(ResourceWarning):
+        gc.collect()
+    assert dropped() is None
+
+
+def test_loop_classes_are_not_kept_alive() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        _native._soon(loop, lambda _: None, None, None)
+        await asyncio.sleep(0)
+
+    kept: list[weakref.ref[type]] = []
+    for n in range(20):
+        kind = type(f"Loop{n}", (asyncio.SelectorEventLoop,), {})
+        loop = kind()
+        try:
+            loop.run_until_complete(main())
+        finally:
+            loop.close()
+        kept.append(weakref.ref(kind))
+        del kind, loop
+    gc.collect()
+    # (The last class met is remembered, for the next call.)
+    assert sum(k() is not None for k in kept) <= 1
 
 
 class _CountingLoop(asyncio.SelectorEventLoop):

@@ -1,19 +1,25 @@
 //! `_soon`: `loop.call_soon(callback, arg, context=context)` for the two
 //! callbacks the wrapper schedules per ask (a handler's step after a bare
 //! `yield`, the asking task's wake-up at that turn), without asyncio's
-//! Python-level scheduling: on an asyncio event loop (a `BaseEventLoop`
-//! whose `call_soon` and `_run_once` are asyncio's own, not in debug mode),
-//! a native handle goes straight onto the loop's ready queue, which is what
-//! `call_soon` does after its checks (the loop is running: this is called
-//! from its callbacks). Measured: about 5% off an ask whose handler awaits
-//! once. Any other loop (uvloop, a subclass that schedules its own way, a
-//! loop in debug mode, with its slow-callback warnings) gets `call_soon`.
+//! Python-level scheduling: on an asyncio event loop, a native handle goes
+//! straight onto the loop's ready queue, which is what `call_soon` does
+//! after its checks (the loop is running: this is called from its
+//! callbacks). Measured: about 5% off an ask whose handler awaits once.
+//!
+//! Only where nothing would see the difference: the loop's class keeps
+//! asyncio's own `call_soon` and `_run_once` (not uvloop, not a subclass
+//! that schedules its own way; looked up once per class), nothing replaced
+//! `asyncio.Handle._run` (as tools that time slow callbacks do: aiodebug,
+//! Logfire; looked up at every call), and the loop is not in debug mode
+//! (its slow-callback warnings). Against asyncio's own functions as they
+//! were when first looked up; anything else gets `call_soon`.
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PySystemExit};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyType};
+use pyo3::{PyTraverseError, PyVisit};
 
 /// What `BaseEventLoop._run_once` needs of a handle on its ready queue: a
 /// `_cancelled` flag (never set: nothing gets this handle to cancel it) and
@@ -40,6 +46,24 @@ impl Soon {
     #[getter]
     fn _callback(&self, py: Python<'_>) -> Py<PyAny> {
         self.callback.clone_ref(py)
+    }
+
+    /// Read by the loop's default exception handler from the handle it is
+    /// running in debug mode: where the handle was made (never recorded
+    /// here: debug mode gets `call_soon`'s handles).
+    #[classattr]
+    fn _source_traceback() -> Option<()> {
+        None
+    }
+
+    /// A handle is part of the loop's cycles (its queue holds it, it holds
+    /// the loop): the collector has to see through it, or a loop dropped
+    /// unclosed with one queued is never freed.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.callback)?;
+        visit.call(&self.arg)?;
+        visit.call(&self.context)?;
+        visit.call(&self.event_loop)
     }
 
     /// As `asyncio.Handle._run`: the callback in its context; an exception
@@ -113,55 +137,95 @@ fn call_method<'py>(
     }
 }
 
-/// `asyncio.BaseEventLoop`'s own `call_soon` and `_run_once`.
-struct AsyncioLoop {
-    call_soon: Py<PyAny>,
-    run_once: Py<PyAny>,
+/// asyncio's own `BaseEventLoop.call_soon`, `BaseEventLoop._run_once` and
+/// `Handle._run`, as first looked up (`None` if one was replaced already:
+/// nothing then goes onto a ready queue directly).
+struct Asyncio {
+    originals: Option<[Py<PyAny>; 3]>,
+    handle: Py<PyAny>,
 }
 
-fn asyncio_loop(py: Python<'_>) -> PyResult<&'static AsyncioLoop> {
-    static ASYNCIO: PyOnceLock<AsyncioLoop> = PyOnceLock::new();
+fn asyncio(py: Python<'_>) -> PyResult<&'static Asyncio> {
+    static ASYNCIO: PyOnceLock<Asyncio> = PyOnceLock::new();
     ASYNCIO.get_or_try_init(py, || {
-        let base = py.import("asyncio")?.getattr("BaseEventLoop")?;
-        Ok(AsyncioLoop {
-            call_soon: base.getattr("call_soon")?.unbind(),
-            run_once: base.getattr("_run_once")?.unbind(),
+        let asyncio = py.import("asyncio")?;
+        let base = asyncio.getattr("BaseEventLoop")?;
+        let handle = asyncio.getattr("Handle")?;
+        let looked_up = [
+            (base.getattr("call_soon")?, "call_soon"),
+            (base.getattr("_run_once")?, "_run_once"),
+            (handle.getattr("_run")?, "_run"),
+        ];
+        // asyncio's own: a function of asyncio's source by that name, not a
+        // wrapper (which `functools.wraps` names as what it wraps, but whose
+        // code is its own).
+        let own = looked_up.iter().all(|(f, name)| {
+            f.getattr("__code__").is_ok_and(|code| {
+                code.getattr("co_name")
+                    .is_ok_and(|n| n.eq(*name).unwrap_or(false))
+                    && code
+                        .getattr("co_filename")
+                        .is_ok_and(|file| file.to_string().replace('\\', "/").contains("asyncio/"))
+            })
+        });
+        Ok(Asyncio {
+            originals: own.then(|| looked_up.map(|(f, _)| f.unbind())),
+            handle: handle.unbind(),
         })
     })
 }
 
 thread_local! {
-    /// Loop classes met on this thread, and whether their loops schedule
-    /// as asyncio's (looked up once per class; a class is kept alive here).
-    static CLASSES: std::cell::RefCell<Vec<(Py<PyType>, bool)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    /// The loop class last met on this thread, and whether it keeps
+    /// asyncio's own `call_soon` and `_run_once` (one class held, whichever
+    /// came last: a thread runs one loop at a time).
+    static LAST_CLASS: std::cell::RefCell<Option<(Py<PyType>, bool)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
-/// Whether `kind`'s `call_soon` and `_run_once` are asyncio's own.
-fn schedules_as_asyncio(kind: &Bound<'_, PyType>) -> PyResult<bool> {
+/// Whether `kind` keeps asyncio's own `call_soon` and `_run_once`: looked
+/// up once per class (a class patched after that is not seen).
+fn schedules_as_asyncio(kind: &Bound<'_, PyType>, originals: &[Py<PyAny>; 3]) -> bool {
     let py = kind.py();
-    let known = CLASSES.with_borrow(|classes| {
-        classes
-            .iter()
-            .find(|(k, _)| k.as_ptr() == kind.as_ptr())
+    let known = LAST_CLASS.with_borrow(|last| {
+        last.as_ref()
+            .filter(|(k, _)| k.as_ptr() == kind.as_ptr())
             .map(|(_, own)| *own)
     });
     if let Some(own) = known {
-        return Ok(own);
+        return own;
     }
-    let asyncio = asyncio_loop(py)?;
-    let inherited = |name: &str, theirs: &Py<PyAny>| kind.getattr(name).is_ok_and(|f| f.is(theirs));
-    let own =
-        inherited("call_soon", &asyncio.call_soon) && inherited("_run_once", &asyncio.run_once);
-    CLASSES.with_borrow_mut(|classes| classes.push((kind.clone().unbind(), own)));
-    Ok(own)
+    let [call_soon, run_once, _] = originals;
+    let is = |name: &Bound<'_, PyString>, original: &Py<PyAny>| {
+        kind.getattr(name).is_ok_and(|f| f.is(original))
+    };
+    let own = is(intern!(py, "call_soon"), call_soon) && is(intern!(py, "_run_once"), run_once);
+    LAST_CLASS.with_borrow_mut(|last| *last = Some((kind.clone().unbind(), own)));
+    own
 }
 
 /// The ready queue of `event_loop`, where a handle may go straight, or
 /// `None` (see the module's comment).
 fn ready_queue<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = event_loop.py();
-    if !schedules_as_asyncio(&event_loop.get_type())?
+    let asyncio = asyncio(py)?;
+    let Some(originals) = &asyncio.originals else {
+        return Ok(None);
+    };
+    // `Handle._run` at every call: tools that time slow callbacks replace
+    // it whenever they are turned on. Not looked for: a `call_soon` set on
+    // the loop object itself (`mock.patch.object(loop, "call_soon")`),
+    // which only the loop's `__dict__` would show; reading that makes
+    // Python keep the loop's attributes in a dict of their own from then
+    // on, which slows every attribute read of the loop, asyncio's own
+    // included (measured: some 15% of an ask).
+    let run_is_asyncios = asyncio
+        .handle
+        .bind(py)
+        .getattr(intern!(py, "_run"))
+        .is_ok_and(|f| f.is(&originals[2]));
+    if !run_is_asyncios
+        || !schedules_as_asyncio(&event_loop.get_type(), originals)
         || event_loop.getattr(intern!(py, "_debug"))?.is_truthy()?
     {
         return Ok(None);
