@@ -533,11 +533,11 @@ class _CountingTask(asyncio.Task):  # type: ignore[type-arg]
 _cancel_standing = _native._cancel_standing
 
 
-def _cancel_args(task: asyncio.Task[None]) -> tuple[Any, ...]:
-    """The arguments of the ``CancelledError`` a cancelled task ended with
-    (its cancel's message)."""
+def _cancel_args(future: asyncio.Future[Any]) -> tuple[Any, ...]:
+    """The arguments of the ``CancelledError`` a cancelled future (or task)
+    ended with (its cancel's message)."""
     try:
-        task.result()
+        future.result()
     except asyncio.CancelledError as exc:
         return exc.args
     except BaseException:
@@ -552,10 +552,7 @@ def _standing_cancel_args(task: asyncio.Task[None], waiter: Optional[asyncio.Fut
     the extension ran), the cancel went to the waiter; asked while the task
     ran its own step, the task holds it."""
     if waiter is not None and waiter.cancelled():
-        try:
-            waiter.result()
-        except asyncio.CancelledError as exc:
-            return exc.args
+        return _cancel_args(waiter)
     message = getattr(task, "_cancel_message", None)
     return () if message is None else (message,)
 

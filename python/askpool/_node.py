@@ -20,7 +20,7 @@ from typing import (
 )
 
 from . import _dispatch, _native
-from ._dispatch import Handler, _bare_handovers
+from ._dispatch import Handler, _bare_handovers, _soon
 from ._errors import AskpoolError, NoRunningLoopError
 from ._promises import Promises
 from ._stats import NodeStats, PoolStats
@@ -270,7 +270,7 @@ class _NextTurn:
     def add_done_callback(self, fn: Callable[["_NextTurn"], object], *, context: Any = None) -> None:
         # The task's wake-up, at the next turn: behind the handler's step,
         # scheduled before this.
-        _dispatch._soon(self._loop, fn, self, context)
+        _soon(self._loop, fn, self, context)
 
     def cancel(self, msg: Any = None) -> bool:
         return self._handle.cancel(msg)

@@ -289,7 +289,8 @@ fn stage_node_addon(lib: &Path) -> Result<PathBuf, String> {
             .ok()
             .map(|m| (m.len(), m.modified().ok()))
     };
-    if stamp(&addon).is_none() || stamp(&addon) != stamp(lib) {
+    let staged = stamp(&addon);
+    if staged.is_none() || staged != stamp(lib) {
         let fail = |e: std::io::Error| format!("{}: {e}", addon.display());
         std::fs::create_dir_all(bench_dir()).map_err(|e| e.to_string())?;
         std::fs::copy(lib, &addon).map_err(fail)?;

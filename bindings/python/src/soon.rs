@@ -88,13 +88,7 @@ impl Soon {
             return Err(error);
         }
         let context = PyDict::new(py);
-        let message = format!(
-            "Exception in callback {}",
-            this.callback
-                .bind(py)
-                .repr()
-                .map_or_else(|_| "?".to_owned(), |r| r.to_string())
-        );
+        let message = format!("Exception in callback {}", this.callback_repr(py));
         context.set_item("message", message)?;
         context.set_item("exception", error.into_value(py))?;
         context.set_item("handle", slf)?;
@@ -105,12 +99,16 @@ impl Soon {
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let callback = self
-            .callback
+        format!("<askpool Soon {}>", self.callback_repr(py))
+    }
+}
+
+impl Soon {
+    fn callback_repr(&self, py: Python<'_>) -> String {
+        self.callback
             .bind(py)
             .repr()
-            .map_or_else(|_| "?".to_owned(), |r| r.to_string());
-        format!("<askpool Soon {callback}>")
+            .map_or_else(|_| "?".to_owned(), |r| r.to_string())
     }
 }
 
@@ -138,12 +136,19 @@ fn call_method<'py>(
     }
 }
 
-/// asyncio's own `BaseEventLoop.call_soon`, `BaseEventLoop._run_once` and
-/// `Handle._run`, as first looked up (`None` if one was replaced already:
-/// nothing then goes onto a ready queue directly).
+/// asyncio's `Handle` class, and its own `BaseEventLoop.call_soon`,
+/// `BaseEventLoop._run_once` and `Handle._run` as first looked up (`None`
+/// if one was replaced already: nothing then goes onto a ready queue
+/// directly).
 struct Asyncio {
-    originals: Option<[Py<PyAny>; 3]>,
+    originals: Option<Originals>,
     handle: Py<PyAny>,
+}
+
+struct Originals {
+    call_soon: Py<PyAny>,
+    run_once: Py<PyAny>,
+    handle_run: Py<PyAny>,
 }
 
 fn asyncio(py: Python<'_>) -> PyResult<&'static Asyncio> {
@@ -169,8 +174,13 @@ fn asyncio(py: Python<'_>) -> PyResult<&'static Asyncio> {
                         .is_ok_and(|file| file.to_string().replace('\\', "/").contains("asyncio/"))
             })
         });
+        let [(call_soon, _), (run_once, _), (handle_run, _)] = looked_up;
         Ok(Asyncio {
-            originals: own.then(|| looked_up.map(|(f, _)| f.unbind())),
+            originals: own.then(|| Originals {
+                call_soon: call_soon.unbind(),
+                run_once: run_once.unbind(),
+                handle_run: handle_run.unbind(),
+            }),
             handle: handle.unbind(),
         })
     })
@@ -186,7 +196,7 @@ thread_local! {
 
 /// Whether `kind` keeps asyncio's own `call_soon` and `_run_once`: looked
 /// up once per class (a class patched after that is not seen).
-fn schedules_as_asyncio(kind: &Bound<'_, PyType>, originals: &[Py<PyAny>; 3]) -> bool {
+fn schedules_as_asyncio(kind: &Bound<'_, PyType>, originals: &Originals) -> bool {
     let py = kind.py();
     let known = LAST_CLASS.with_borrow(|last| {
         last.as_ref()
@@ -196,11 +206,11 @@ fn schedules_as_asyncio(kind: &Bound<'_, PyType>, originals: &[Py<PyAny>; 3]) ->
     if let Some(own) = known {
         return own;
     }
-    let [call_soon, run_once, _] = originals;
     let is = |name: &Bound<'_, PyString>, original: &Py<PyAny>| {
         kind.getattr(name).is_ok_and(|f| f.is(original))
     };
-    let own = is(intern!(py, "call_soon"), call_soon) && is(intern!(py, "_run_once"), run_once);
+    let own = is(intern!(py, "call_soon"), &originals.call_soon)
+        && is(intern!(py, "_run_once"), &originals.run_once);
     LAST_CLASS.with_borrow_mut(|last| *last = Some((kind.clone().unbind(), own)));
     own
 }
@@ -224,7 +234,7 @@ fn ready_queue<'py>(event_loop: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py
         .handle
         .bind(py)
         .getattr(intern!(py, "_run"))
-        .is_ok_and(|f| f.is(&originals[2]));
+        .is_ok_and(|f| f.is(&originals.handle_run));
     if !run_is_asyncios
         || !schedules_as_asyncio(&event_loop.get_type(), originals)
         || event_loop.getattr(intern!(py, "_debug"))?.is_truthy()?
